@@ -1,0 +1,147 @@
+"""One TOML file per workspace: where indexes live, which models, defaults, and declared sources.
+
+Example (every key optional)::
+
+    workspace = ".gradfuse"          # index folder, relative to this file
+    [defaults]
+    fusion = "rrf"                   # concat | rrf | combsum[-z] | combmnz[-z] | single:<source>
+    k = 10                           # fused results returned
+    depth = 20                       # candidates asked of each source
+    timeout_s = 10.0                 # per source
+    retrieval = "hybrid"             # bm25 | dense | hybrid
+    [encoder]
+    model = "all-MiniLM-L6-v2"
+    [generator]
+    model = "smollm2"                # or a HF folder, a .gguf file, an http(s) URL of an OpenAI-compatible server
+    max_new_tokens = 128
+    context_k = 5                    # passages given to the generator
+    cite_first = true                # local models must open by naming a passage (see generate/local.py)
+    [sources.scifact]
+    kind = "beir"                    # beir | jsonl | files | run
+    path = "../shared/data/beir_scifact"
+    weight = 1.0
+    timeout_s = 5.0
+    retrieval = "bm25"
+
+CLI flags override the file; the file overrides the built-in defaults.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gradfuse.sources.base import SourceSpec
+
+DEFAULT_CONFIG_NAME = "gradfuse.toml"
+_SOURCE_SETTINGS = {"weight", "timeout_s", "retrieval", "enabled"}
+_SOURCE_BUILD = {"kind", "path"}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class SourceSettings:
+    weight: float = 1.0
+    timeout_s: float | None = None
+    retrieval: str | None = None
+    enabled: bool = True
+    spec: SourceSpec | None = None  # present when the file says how to build the source
+
+
+@dataclass
+class Config:
+    workspace: Path = Path(".gradfuse")
+    fusion: str = "rrf"
+    k: int = 10
+    depth: int = 20
+    timeout_s: float = 10.0
+    retrieval: str = "hybrid"
+    encoder: str = "all-MiniLM-L6-v2"
+    generator: str = "smollm2"
+    max_new_tokens: int = 128
+    context_k: int = 5
+    cite_first: bool = True
+    sources: dict[str, SourceSettings] = field(default_factory=dict)
+
+    def settings(self, source: str) -> SourceSettings:
+        return self.sources.get(source, SourceSettings())
+
+
+def load_config(path: Path | None = None, *, workspace: Path | None = None) -> Config:
+    """Read `path` (or ./gradfuse.toml when it exists); `workspace` overrides the file's index folder."""
+    if path is None and Path(DEFAULT_CONFIG_NAME).is_file():
+        path = Path(DEFAULT_CONFIG_NAME)
+    config = Config() if path is None else _parse(path)
+    if workspace is not None:
+        config.workspace = workspace
+    return config
+
+
+def _parse(path: Path) -> Config:
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError as error:
+        raise ConfigError(f"config file {path} does not exist") from error
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: {error}") from error
+    base = path.resolve().parent
+    config = Config(workspace=base / raw.pop("workspace", ".gradfuse"))
+    sections = {"defaults": ("fusion", "k", "depth", "timeout_s", "retrieval"),
+                "generator": ("max_new_tokens", "context_k", "cite_first")}
+    for section, keys in sections.items():
+        values = dict(raw.pop(section, {}))
+        if section == "generator" and "model" in values:
+            config.generator = values.pop("model")
+        _assign(config, values, keys, f"{path} [{section}]")
+    encoder = dict(raw.pop("encoder", {}))
+    config.encoder = encoder.pop("model", config.encoder)
+    if encoder:
+        raise ConfigError(f"{path} [encoder]: unknown keys {sorted(encoder)}")
+    for name, table in raw.pop("sources", {}).items():
+        config.sources[name] = _source_settings(name, dict(table), base, path)
+    if raw:
+        raise ConfigError(f"{path}: unknown keys or sections {sorted(raw)}")
+    return config
+
+
+def _assign(config: Config, values: dict[str, Any], keys: tuple[str, ...], where: str) -> None:
+    unknown = set(values) - set(keys)
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {sorted(unknown)} (known: {', '.join(keys)})")
+    for key, value in values.items():
+        expected = type(getattr(config, key))
+        if expected is float and isinstance(value, int):
+            value = float(value)
+        if not isinstance(value, expected):
+            raise ConfigError(f"{where}: {key} must be {expected.__name__}, got {value!r}")
+        setattr(config, key, value)
+
+
+def _source_settings(name: str, table: dict[str, Any], base: Path, path: Path) -> SourceSettings:
+    settings = SourceSettings(
+        weight=float(table.pop("weight", 1.0)),
+        timeout_s=table.pop("timeout_s", None),
+        retrieval=table.pop("retrieval", None),
+        enabled=bool(table.pop("enabled", True)),
+    )
+    if "kind" in table or "path" in table:
+        missing = _SOURCE_BUILD - set(table)
+        if missing:
+            raise ConfigError(f"{path} [sources.{name}]: missing {sorted(missing)}")
+        kind, source_path = table.pop("kind"), table.pop("path")
+        for key in ("corpus", "queries"):  # paths inside options are relative to the config file too
+            if key in table:
+                table[key] = str(base / table[key])
+        try:
+            settings.spec = SourceSpec(name=name, kind=kind, path=str(base / source_path), options=table)
+        except ValueError as error:
+            raise ConfigError(f"{path}: {error}") from error
+    elif table:
+        raise ConfigError(f"{path} [sources.{name}]: unknown keys {sorted(table)} "
+                          f"(settings: {', '.join(sorted(_SOURCE_SETTINGS))}; to build: kind, path, options)")
+    return settings

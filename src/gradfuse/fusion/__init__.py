@@ -1,0 +1,99 @@
+"""Uniform fusion baselines: every source's list merged by one rule for every query.
+
+These are what the per-query method has to beat, so the score arithmetic is ranx's wherever ranx has the
+method (CombMAX for concatenation, CombSUM/CombMNZ with min-max or z-score normalisation); weighted RRF is
+written here because ranx's RRF takes no weights, and a test checks it against ranx's with equal weights.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+from gradfuse.candidate import Candidate, merge_duplicates
+
+RRF_K = 60
+
+# name → (ranx normalisation, ranx method with weights); None marks the methods implemented here.
+_RANX_METHODS: dict[str, tuple[str | None, str] | None] = {
+    "concat": (None, "max"),  # raw native scores; a text found twice keeps its best score
+    "rrf": None,
+    "combsum": ("min-max", "wsum"),
+    "combsum-z": ("zmuv", "wsum"),
+    "combmnz": ("min-max", "wmnz"),
+    "combmnz-z": ("zmuv", "wmnz"),
+}
+FUSION_METHODS: tuple[str, ...] = (*_RANX_METHODS, "single:<source>")
+
+
+class UnknownMethod(ValueError):
+    pass
+
+
+def check_fusion(method: str, sources: list[str]) -> None:
+    """Raise UnknownMethod with the valid choices when `method` cannot run over `sources`."""
+    if method.startswith("single:"):
+        if method.removeprefix("single:") not in sources:
+            raise UnknownMethod(f"{method!r}: no source named {method.removeprefix('single:')!r} "
+                                f"(sources: {', '.join(sources)})")
+    elif method not in _RANX_METHODS:
+        raise UnknownMethod(f"unknown fusion method {method!r} (choose from {', '.join(FUSION_METHODS)})")
+
+
+def fuse(
+    method: str,
+    ranked_lists: dict[str, list[Candidate]],
+    *,
+    weights: dict[str, float] | None = None,
+) -> list[Candidate]:
+    """One fused ranking; each candidate gets `scores['fusion:<method>']`, duplicates merged with provenance.
+
+    `weights` (per source, default 1) apply to rrf, combsum (ranx wsum) and combmnz (ranx wmnz, Wu & Crestani's
+    weighting: sum of scores times sum of the weights of the sources that returned the document).
+    """
+    if method.startswith("single:"):
+        # The source may have failed for this query; its failure is reported by the caller, the list is empty.
+        only = method.removeprefix("single:")
+        ranked_lists = {only: ranked_lists.get(only, [])}
+    else:
+        check_fusion(method, list(ranked_lists))
+    primaries, per_source = merge_duplicates(ranked_lists)
+    per_source = {s: own for s, own in per_source.items() if own}
+    weights = {s: (weights or {}).get(s, 1.0) for s in per_source}
+    if not per_source:
+        return []
+    if method == "rrf":
+        fused = _weighted_rrf(per_source, weights)
+    elif method.startswith("single:"):
+        fused = {key: c.native_score for key, c in next(iter(per_source.values())).items()}
+    else:
+        fused = _ranx_fuse(method, per_source, weights)
+    name = f"fusion:{method}"
+    order: Callable[[str], tuple] = lambda key: (-fused[key], primaries[key].native_rank, primaries[key].key)
+    result = []
+    for key in sorted(fused, key=order):
+        primaries[key].scores[name] = fused[key]
+        result.append(primaries[key])
+    return result
+
+
+def _weighted_rrf(per_source: dict[str, dict[str, Candidate]], weights: dict[str, float]) -> dict[str, float]:
+    fused: dict[str, float] = {}
+    for source, own in per_source.items():
+        for key, candidate in own.items():
+            fused[key] = fused.get(key, 0.0) + weights[source] / (RRF_K + candidate.native_rank)
+    return fused
+
+
+def _ranx_fuse(
+    method: str, per_source: dict[str, dict[str, Candidate]], weights: dict[str, float]
+) -> dict[str, float]:
+    from ranx import Run
+    from ranx import fuse as ranx_fuse
+
+    norm, ranx_method = _RANX_METHODS[method]
+    runs = [Run({"q": {key: c.native_score for key, c in own.items()}}) for own in per_source.values()]
+    params = {"weights": [weights[s] for s in per_source]} if ranx_method != "max" else {}
+    with warnings.catch_warnings():  # numba warns about an internal integer cast on every call
+        warnings.simplefilter("ignore")
+        return dict(ranx_fuse(runs, norm=norm, method=ranx_method, params=params).to_dict()["q"])

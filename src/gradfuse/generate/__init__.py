@@ -1,0 +1,25 @@
+"""Answer generation: one factory over local models and OpenAI-compatible endpoints."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from gradfuse.generate.local import BUNDLED_GENERATOR, load_local_generator
+from gradfuse.generate.openai_http import OpenAICompatibleGenerator
+from gradfuse.generate.prompt import Citation, build_messages, parse_citations
+
+__all__ = ["BUNDLED_GENERATOR", "Citation", "Generator", "build_messages", "make_generator", "parse_citations"]
+
+
+class Generator(Protocol):
+    name: str
+
+    def generate(self, messages: list[dict[str, str]], *, max_new_tokens: int = 128, passages: int = 0) -> str:
+        """`passages` > 0 asks the generator to name one of that many passages first, where it can."""
+
+
+def make_generator(spec: str = BUNDLED_GENERATOR, *, model: str = "default") -> Generator:
+    """`smollm2` (bundled), a local HF folder or .gguf file, or an http(s) URL of an OpenAI-compatible server."""
+    if spec.startswith(("http://", "https://")):
+        return OpenAICompatibleGenerator(spec, model=model)
+    return load_local_generator(spec)

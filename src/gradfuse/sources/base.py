@@ -1,0 +1,107 @@
+"""What every source is: a name, `search(query, k)`, and stats; plus the on-disk versioning they share."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from gradfuse.candidate import Candidate
+
+SourceKind = Literal["beir", "jsonl", "files", "run"]
+SOURCE_KINDS: tuple[str, ...] = ("beir", "jsonl", "files", "run")
+FORMAT_VERSION = 1  # bump when the on-disk layout changes, so old builds are rebuilt rather than misread
+
+
+class SourceError(RuntimeError):
+    """A source cannot answer (missing index, unknown query for a run source, ...)."""
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """How to build one source: its kind, its input, and reader options."""
+
+    name: str
+    kind: SourceKind
+    path: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.kind not in SOURCE_KINDS:
+            raise ValueError(f"source {self.name!r}: unknown kind {self.kind!r} (choose from {', '.join(SOURCE_KINDS)})")
+        if not self.name or "/" in self.name or self.name.startswith("."):
+            raise ValueError(f"invalid source name {self.name!r}: use letters, digits, '-' or '_'")
+
+
+@dataclass
+class SourceStats:
+    name: str
+    kind: str
+    documents: int
+    index_bytes: int
+    encoder: str | None
+    built_at: str
+    input: str
+    retrieval: str
+
+
+@runtime_checkable
+class Source(Protocol):
+    name: str
+
+    def search(self, query: str, k: int) -> list[Candidate]: ...
+
+    def stats(self) -> SourceStats: ...
+
+
+# --- versioned folders: a build writes a new version and then swaps a pointer, so a crash mid-build leaves
+# the previous version intact and in use.
+
+def current_version(source_dir: Path) -> Path | None:
+    pointer = source_dir / "CURRENT"
+    if not pointer.is_file():
+        return None
+    version = source_dir / pointer.read_text().strip()
+    return version if version.is_dir() else None
+
+
+def publish_version(source_dir: Path, version: Path) -> None:
+    previous = current_version(source_dir)
+    pointer_tmp = source_dir / "CURRENT.tmp"
+    pointer_tmp.write_text(version.name)
+    os.replace(pointer_tmp, source_dir / "CURRENT")  # atomic on POSIX
+    for stale in source_dir.iterdir():
+        if stale.is_dir() and stale != version and (stale == previous or stale.name.startswith("build-")):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def read_manifest(version: Path) -> dict[str, Any]:
+    return json.loads((version / "manifest.json").read_text())
+
+
+def write_manifest(version: Path, manifest: dict[str, Any]) -> None:
+    (version / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def stats_from_manifest(name: str, version: Path, manifest: dict[str, Any], retrieval: str) -> SourceStats:
+    return SourceStats(
+        name=name,
+        kind=manifest["kind"],
+        documents=manifest["documents"],
+        index_bytes=folder_bytes(version),
+        encoder=manifest.get("encoder"),
+        built_at=manifest["built_at"],
+        input=manifest["input"],
+        retrieval=retrieval,
+    )
+
+
+def stats_dict(stats: SourceStats) -> dict[str, Any]:
+    return asdict(stats)

@@ -1,0 +1,144 @@
+"""Build (or skip rebuilding) one source from its spec into a new version folder, then publish it atomically."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from gradfuse.sources.base import (
+    FORMAT_VERSION,
+    SourceSpec,
+    current_version,
+    publish_version,
+    read_manifest,
+    write_manifest,
+)
+from gradfuse.sources.docstore import write_documents
+from gradfuse.sources.documents import (
+    Document,
+    IngestError,
+    IngestReport,
+    chunk_documents,
+    read_beir_corpus,
+    read_files,
+    read_jsonl,
+)
+from gradfuse.sources.embedded import write_embedded_index
+from gradfuse.sources.encoder import EmbeddingCache, load_encoder
+from gradfuse.sources.run import run_doc_ids, write_run_tables
+
+FILE_CHUNK_WORDS, FILE_CHUNK_OVERLAP = 200, 40
+
+
+@dataclass
+class BuildReport:
+    name: str
+    status: str  # "built" or "unchanged"
+    documents: int
+    seconds: float
+    embedded_now: int = 0  # vectors computed in this build; the rest came from the cache
+    ingest: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def docs_per_second(self) -> float:
+        return self.documents / self.seconds if self.seconds else float("inf")
+
+
+def _read_documents(spec: SourceSpec, report: IngestReport) -> list[Document]:
+    path, options = Path(spec.path), spec.options
+    skip = bool(options.get("skip_malformed", False))
+    if spec.kind == "beir":
+        documents = read_beir_corpus(path, report, skip_malformed=skip)
+    elif spec.kind == "jsonl":
+        if not path.is_file():
+            raise IngestError(f"{path} is not a file")
+        fields = {k: options[k] for k in ("id_field", "text_field", "title_field") if k in options}
+        documents = read_jsonl(path, report, skip_malformed=skip, **fields)
+    elif spec.kind == "files":
+        documents = read_files(path, report)
+    else:
+        # A run source keeps only the corpus documents its run ranks: the rest could never be returned.
+        wanted = run_doc_ids(path)
+        corpus = read_jsonl(Path(options["corpus"]), report, skip_malformed=skip)
+        return [d for d in corpus if d.doc_id in wanted]
+    # Files are always chunked (a file can be a book); records only when asked, since they usually are passages.
+    words = options.get("chunk_words", FILE_CHUNK_WORDS if spec.kind == "files" else None)
+    if words:
+        overlap = options.get("chunk_overlap", min(FILE_CHUNK_OVERLAP, words // 4))
+        documents = chunk_documents(documents, words=words, overlap=overlap)
+    return list(documents)
+
+
+def _run_inputs(spec: SourceSpec) -> tuple[Path, Path]:
+    corpus = Path(spec.options["corpus"])
+    queries = Path(spec.options.get("queries") or corpus.parent / "queries.jsonl")
+    for needed in (Path(spec.path), corpus, queries):
+        if not needed.is_file():
+            raise IngestError(f"run source {spec.name!r}: {needed} does not exist")
+    return corpus, queries
+
+
+def _fingerprint(spec: SourceSpec, encoder: str, documents: list[Document], extra_files: list[Path]) -> str:
+    digest = hashlib.sha256(json.dumps([FORMAT_VERSION, spec.kind, spec.options, encoder], sort_keys=True).encode())
+    for d in documents:
+        digest.update(json.dumps([d.doc_id, d.title, d.text, d.parent_id, d.span]).encode())
+    for path in extra_files:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def build_source(workspace: Path, spec: SourceSpec, *, encoder: str, progress: bool = False) -> BuildReport:
+    started = time.perf_counter()
+    if spec.kind == "run":
+        corpus, queries = _run_inputs(spec)
+    source_dir = workspace / "sources" / spec.name
+    report = IngestReport()
+    documents = _read_documents(spec, report)
+    if not documents:
+        raise IngestError(f"source {spec.name!r}: {spec.path} holds no documents")
+    extra = [Path(spec.path), queries] if spec.kind == "run" else []
+    fingerprint = _fingerprint(spec, encoder, documents, extra)
+
+    previous = current_version(source_dir)
+    if previous is not None and read_manifest(previous).get("fingerprint") == fingerprint:
+        return BuildReport(spec.name, "unchanged", len(documents), time.perf_counter() - started,
+                           ingest=report.summary())
+
+    source_dir.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(timezone.utc)
+    building = source_dir / f"build-{stamp:%Y%m%dT%H%M%S%f}-{os.getpid()}"
+    building.mkdir()
+    count = write_documents(building / "docs.sqlite", documents)
+    manifest = {
+        "name": spec.name,
+        "kind": spec.kind,
+        "input": str(Path(spec.path).resolve()),
+        "options": spec.options,
+        "documents": count,
+        "fingerprint": fingerprint,
+        "built_at": stamp.isoformat(timespec="seconds"),
+        "format_version": FORMAT_VERSION,
+        "ingest": report.summary(),
+        "encoder": None,
+    }
+    embedded_now = 0
+    if spec.kind == "run":
+        manifest.update(write_run_tables(building, Path(spec.path), queries, report))
+        manifest["corpus"] = str(corpus.resolve())
+    else:
+        cache = EmbeddingCache(workspace / "cache" / "embeddings.sqlite", load_encoder(encoder))
+        try:
+            embedded_now = write_embedded_index(building, documents, cache, progress)
+        finally:
+            cache.close()
+        manifest["encoder"] = encoder
+    write_manifest(building, manifest)
+    version = building.with_name("v-" + building.name.removeprefix("build-"))
+    building.rename(version)
+    publish_version(source_dir, version)
+    return BuildReport(spec.name, "built", count, time.perf_counter() - started, embedded_now, report.summary())

