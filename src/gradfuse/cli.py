@@ -21,6 +21,8 @@ app = typer.Typer(help="Retrieval-augmented generation over many sources at once
 index_app = typer.Typer(help="Build a source from an input (re-running on unchanged input is a no-op).")
 app.add_typer(index_app, name="index")
 console = Console()
+if not console.is_terminal:  # piped or logged output: do not squeeze tables into 80 columns
+    console = Console(width=160)
 
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="Workspace TOML (default ./gradfuse.toml)")]
 WorkspaceOpt = Annotated[Optional[Path], typer.Option("--workspace", "-w", help="Index folder (overrides the config)")]
@@ -272,7 +274,10 @@ def print_answer(answer: Answer) -> None:
 
 @app.command()
 def demo(workspace: Annotated[Path, typer.Option("--workspace", "-w")] = Path(".gradfuse/demo")):
-    """Build three sources from text every Python has, then ask questions that need different sources."""
+    """Build three sources from text every Python has, then ask questions that need different sources.
+
+    Dense retrieval with concatenation by cosine: one encoder for all sources makes those scores comparable,
+    whereas rank fusion (RRF) puts every source's first hit on top whether or not that source is relevant."""
     from gradfuse.demo import QUESTIONS, demo_specs
 
     ws = Workspace.open(None, workspace=workspace)
@@ -280,4 +285,4 @@ def demo(workspace: Annotated[Path, typer.Option("--workspace", "-w")] = Path(".
         _print_build(ws.index(spec, progress=True))
     sources(None, workspace)
     for question in QUESTIONS:
-        print_answer(ws.ask(question, fusion="rrf", context_k=4))
+        print_answer(ws.ask(question, fusion="concat", retrieval="dense", context_k=3))

@@ -90,10 +90,16 @@ def _ranx_fuse(
 ) -> dict[str, float]:
     from ranx import Run
     from ranx import fuse as ranx_fuse
+    from ranx.normalization import norm_switch
 
     norm, ranx_method = _RANX_METHODS[method]
     runs = [Run({"q": {key: c.native_score for key, c in own.items()}}) for own in per_source.values()]
     params = {"weights": [weights[s] for s in per_source]} if ranx_method != "max" else {}
     with warnings.catch_warnings():  # numba warns about an internal integer cast on every call
         warnings.simplefilter("ignore")
-        return dict(ranx_fuse(runs, norm=norm, method=ranx_method, params=params).to_dict()["q"])
+        if len(runs) > 1:
+            return dict(ranx_fuse(runs, norm=norm, method=ranx_method, params=params).to_dict()["q"])
+        # ranx refuses to fuse one run; with one source every method reduces to its weighted normalised score.
+        normalised = norm_switch(norm)(runs[0]) if norm else runs[0]
+        weight = params.get("weights", [1.0])[0]
+        return {key: weight * score for key, score in normalised.to_dict()["q"].items()}

@@ -1,0 +1,46 @@
+"""Small corpora written by the tests, built with the real encoder and real indexes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gradfuse import SourceSpec, Workspace
+from gradfuse.config import Config
+
+ASTRONOMY = [
+    {"id": "mars", "title": "Mars", "text": "Mars is the fourth planet from the Sun and has two small moons, Phobos and Deimos."},
+    {"id": "jupiter", "title": "Jupiter", "text": "Jupiter is the largest planet in the Solar System, a gas giant with a Great Red Spot."},
+    {"id": "venus", "title": "Venus", "text": "Venus has a thick carbon dioxide atmosphere and the hottest surface of any planet."},
+]
+COOKING = [
+    {"id": "bread", "title": "Bread", "text": "Bread dough rises because yeast ferments sugar and releases carbon dioxide gas."},
+    {"id": "risotto", "title": "Risotto", "text": "Risotto is cooked by adding hot stock to arborio rice a ladle at a time while stirring."},
+    # The same passage as in the astronomy source: fusion must merge it and keep both provenances.
+    {"id": "mars-copy", "title": "Mars", "text": "Mars is the fourth planet from the Sun and has two small moons, Phobos and Deimos."},
+]
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def corpus_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("inputs")
+    write_jsonl(root / "astronomy" / "corpus.jsonl", ASTRONOMY)
+    write_jsonl(root / "cooking.jsonl", COOKING)
+    return root
+
+
+@pytest.fixture(scope="session")
+def workspace(tmp_path_factory, corpus_dir) -> Workspace:
+    """Two real sources: a BEIR folder and a JSONL file."""
+    ws = Workspace(Config(workspace=tmp_path_factory.mktemp("ws")))
+    ws.index(SourceSpec("astronomy", "beir", str(corpus_dir / "astronomy")))
+    ws.index(SourceSpec("cooking", "jsonl", str(corpus_dir / "cooking.jsonl")))
+    return ws

@@ -1,0 +1,56 @@
+"""The CLI as a user runs it: index, sources, search and ask, through Typer's runner in-process."""
+
+import json
+
+from typer.testing import CliRunner
+
+from gradfuse.cli import app
+
+from conftest import ASTRONOMY, COOKING, write_jsonl
+
+runner = CliRunner()
+
+
+def test_index_sources_search_from_the_command_line(tmp_path):
+    ws = ["--workspace", str(tmp_path / "ws")]
+    write_jsonl(tmp_path / "astro" / "corpus.jsonl", ASTRONOMY)
+    write_jsonl(tmp_path / "cooking.jsonl", COOKING)
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "tea.md").write_text("# Tea\nGreen tea is steeped at 80 degrees for two minutes.")
+
+    assert runner.invoke(app, ["index", "beir", str(tmp_path / "astro"), "--source", "astro", *ws]).exit_code == 0
+    assert runner.invoke(app, ["index", "jsonl", str(tmp_path / "cooking.jsonl"), "-s", "cooking", *ws]).exit_code == 0
+    built = runner.invoke(app, ["index", "files", str(notes), "-s", "notes", *ws])
+    assert built.exit_code == 0 and "built 1 documents" in built.output
+    again = runner.invoke(app, ["index", "files", str(notes), "-s", "notes", *ws])
+    assert "unchanged" in again.output
+
+    listing = json.loads(runner.invoke(app, ["sources", "--json", *ws]).output)
+    assert {(s["name"], s["kind"], s["documents"]) for s in listing} == {
+        ("astro", "beir", 3), ("cooking", "jsonl", 3), ("notes", "files", 1)}
+
+    found = runner.invoke(app, ["search", "green tea temperature", "--fusion", "concat", "--retrieval", "dense",
+                                "--json", *ws])
+    assert found.exit_code == 0, found.output
+    result = json.loads(found.output)
+    top = result["candidates"][0]
+    assert (top["source"], top["doc_id"], top["native_rank"]) == ("notes", "tea.md#0", 1)
+    assert 0 < top["scores"]["fusion:concat"] == top["native_score"] and result["failures"] == []
+
+    table = runner.invoke(app, ["search", "Phobos", "--fusion", "concat", "--retrieval", "bm25", *ws])
+    assert "astro" in table.output and "cooking/mars-copy@1" in table.output  # the merged duplicate is shown
+
+
+def test_cli_errors_are_one_clear_line(tmp_path):
+    ws = ["--workspace", str(tmp_path / "ws")]
+    missing = runner.invoke(app, ["search", "anything", *ws])
+    assert missing.exit_code == 2 and "no sources are built" in missing.output
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "1", "text": "ok"}\n{"id": 2,\n')
+    failed = runner.invoke(app, ["index", "jsonl", str(bad), "-s", "bad", *ws])
+    assert failed.exit_code == 2 and "bad.jsonl:2: invalid JSON" in failed.output
+    skipped = runner.invoke(app, ["index", "jsonl", str(bad), "-s", "bad", "--skip-malformed", *ws])
+    assert skipped.exit_code == 0 and "skipped_malformed" in skipped.output
+    unknown = runner.invoke(app, ["search", "ok", "--fusion", "magic", *ws])
+    assert unknown.exit_code == 2 and "unknown fusion method 'magic'" in unknown.output

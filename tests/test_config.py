@@ -1,0 +1,46 @@
+import pytest
+
+from gradfuse import Workspace
+from gradfuse.config import ConfigError, load_config
+
+from conftest import ASTRONOMY, write_jsonl
+
+
+def test_toml_declares_sources_models_and_defaults_and_flags_override(tmp_path):
+    write_jsonl(tmp_path / "data" / "astro.jsonl", ASTRONOMY)
+    config_file = tmp_path / "gradfuse.toml"
+    config_file.write_text(
+        'workspace = "idx"\n'
+        '[defaults]\nfusion = "concat"\nk = 2\ntimeout_s = 3\n'
+        '[generator]\nmodel = "http://127.0.0.1:9/v1"\ncontext_k = 2\n'
+        '[sources.astro]\nkind = "jsonl"\npath = "data/astro.jsonl"\nweight = 2.0\nretrieval = "bm25"\n'
+    )
+    config = load_config(config_file)
+    assert config.workspace == tmp_path / "idx" and config.k == 2 and config.timeout_s == 3.0
+    assert config.generator == "http://127.0.0.1:9/v1" and config.context_k == 2
+    assert config.sources["astro"].weight == 2.0 and config.sources["astro"].spec.kind == "jsonl"
+
+    ws = Workspace(config)
+    assert [r.status for r in ws.build_configured()] == ["built"]
+    assert [r.status for r in ws.build_configured()] == ["unchanged"]
+    result = ws.search("moons of the fourth planet")
+    assert result.method == "concat" and len(result.candidates) == 2  # defaults from the file
+    assert ws.source("astro").stats().retrieval == "bm25"  # per-source setting from the file
+    assert len(ws.search("moons", k=1, fusion="rrf").candidates) == 1  # arguments override the file
+    assert load_config(config_file, workspace=tmp_path / "other").workspace == tmp_path / "other"
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[defaults]\nfusoin = 'rrf'\n", "unknown keys \\['fusoin'\\]"),
+        ("[defaults]\nk = 'ten'\n", "k must be int"),
+        ("[sources.x]\nkind = 'beir'\n", "missing \\['path'\\]"),
+        ("[sources.x]\nkind = 'sql'\npath = 'a'\n", "unknown kind 'sql'"),
+        ("[defaults\n", "gradfuse.toml"),
+    ],
+)
+def test_config_errors_name_the_problem(tmp_path, text, message):
+    (tmp_path / "gradfuse.toml").write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(tmp_path / "gradfuse.toml")

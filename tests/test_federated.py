@@ -1,0 +1,82 @@
+"""Querying several real sources at once, when some of them are dead or slow."""
+
+import threading
+import time
+
+import pytest
+
+from gradfuse.sources.federated import AllSourcesFailed, query_sources
+
+
+class DeadSource:
+    """A source whose backend is gone: every search raises."""
+
+    name = "dead"
+
+    def search(self, query, k):
+        raise ConnectionError("index server refused the connection")
+
+
+class HangingSource:
+    """A source that does not answer until released (or 30 s pass)."""
+
+    name = "slow"
+
+    def __init__(self):
+        self.release = threading.Event()
+
+    def search(self, query, k):
+        self.release.wait(30)
+        return []
+
+
+def test_a_dead_and_a_slow_source_are_reported_and_the_others_still_answer(workspace):
+    real = [workspace.source("astronomy", "bm25"), workspace.source("cooking", "bm25")]
+    hanging = HangingSource()
+    started = time.perf_counter()
+    result = query_sources([*real, DeadSource(), hanging], "planet moons", 5,
+                           {"astronomy": 5.0, "cooking": 5.0, "dead": 5.0, "slow": 0.5})
+    elapsed = time.perf_counter() - started
+    hanging.release.set()
+    assert set(result.ranked_lists) == {"astronomy", "cooking"}
+    failures = {f.source: f for f in result.failures}
+    assert failures["dead"].reason == "error" and "refused the connection" in failures["dead"].detail
+    assert failures["slow"].reason == "timeout" and "0.5 s" in failures["slow"].detail
+    assert elapsed < 5.0  # the hanging source did not hold the answer back to the others' timeout
+    assert result.ranked_lists["astronomy"][0].doc_id == "mars"
+
+
+def test_all_sources_failing_is_one_clear_error_naming_each():
+    hanging = HangingSource()
+    with pytest.raises(AllSourcesFailed) as raised:
+        query_sources([DeadSource(), hanging], "anything", 5, {"dead": 1.0, "slow": 0.2})
+    hanging.release.set()
+    message = str(raised.value)
+    assert "every source failed" in message and "dead: ConnectionError" in message and "slow: no answer" in message
+
+
+def test_workspace_search_fuses_across_sources_and_merges_the_shared_passage(workspace):
+    result = workspace.search("Which planet has the moons Phobos and Deimos?", fusion="rrf", k=3, retrieval="bm25")
+    assert result.failures == []
+    top = result.candidates[0]
+    assert top.text.startswith("Mars is the fourth planet")
+    assert sorted(top.sources) == ["astronomy", "cooking"]  # one candidate, both provenances
+    assert top.scores["fusion:rrf"] == pytest.approx(2 / 61)
+    assert set(result.ranked_lists) == {"astronomy", "cooking"}
+
+
+def test_workspace_rejects_unknown_sources_and_methods_clearly(workspace):
+    with pytest.raises(Exception, match="unknown source.*nope.*available: astronomy, cooking"):
+        workspace.search("planets", sources=["nope"])
+    with pytest.raises(Exception, match="unknown fusion method 'best'"):
+        workspace.search("planets", fusion="best")
+    with pytest.raises(ValueError, match="empty"):
+        workspace.search("   ")
+
+
+def test_fusion_over_real_source_lists_keeps_native_ranks(workspace):
+    result = workspace.search("carbon dioxide", fusion="concat", k=10, retrieval="bm25")
+    for candidate in result.candidates:
+        own = result.ranked_lists[candidate.source]
+        assert own[candidate.native_rank - 1] is candidate
+    assert {c.doc_id for c in result.candidates} == {"venus", "bread"}

@@ -1,0 +1,136 @@
+import json
+import sqlite3
+
+import pytest
+
+from gradfuse import SourceSpec, Workspace
+from gradfuse.config import Config
+from gradfuse.sources import IngestError, open_source
+from gradfuse.sources.base import current_version
+from gradfuse.sources.documents import chunk_text
+
+from conftest import ASTRONOMY, write_jsonl
+
+
+@pytest.fixture
+def ws(tmp_path):
+    return Workspace(Config(workspace=tmp_path / "ws"))
+
+
+def test_beir_folder_becomes_a_searchable_source(workspace):
+    source = workspace.source("astronomy", "bm25")
+    hits = source.search("largest gas giant planet", 2)
+    assert hits[0].doc_id == "jupiter" and hits[0].native_rank == 1 and hits[0].source == "astronomy"
+    assert hits[0].native_score > hits[1].native_score
+    dense = workspace.source("astronomy", "dense").search("which planet is the hottest", 1)
+    assert dense[0].doc_id == "venus" and 0 < dense[0].native_score <= 1
+    stats = source.stats()
+    assert (stats.kind, stats.documents, stats.encoder) == ("beir", 3, "all-MiniLM-L6-v2") and stats.index_bytes > 0
+
+
+def test_files_are_chunked_with_overlap_and_keep_their_span(ws, tmp_path):
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    words = [f"w{i}" for i in range(50)]
+    (notes / "long.txt").write_text(" ".join(words))
+    (notes / "page.html").write_text("<html><head><title>Oort</title><script>var x=1;</script></head>"
+                                     "<body><p>The Oort cloud surrounds the Sun.</p></body></html>")
+    (notes / "readme.md").write_text("# Comets\nComets have tails that point away from the Sun.")
+    report = ws.index(SourceSpec("notes", "files", str(notes), {"chunk_words": 20, "chunk_overlap": 5}))
+    assert report.status == "built" and report.documents == 3 + 2  # 50 words → windows at 0, 15, 30
+    db = sqlite3.connect(current_version(ws.root / "sources" / "notes") / "docs.sqlite")
+    rows = db.execute("SELECT doc_id, parent_id, span_start, span_end, text, title FROM docs").fetchall()
+    text = (notes / "long.txt").read_text()
+    chunks = [r for r in rows if r[1] == "long.txt"]
+    assert [r[0] for r in chunks] == ["long.txt#0", "long.txt#1", "long.txt#2"]
+    for _, _, start, end, chunk, _ in chunks:
+        assert text[start:end] == chunk  # the span points at the chunk inside its parent
+    assert chunks[0][4].split()[-5:] == chunks[1][4].split()[:5]  # consecutive chunks share the overlap
+    html = next(r for r in rows if r[1] == "page.html")
+    assert html[5] == "Oort" and "var x" not in html[4] and "Oort cloud" in html[4]
+    assert next(r for r in rows if r[1] == "readme.md")[5] == "Comets"
+
+
+def test_chunk_text_rejects_overlap_not_smaller_than_chunk():
+    with pytest.raises(ValueError, match="overlap"):
+        chunk_text("a b c", words=3, overlap=3)
+
+
+def test_unchanged_reindex_is_a_noop_and_changes_embed_only_new_text(ws, tmp_path):
+    corpus = write_jsonl(tmp_path / "a.jsonl", ASTRONOMY)
+    first = ws.index(SourceSpec("a", "jsonl", str(corpus)))
+    version = current_version(ws.root / "sources" / "a")
+    again = ws.index(SourceSpec("a", "jsonl", str(corpus)))
+    assert (first.status, first.embedded_now) == ("built", 3)
+    assert again.status == "unchanged" and current_version(ws.root / "sources" / "a") == version
+    write_jsonl(corpus, ASTRONOMY + [{"id": "pluto", "text": "Pluto is a dwarf planet in the Kuiper belt."}])
+    changed = ws.index(SourceSpec("a", "jsonl", str(corpus)))
+    assert (changed.status, changed.documents, changed.embedded_now) == ("built", 4, 1)
+    assert not version.exists()  # the superseded version is cleaned up after the swap
+    assert ws.source("a", "bm25").search("dwarf planet Kuiper", 1)[0].doc_id == "pluto"
+
+
+def test_malformed_jsonl_line_is_an_error_naming_file_and_line_or_skipped_by_option(ws, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(ASTRONOMY[0]) + "\n{not json\n" + json.dumps({"title": "no id"}) + "\n")
+    with pytest.raises(IngestError, match=r"bad\.jsonl:2: invalid JSON"):
+        ws.index(SourceSpec("bad", "jsonl", str(bad)))
+    report = ws.index(SourceSpec("bad", "jsonl", str(bad), {"skip_malformed": True}))
+    assert report.documents == 1 and report.ingest["skipped_malformed"] == 2
+
+
+def test_non_utf8_and_empty_files_are_read_or_skipped_and_counted(ws, tmp_path):
+    notes = tmp_path / "legacy"
+    notes.mkdir()
+    (notes / "cafe.txt").write_bytes("Caf\xe9 cr\xe8me recipes from the old wiki.".encode("cp1252"))
+    (notes / "empty.md").write_text("")
+    (notes / "blank.txt").write_text("   \n\n")
+    report = ws.index(SourceSpec("legacy", "files", str(notes)))
+    assert report.documents == 1
+    assert report.ingest == {"skipped_empty": 2, "skipped_malformed": 0, "decoded_with_fallback": 1}
+    assert ws.source("legacy", "bm25").search("recipes wiki", 1)[0].text.startswith("Café crème")
+
+
+def test_an_empty_input_is_a_clear_error(ws, tmp_path):
+    (tmp_path / "nothing").mkdir()
+    with pytest.raises(IngestError, match="holds no documents"):
+        ws.index(SourceSpec("nothing", "files", str(tmp_path / "nothing")))
+    with pytest.raises(IngestError, match="not a BEIR folder"):
+        ws.index(SourceSpec("x", "beir", str(tmp_path / "nothing")))
+
+
+def test_trec_run_becomes_a_source_that_answers_its_own_queries(ws, tmp_path):
+    corpus = write_jsonl(tmp_path / "run" / "corpus.jsonl", ASTRONOMY)
+    write_jsonl(tmp_path / "run" / "queries.jsonl", [{"id": "q1", "text": "Which planet has moons?"}])
+    run = tmp_path / "run" / "bm25.trec"
+    run.write_text("q1 Q0 venus 2 3.5 bm25\nq1 Q0 mars 1 7.25 bm25\n")
+    report = ws.index(SourceSpec("bm25run", "run", str(run), {"corpus": str(corpus)}))
+    assert report.documents == 2  # only the documents the run can return are stored
+    source = open_source(ws.root, "bm25run")
+    hits = source.search("  which planet HAS moons? ", 10)
+    assert [(h.doc_id, h.native_rank, h.native_score) for h in hits] == [("mars", 1, 7.25), ("venus", 2, 3.5)]
+    with pytest.raises(Exception, match="no ranking for this query"):
+        source.search("something else", 10)
+    assert ws.index(SourceSpec("bm25run", "run", str(run), {"corpus": str(corpus)})).status == "unchanged"
+
+
+def test_bad_trec_line_names_file_and_line(ws, tmp_path):
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", ASTRONOMY)
+    write_jsonl(tmp_path / "queries.jsonl", [{"id": "q1", "text": "moons"}])
+    run = tmp_path / "broken.trec"
+    run.write_text("q1 Q0 mars 1 7.25 bm25\nq1 mars 2\n")
+    with pytest.raises(IngestError, match=r"broken\.trec:2: expected"):
+        ws.index(SourceSpec("r", "run", str(run), {"corpus": str(corpus)}))
+
+
+def test_crashed_build_leaves_the_previous_version_in_use(ws, tmp_path):
+    corpus = write_jsonl(tmp_path / "c.jsonl", ASTRONOMY)
+    ws.index(SourceSpec("c", "jsonl", str(corpus)))
+    published = current_version(ws.root / "sources" / "c")
+    (ws.root / "sources" / "c" / "build-20000101T000000000000-1").mkdir()  # what a killed build leaves behind
+    assert current_version(ws.root / "sources" / "c") == published
+    assert open_source(ws.root, "c", mode="bm25").search("moons", 1)[0].doc_id == "mars"
+    write_jsonl(corpus, ASTRONOMY[:2])
+    ws.index(SourceSpec("c", "jsonl", str(corpus)))
+    leftovers = [p.name for p in (ws.root / "sources" / "c").iterdir() if p.name.startswith("build-")]
+    assert leftovers == []
