@@ -25,3 +25,10 @@ test: install
 
 clean:
 	rm -rf $(VENV) .gradfuse
+
+# Benchmarks report numbers into committed files under results/; they are not tests.
+.PHONY: bench bench-skeleton
+bench: bench-skeleton
+
+bench-skeleton: install
+	$(BIN)/python bench/skeleton_scifact.py

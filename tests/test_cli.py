@@ -30,7 +30,7 @@ def test_index_sources_search_from_the_command_line(tmp_path):
     assert {(s["name"], s["kind"], s["documents"]) for s in listing} == {
         ("astro", "beir", 3), ("cooking", "jsonl", 3), ("notes", "files", 1)}
 
-    found = runner.invoke(app, ["search", "green tea temperature", "--fusion", "concat", "--retrieval", "dense",
+    found = runner.invoke(app, ["search", "green tea temperature", "--method", "concat", "--retrieval", "dense",
                                 "--json", *ws])
     assert found.exit_code == 0, found.output
     result = json.loads(found.output)
@@ -38,7 +38,7 @@ def test_index_sources_search_from_the_command_line(tmp_path):
     assert (top["source"], top["doc_id"], top["native_rank"]) == ("notes", "tea.md#0", 1)
     assert 0 < top["scores"]["fusion:concat"] == top["native_score"] and result["failures"] == []
 
-    table = runner.invoke(app, ["search", "Phobos", "--fusion", "concat", "--retrieval", "bm25", *ws])
+    table = runner.invoke(app, ["search", "Phobos", "--method", "concat", "--retrieval", "bm25", *ws])
     assert "astro" in table.output and "cooking/mars-copy@1" in table.output  # the merged duplicate is shown
 
 
@@ -52,5 +52,5 @@ def test_cli_errors_are_one_clear_line(tmp_path):
     assert failed.exit_code == 2 and "bad.jsonl:2: invalid JSON" in failed.output
     skipped = runner.invoke(app, ["index", "jsonl", str(bad), "-s", "bad", "--skip-malformed", *ws])
     assert skipped.exit_code == 0 and "skipped_malformed" in skipped.output
-    unknown = runner.invoke(app, ["search", "ok", "--fusion", "magic", *ws])
-    assert unknown.exit_code == 2 and "unknown fusion method 'magic'" in unknown.output
+    unknown = runner.invoke(app, ["search", "ok", "--method", "magic", *ws])
+    assert unknown.exit_code == 2 and "unknown method 'magic'" in unknown.output

@@ -11,7 +11,7 @@ def test_toml_declares_sources_models_and_defaults_and_flags_override(tmp_path):
     config_file = tmp_path / "gradfuse.toml"
     config_file.write_text(
         'workspace = "idx"\n'
-        '[defaults]\nfusion = "concat"\nk = 2\ntimeout_s = 3\n'
+        '[defaults]\nmethod = "concat"\nk = 2\ntimeout_s = 3\n'
         '[generator]\nmodel = "http://127.0.0.1:9/v1"\ncontext_k = 2\n'
         '[sources.astro]\nkind = "jsonl"\npath = "data/astro.jsonl"\nweight = 2.0\nretrieval = "bm25"\n'
     )
@@ -26,7 +26,7 @@ def test_toml_declares_sources_models_and_defaults_and_flags_override(tmp_path):
     result = ws.search("moons of the fourth planet")
     assert result.method == "concat" and len(result.candidates) == 2  # defaults from the file
     assert ws.source("astro").stats().retrieval == "bm25"  # per-source setting from the file
-    assert len(ws.search("moons", k=1, fusion="rrf").candidates) == 1  # arguments override the file
+    assert len(ws.search("moons", k=1, method="rrf").candidates) == 1  # arguments override the file
     assert load_config(config_file, workspace=tmp_path / "other").workspace == tmp_path / "other"
 
 

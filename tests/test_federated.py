@@ -56,7 +56,7 @@ def test_all_sources_failing_is_one_clear_error_naming_each():
 
 
 def test_workspace_search_fuses_across_sources_and_merges_the_shared_passage(workspace):
-    result = workspace.search("Which planet has the moons Phobos and Deimos?", fusion="rrf", k=3, retrieval="bm25")
+    result = workspace.search("Which planet has the moons Phobos and Deimos?", method="rrf", k=3, retrieval="bm25")
     assert result.failures == []
     top = result.candidates[0]
     assert top.text.startswith("Mars is the fourth planet")
@@ -68,14 +68,14 @@ def test_workspace_search_fuses_across_sources_and_merges_the_shared_passage(wor
 def test_workspace_rejects_unknown_sources_and_methods_clearly(workspace):
     with pytest.raises(Exception, match="unknown source.*nope.*available: astronomy, cooking"):
         workspace.search("planets", sources=["nope"])
-    with pytest.raises(Exception, match="unknown fusion method 'best'"):
-        workspace.search("planets", fusion="best")
+    with pytest.raises(Exception, match="unknown method 'best'"):
+        workspace.search("planets", method="best")
     with pytest.raises(ValueError, match="empty"):
         workspace.search("   ")
 
 
 def test_fusion_over_real_source_lists_keeps_native_ranks(workspace):
-    result = workspace.search("carbon dioxide", fusion="concat", k=10, retrieval="bm25")
+    result = workspace.search("carbon dioxide", method="concat", k=10, retrieval="bm25")
     for candidate in result.candidates:
         own = result.ranked_lists[candidate.source]
         assert own[candidate.native_rank - 1] is candidate

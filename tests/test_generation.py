@@ -56,7 +56,7 @@ def test_real_model_answers_about_the_data_not_the_injected_order(smollm2):
 
 @pytest.mark.slow
 def test_ask_end_to_end_cites_retrieved_documents(workspace, smollm2):
-    answer = workspace.ask("Which planet has the moons Phobos and Deimos?", fusion="concat", retrieval="dense",
+    answer = workspace.ask("Which planet has the moons Phobos and Deimos?", method="concat", retrieval="dense",
                            context_k=3, max_new_tokens=30)
     assert answer.text and answer.generator == "smollm2"
     assert answer.citations, answer.text  # cite-first decoding makes the bundled model name a passage

@@ -149,32 +149,49 @@ def sources(config: ConfigOpt = None, workspace: WorkspaceOpt = None,
     console.print(table if stats else f"no sources built in {ws.root}")
 
 
-Fusion = Annotated[Optional[str], typer.Option("--fusion", "-f",
-                   help="concat | rrf | combsum | combsum-z | combmnz | combmnz-z | single:<source>")]
+Method = Annotated[Optional[str], typer.Option("--method", "-m", "--fusion",
+                   help="concat | rrf | combsum[-z] | combmnz[-z] | single:<source> | dense | select | gradient | "
+                        "gro | loo | loo-greedy")]
 Sources = Annotated[Optional[list[str]], typer.Option("--source", "-s", help="Query only these sources")]
 Retrieval = Annotated[Optional[str], typer.Option(help="bm25 | dense | hybrid (within each source)")]
 Timeout = Annotated[Optional[float], typer.Option("--timeout", help="Seconds each source may take")]
+Target = Annotated[Optional[str], typer.Option(help="Stage-2 target: draft | gold | query")]
+Estimator = Annotated[Optional[str], typer.Option(help="Stage-2 estimator: gate | grad_x_input")]
+Pool = Annotated[Optional[int], typer.Option("--n", help="Candidates entering the stage-2 LM pass")]
+Gold = Annotated[Optional[str], typer.Option(help="Reference answer (needed by --target gold)")]
+Explain = Annotated[bool, typer.Option(help="Show stage 1's decision and each document's prior, gradient, final score")]
+
+
+def _rerank_options(target, estimator, n) -> dict:
+    return {key: value for key, value in (("target", target), ("estimator", estimator), ("n", n)) if value}
 
 
 @app.command()
 def search(
     query: str,
-    fusion: Fusion = None,
+    method: Method = None,
     k: Annotated[Optional[int], typer.Option("--k", "-k")] = None,
     source: Sources = None,
     retrieval: Retrieval = None,
     timeout: Timeout = None,
+    target: Target = None,
+    estimator: Estimator = None,
+    n: Pool = None,
+    gold: Gold = None,
+    explain: Explain = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     config: ConfigOpt = None,
     workspace: WorkspaceOpt = None,
 ):
-    """Fused ranked list: every row shows its source, doc id, rank in source and scores."""
+    """Ranked list over many sources: every row shows its source, doc id, rank in source and scores."""
     ws = _workspace(config, workspace)
-    result = _run_guarded(lambda: ws.search(query, fusion=fusion, k=k, sources=source, retrieval=retrieval,
-                                            timeout_s=timeout))
+    result = _run_guarded(lambda: ws.search(query, method=method, k=k, sources=source, retrieval=retrieval,
+                                            timeout_s=timeout, gold=gold, **_rerank_options(target, estimator, n)))
     if as_json:
         print(json.dumps(search_json(result), indent=2))
         return
+    if explain:
+        print_explanation(result)
     _print_candidates(result)
     _print_failures(result.failures)
     console.print(_timing_line(result.timings))
@@ -186,6 +203,8 @@ def search_json(result: SearchResult) -> dict:
         "method": result.method,
         "candidates": [_candidate_json(c) for c in result.candidates],
         "failures": [asdict(f) for f in result.failures],
+        "selection": asdict(result.selection) if result.selection else None,
+        "rerank_target": result.rerank.target if result.rerank else None,
         "timings": result.timings,
     }
 
@@ -197,16 +216,42 @@ def _candidate_json(candidate) -> dict:
     return record
 
 
+def _main_score(candidate, method: str) -> str:
+    for name in ("rerank:final", f"fusion:{method}", "fusion:rrf", "prior"):
+        if name in candidate.scores:
+            return f"{candidate.scores[name]:.4f}"
+    return "-"
+
+
 def _print_candidates(result: SearchResult) -> None:
-    score_name = f"fusion:{result.method}"
-    table = Table("#", score_name, "source", "doc id", "rank in source", "native score", "also in", "text",
+    table = Table("#", "score", "source", "doc id", "rank in source", "native score", "also in", "text",
                   title=f"{result.query!r}: {result.method}")
     for position, c in enumerate(result.candidates, start=1):
         also = ", ".join(f"{m.source}/{m.doc_id}@{m.native_rank}" for m in c.merged) or "-"
         snippet = (c.title + ": " if c.title else "") + " ".join(c.text.split())
-        table.add_row(str(position), f"{c.scores[score_name]:.4f}", c.source, c.doc_id, str(c.native_rank),
+        table.add_row(str(position), _main_score(c, result.method), c.source, c.doc_id, str(c.native_rank),
                       f"{c.native_score:.4f}", also, snippet[:90])
     console.print(table)
+
+
+def print_explanation(result: SearchResult) -> None:
+    decision = result.selection
+    if decision is not None:
+        console.print("[bold]Stage 1: sources[/] (gain = relevance − λ·redundancy with those chosen before)")
+        for step in decision.chosen:
+            console.print(f"  [green]chosen[/] {step.source}: gain {step.gain:.3f} = relevance {step.relevance:.3f}"
+                          f" − {step.penalty:.3f}")
+        for name, why in decision.dropped.items():
+            console.print(f"  [yellow]dropped[/] {name}: {why}")
+    if result.rerank is not None:
+        console.print(f"[bold]Stage 2[/]: target {result.rerank.target!r}, L(full context) = {result.rerank.loss:.3f}")
+    names = ["prior", "rerank:gate", "rerank:grad_x_input", "rerank:loo", "rerank:final"]
+    shown = [n for n in names if any(n in c.scores for c in result.candidates)]
+    if shown:
+        table = Table("#", "source/doc id", *shown, title="per-document scores")
+        for position, c in enumerate(result.candidates, start=1):
+            table.add_row(str(position), c.key, *[f"{c.scores[n]:.4f}" if n in c.scores else "-" for n in shown])
+        console.print(table)
 
 
 def _print_failures(failures: list[SourceFailure]) -> None:
@@ -221,11 +266,16 @@ def _timing_line(timings: dict[str, float]) -> str:
 @app.command()
 def ask(
     question: str,
-    fusion: Fusion = None,
+    method: Method = None,
     context_k: Annotated[Optional[int], typer.Option("--k", "-k", help="Passages given to the generator")] = None,
     source: Sources = None,
     retrieval: Retrieval = None,
     timeout: Timeout = None,
+    target: Target = None,
+    estimator: Estimator = None,
+    n: Pool = None,
+    gold: Gold = None,
+    explain: Explain = False,
     generator: Annotated[Optional[str], typer.Option(help="smollm2 | HF folder | .gguf file | http(s) URL")] = None,
     max_new_tokens: Optional[int] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
@@ -234,12 +284,15 @@ def ask(
 ):
     """Answer from the generator, with citations [n] mapped to source/doc id."""
     ws = _workspace(config, workspace)
-    answer = _run_guarded(lambda: ws.ask(question, fusion=fusion, context_k=context_k, sources=source,
+    answer = _run_guarded(lambda: ws.ask(question, method=method, context_k=context_k, sources=source,
                                          retrieval=retrieval, timeout_s=timeout, generator=generator,
-                                         max_new_tokens=max_new_tokens))
+                                         max_new_tokens=max_new_tokens, gold=gold,
+                                         **_rerank_options(target, estimator, n)))
     if as_json:
         print(json.dumps(answer_json(answer), indent=2))
         return
+    if explain:
+        print_explanation(answer.search)
     print_answer(answer)
 
 
@@ -285,4 +338,4 @@ def demo(workspace: Annotated[Path, typer.Option("--workspace", "-w")] = Path(".
         _print_build(ws.index(spec, progress=True))
     sources(None, workspace)
     for question in QUESTIONS:
-        print_answer(ws.ask(question, fusion="concat", retrieval="dense", context_k=3))
+        print_answer(ws.ask(question, method="concat", retrieval="dense", context_k=3))

@@ -4,7 +4,8 @@ Example (every key optional)::
 
     workspace = ".gradfuse"          # index folder, relative to this file
     [defaults]
-    fusion = "rrf"                   # concat | rrf | combsum[-z] | combmnz[-z] | single:<source>
+    method = "rrf"                   # see gradfuse.methods: concat | rrf | combsum[-z] | combmnz[-z] |
+                                     # single:<source> | dense | select | gradient | gro | loo | loo-greedy
     k = 10                           # fused results returned
     depth = 20                       # candidates asked of each source
     timeout_s = 10.0                 # per source
@@ -16,6 +17,14 @@ Example (every key optional)::
     max_new_tokens = 128
     context_k = 5                    # passages given to the generator
     cite_first = true                # local models must open by naming a passage (see generate/local.py)
+    [selection]                      # stage 1 (gradfuse.selection.SelectionSettings)
+    redundancy_weight = 0.5
+    threshold = 0.35
+    max_sources = 3
+    [rerank]                         # stage 2 (gradfuse.rerank.RerankSettings)
+    n = 10
+    estimator = "gate"               # gate | grad_x_input
+    target = "draft"                 # draft | gold | query
     [sources.scifact]
     kind = "beir"                    # beir | jsonl | files | run
     path = "../shared/data/beir_scifact"
@@ -33,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gradfuse.rerank import RerankSettings
+from gradfuse.selection import SelectionSettings
 from gradfuse.sources.base import SourceSpec
 
 DEFAULT_CONFIG_NAME = "gradfuse.toml"
@@ -56,7 +67,7 @@ class SourceSettings:
 @dataclass
 class Config:
     workspace: Path = Path(".gradfuse")
-    fusion: str = "rrf"
+    method: str = "rrf"
     k: int = 10
     depth: int = 20
     timeout_s: float = 10.0
@@ -67,6 +78,8 @@ class Config:
     context_k: int = 5
     cite_first: bool = True
     sources: dict[str, SourceSettings] = field(default_factory=dict)
+    selection: SelectionSettings = field(default_factory=SelectionSettings)
+    rerank: RerankSettings = field(default_factory=RerankSettings)
 
     def settings(self, source: str) -> SourceSettings:
         return self.sources.get(source, SourceSettings())
@@ -91,13 +104,19 @@ def _parse(path: Path) -> Config:
         raise ConfigError(f"{path}: {error}") from error
     base = path.resolve().parent
     config = Config(workspace=base / raw.pop("workspace", ".gradfuse"))
-    sections = {"defaults": ("fusion", "k", "depth", "timeout_s", "retrieval"),
+    sections = {"defaults": ("method", "k", "depth", "timeout_s", "retrieval"),
                 "generator": ("max_new_tokens", "context_k", "cite_first")}
     for section, keys in sections.items():
         values = dict(raw.pop(section, {}))
         if section == "generator" and "model" in values:
             config.generator = values.pop("model")
         _assign(config, values, keys, f"{path} [{section}]")
+    for section, settings_type in (("selection", SelectionSettings), ("rerank", RerankSettings)):
+        values = raw.pop(section, {})
+        try:
+            setattr(config, section, settings_type(**values))
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"{path} [{section}]: {error}") from error
     encoder = dict(raw.pop("encoder", {}))
     config.encoder = encoder.pop("model", config.encoder)
     if encoder:

@@ -7,10 +7,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dataclasses import replace
+
+import numpy as np
+
 from gradfuse.candidate import Candidate
 from gradfuse.config import Config, load_config
-from gradfuse.fusion import check_fusion, fuse
 from gradfuse.generate import Citation, build_messages, make_generator, parse_citations
+from gradfuse.methods import PIPELINE_METHODS, MethodContext, check_method, run_method
+from gradfuse.rerank import RerankOutcome
+from gradfuse.selection import SelectionDecision
 from gradfuse.sources import (
     BuildReport,
     Source,
@@ -21,6 +27,7 @@ from gradfuse.sources import (
     built_source_names,
     open_source,
 )
+from gradfuse.sources.encoder import EmbeddingCache, embedding_text, load_encoder
 from gradfuse.sources.federated import SourceFailure, query_sources
 
 
@@ -28,10 +35,12 @@ from gradfuse.sources.federated import SourceFailure, query_sources
 class SearchResult:
     query: str
     method: str
-    candidates: list[Candidate]  # fused, best first, cut to k
+    candidates: list[Candidate]  # ranked by the method, best first, cut to k
     ranked_lists: dict[str, list[Candidate]]  # what each answering source returned
     failures: list[SourceFailure]
-    timings: dict[str, float] = field(default_factory=dict)  # seconds: retrieval, fusion, source:<name>
+    timings: dict[str, float] = field(default_factory=dict)  # seconds: retrieval, ranking, source:<name>
+    selection: SelectionDecision | None = None  # stage 1's decision (select, gro)
+    rerank: RerankOutcome | None = None  # stage 2's pass (gradient, gro, loo, loo-greedy)
 
 
 @dataclass
@@ -43,6 +52,7 @@ class Answer:
     passages: list[Candidate]  # what the generator saw, numbered from 1
     failures: list[SourceFailure]
     generator: str
+    search: SearchResult  # how the passages were chosen (selection decision, rerank scores)
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -52,6 +62,7 @@ class Workspace:
         self.root = config.workspace
         self._sources: dict[tuple[str, str], Source] = {}
         self._lock = threading.Lock()
+        self._embeddings: EmbeddingCache | None = None
 
     @classmethod
     def open(cls, config_file: Path | None = None, *, workspace: Path | None = None) -> Workspace:
@@ -90,32 +101,57 @@ class Workspace:
         self,
         query: str,
         *,
-        fusion: str | None = None,
+        method: str | None = None,
         k: int | None = None,
         sources: list[str] | None = None,
         retrieval: str | None = None,
         timeout_s: float | None = None,
         depth: int | None = None,
+        gold: str | None = None,
+        **rerank_options,
     ) -> SearchResult:
+        """Rank candidates from many sources with `method` (see `gradfuse.methods`). `rerank_options` override
+        fields of the configured RerankSettings (n, estimator, target, ...); `gold` is the reference answer that
+        the gold target needs."""
         if not query.strip():
             raise ValueError("the query is empty")
-        method = fusion or self.config.fusion
+        method = method or self.config.method
         names = self._resolve_sources(sources)
-        check_fusion(method, names)
+        check_method(method, names)
         if method.startswith("single:"):
             names = [method.removeprefix("single:")]
         k = k or self.config.k
+        rerank = replace(self.config.rerank, **rerank_options)
         timeouts = {n: timeout_s or self.config.settings(n).timeout_s or self.config.timeout_s for n in names}
         started = time.perf_counter()
-        federated = query_sources(
-            [self.source(n, retrieval) for n in names], query, max(k, depth or self.config.depth), timeouts
-        )
+        depth = max(k, depth or self.config.depth)
+        federated = query_sources([self.source(n, retrieval) for n in names], query, depth, timeouts)
         retrieved = time.perf_counter()
         weights = {n: self.config.settings(n).weight for n in names}
-        fused = fuse(method, federated.ranked_lists, weights=weights)[:k]
-        timings = {"retrieval": retrieved - started, "fusion": time.perf_counter() - retrieved}
+        context = None
+        if method in PIPELINE_METHODS:  # only they need the encoder's and the scoring LM's view
+            context = MethodContext(
+                question=query, query_vector=self._encoder().encode([query])[0], embed=self._embed,
+                selection=self.config.selection, rerank=rerank, scorer_model=self.config.generator,
+                weights=weights, gold=gold, k=k,
+            )
+        ranked = run_method(method, federated.ranked_lists, context)
+        timings = {"retrieval": retrieved - started, "ranking": time.perf_counter() - retrieved}
+        if ranked.rerank is not None:
+            timings["lm_pass"] = ranked.rerank.seconds
         timings.update({f"source:{n}": s for n, s in federated.seconds.items()})
-        return SearchResult(query, method, fused, federated.ranked_lists, federated.failures, timings)
+        return SearchResult(query, method, ranked.candidates[:k], federated.ranked_lists, federated.failures,
+                            timings, ranked.selection, ranked.rerank)
+
+    def _encoder(self):
+        return load_encoder(self.config.encoder)
+
+    def _embed(self, candidates: list[Candidate]) -> np.ndarray:
+        """Candidate vectors from the workspace cache: indexed passages hit it, anything else is encoded once."""
+        with self._lock:
+            if self._embeddings is None:
+                self._embeddings = EmbeddingCache(self.root / "cache" / "embeddings.sqlite", self._encoder())
+        return self._embeddings.embed([embedding_text(c.title, c.text) for c in candidates])
 
     def _resolve_sources(self, requested: list[str] | None) -> list[str]:
         available = self.source_names()
@@ -148,4 +184,5 @@ class Workspace:
         )
         citations, invalid = parse_citations(text, result.candidates)
         timings = {**result.timings, "generation": time.perf_counter() - started}
-        return Answer(question, text, citations, invalid, result.candidates, result.failures, model.name, timings)
+        return Answer(question, text, citations, invalid, result.candidates, result.failures, model.name, result,
+                      timings)

@@ -18,7 +18,7 @@ from gradfuse.candidate import Candidate
 from gradfuse.sources.base import SourceStats, read_manifest, stats_from_manifest
 from gradfuse.sources.docstore import DocStore
 from gradfuse.sources.documents import Document
-from gradfuse.sources.encoder import EmbeddingCache, load_encoder
+from gradfuse.sources.encoder import EmbeddingCache, embedding_text, load_encoder
 
 RETRIEVAL_MODES = ("bm25", "dense", "hybrid")
 HYBRID_RRF_K = 60
@@ -33,10 +33,6 @@ def _schema() -> tantivy.Schema:
     return builder.build()
 
 
-def embedding_text(document: Document) -> str:
-    return f"{document.title}\n{document.text}" if document.title else document.text
-
-
 def write_embedded_index(version: Path, documents: list[Document], cache: EmbeddingCache, progress: bool) -> int:
     """BM25 index and the embedding matrix for `documents`, whose order defines their row numbers."""
     (version / "bm25").mkdir()
@@ -46,7 +42,7 @@ def write_embedded_index(version: Path, documents: list[Document], cache: Embedd
         writer.add_document(tantivy.Document(row=row, title=document.title, body=document.text))
     writer.commit()
     writer.wait_merging_threads()
-    vectors = cache.embed([embedding_text(d) for d in documents], progress=progress)
+    vectors = cache.embed([embedding_text(d.title, d.text) for d in documents], progress=progress)
     np.save(version / "embeddings.npy", vectors)
     return cache.last_computed
 

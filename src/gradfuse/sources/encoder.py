@@ -63,17 +63,28 @@ def load_encoder(name: str = DEFAULT_ENCODER) -> Encoder:
     return Encoder(name)
 
 
+def embedding_text(title: str, text: str) -> str:
+    """What a passage is embedded as, at indexing and at query time alike (so the cache hits)."""
+    return f"{title}\n{text}" if title else text
+
+
 class EmbeddingCache:
     """Vectors keyed by (encoder, text hash) in SQLite, so rebuilding a changed source embeds only new text."""
 
     def __init__(self, path: Path, encoder: Encoder):
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path)
+        self._db = sqlite3.connect(path, check_same_thread=False)
+        self._lock = threading.Lock()
         self._db.execute("CREATE TABLE IF NOT EXISTS vectors (encoder TEXT, text_hash TEXT, vector BLOB, "
                          "PRIMARY KEY (encoder, text_hash))")
         self._encoder = encoder
+        self.last_computed = 0  # vectors the last embed() call had to compute
 
     def embed(self, texts: list[str], *, progress: bool = False) -> np.ndarray:
+        with self._lock:
+            return self._embed(texts, progress)
+
+    def _embed(self, texts: list[str], progress: bool) -> np.ndarray:
         hashes = [hashlib.sha256(t.encode()).hexdigest() for t in texts]
         found: dict[str, np.ndarray] = {}
         unique = list(dict.fromkeys(hashes))

@@ -1,0 +1,94 @@
+"""Every ranking method by name, over one federated result: the uniform baselines and the per-query method.
+
+- concat, rrf, combsum[-z], combmnz[-z], single:<source>: uniform fusion (`gradfuse.fusion`);
+- dense: all sources' candidates pooled, deduplicated and ranked by encoder cosine to the query (the prior);
+- select: stage 1 (`gradfuse.selection`) chooses the sources, then RRF over them;
+- gradient: stage 2 (`gradfuse.rerank`) over the pooled candidates of every source;
+- gro: stage 1, then stage 2 over the chosen sources' candidates (the full method);
+- loo, loo-greedy: exact leave-one-out and greedy loss-minimising selection, the references stage 2 approximates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from gradfuse.candidate import Candidate, merge_duplicates
+from gradfuse.fusion import FUSION_METHODS, UnknownMethod, check_fusion, fuse
+from gradfuse.rerank import RerankOutcome, RerankSettings, gradient_rerank, load_scorer, loo_greedy_rerank, loo_rerank
+from gradfuse.selection import SelectionDecision, SelectionSettings, select_sources
+
+PIPELINE_METHODS = ("dense", "select", "gradient", "gro", "loo", "loo-greedy")
+METHODS: tuple[str, ...] = (*FUSION_METHODS, *PIPELINE_METHODS)
+
+
+def check_method(method: str, sources: list[str]) -> None:
+    if method in PIPELINE_METHODS:
+        return
+    try:
+        check_fusion(method, sources)
+    except UnknownMethod as error:
+        raise UnknownMethod(str(error).replace("fusion method", "method").split(" (choose")[0]
+                            + f" (choose from {', '.join(METHODS)})") from None
+
+
+@dataclass
+class MethodContext:
+    """What the pipeline methods need beyond the candidates: the encoder's view and the scoring LM's settings."""
+
+    question: str
+    query_vector: np.ndarray
+    embed: Callable[[list[Candidate]], np.ndarray]  # normalised vectors, one row per candidate
+    selection: SelectionSettings
+    rerank: RerankSettings
+    scorer_model: str
+    weights: dict[str, float]
+    gold: str | None = None
+    k: int = 10
+
+
+@dataclass
+class MethodResult:
+    candidates: list[Candidate]
+    selection: SelectionDecision | None = None
+    rerank: RerankOutcome | None = None
+
+
+def run_method(method: str, ranked_lists: dict[str, list[Candidate]], context: MethodContext | None) -> MethodResult:
+    if method not in PIPELINE_METHODS:
+        return MethodResult(fuse(method, ranked_lists, weights=context.weights if context else None))
+    assert context is not None, "pipeline methods need a MethodContext"
+    decision = None
+    if method in ("select", "gro"):
+        vectors = {s: context.embed(c) for s, c in ranked_lists.items()}
+        decision = select_sources(context.query_vector, vectors, context.selection)
+        ranked_lists = {s: ranked_lists[s] for s in decision.sources}
+        if method == "select":
+            return MethodResult(fuse("rrf", ranked_lists, weights=context.weights), selection=decision)
+    pooled = _pool_by_prior(ranked_lists, context)
+    if method == "dense":
+        return MethodResult(pooled)
+    scorer = load_scorer(context.scorer_model, context.rerank.doc_tokens)
+    if method == "loo":
+        outcome = loo_rerank(scorer, context.question, pooled, context.rerank, gold=context.gold)
+    elif method == "loo-greedy":
+        outcome = loo_greedy_rerank(scorer, context.question, pooled, context.rerank, k=context.k,
+                                    gold=context.gold)
+    else:
+        outcome = gradient_rerank(scorer, context.question, pooled, context.rerank, gold=context.gold)
+    rest = pooled[context.rerank.n :]
+    return MethodResult(outcome.ranked + rest, selection=decision, rerank=outcome)
+
+
+def _pool_by_prior(ranked_lists: dict[str, list[Candidate]], context: MethodContext) -> list[Candidate]:
+    """Deduplicated candidates of the given sources, ranked by cosine to the query (their prior)."""
+    primaries, _ = merge_duplicates(ranked_lists)
+    pool = list(primaries.values())
+    if not pool:
+        return []
+    priors = context.embed(pool) @ context.query_vector
+    for candidate, prior in zip(pool, priors):
+        candidate.scores["prior"] = float(prior)
+    return sorted(pool, key=lambda c: (-c.scores["prior"], c.native_rank, c.key))

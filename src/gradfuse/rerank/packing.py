@@ -1,0 +1,86 @@
+"""Pack documents, question and target into one token sequence, remembering where every document lies.
+
+Each piece is tokenised on its own and the ids are concatenated, so document boundaries are exact token spans
+and every scorer (gradient, gate, leave-one-out) sees the same tokens for the same document.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+INSTRUCTION = "Answer the question using the numbered documents."
+QUERY_INSTRUCTION = "Write the question that the numbered documents answer."
+_SENTINEL = "\x00GRADFUSE{}\x00"
+_SPLIT = re.compile("\x00GRADFUSE(\\w+)\x00")
+
+
+@dataclass
+class PackedContext:
+    input_ids: torch.Tensor  # (T,)
+    doc_spans: list[tuple[int, int]]  # [start, end) token positions of each document, in pack order
+    target_span: tuple[int, int]  # [start, end) positions whose tokens the loss scores
+
+    @property
+    def length(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+class ContextPacker:
+    """Builds the packed prompt for a causal LM. `doc_tokens` caps each document (the token budget)."""
+
+    def __init__(self, tokenizer, *, doc_tokens: int = 128):
+        self.tokenizer, self.doc_tokens = tokenizer, doc_tokens
+
+    def _template(self, n_docs: int, question: str | None, with_target: bool) -> list[tuple[str, str]]:
+        """The prompt as alternating ('text', str) and ('slot', name) pieces."""
+        docs = "".join(_SENTINEL.format(f"doc{i}") for i in range(n_docs))
+        if question is None:  # query-likelihood: the question is what the model must produce
+            user = f"{QUERY_INSTRUCTION}\nDocuments:\n{docs}"
+        else:
+            user = f"{INSTRUCTION}\nDocuments:\n{docs}Question: {question}"
+        assistant = _SENTINEL.format("target") if with_target else None
+        if self.tokenizer.chat_template:
+            messages = [{"role": "user", "content": user}]
+            if assistant is not None:
+                messages.append({"role": "assistant", "content": assistant})
+            rendered = self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=assistant is None
+            )
+        else:
+            rendered = f"{user}\nAnswer: " + (assistant or "")
+        pieces, position = [], 0
+        for match in _SPLIT.finditer(rendered):
+            pieces.append(("text", rendered[position : match.start()]))
+            pieces.append(("slot", match.group(1)))
+            position = match.end()
+        pieces.append(("text", rendered[position:]))
+        return pieces
+
+    def _ids(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False) if text else []
+
+    def document_ids(self, number: int, text: str) -> list[int]:
+        body = self._ids(text)[: self.doc_tokens]
+        return self._ids(f"[{number}] ") + body + self._ids("\n")
+
+    def pack(self, docs: list[str], *, question: str | None, target: str | None) -> PackedContext:
+        """`question=None` packs for the query target; `target=None` packs a generation prompt."""
+        ids: list[int] = []
+        spans: list[tuple[int, int]] = []
+        target_span = (0, 0)
+        for kind, value in self._template(len(docs), question, target is not None):
+            if kind == "text":
+                ids += self._ids(value)
+            elif value == "target":
+                target_ids = self._ids(target)
+                target_span = (len(ids), len(ids) + len(target_ids))
+                ids += target_ids
+            else:
+                index = int(value.removeprefix("doc"))
+                piece = self.document_ids(index + 1, docs[index])
+                spans.append((len(ids), len(ids) + len(piece)))
+                ids += piece
+        return PackedContext(torch.tensor(ids, dtype=torch.long), spans, target_span)

@@ -1,0 +1,96 @@
+"""Stage 1: which sources answer this query, chosen for relevance and against redundancy.
+
+Every source's candidates are embedded with the one shared encoder, which makes sources comparable:
+
+- relevance rel(q, s): the mean of the `top` best query-document cosines among s's candidates;
+- redundancy red(s, s'): how much s's candidates repeat those of s', the mean over d in D_s of the best cosine
+  to D_s', averaged over both directions so that it is symmetric.
+
+The chosen set S maximises F(S) = sum_{s in S} rel(q, s) - lambda * sum_{s < s' in S} red(s, s'). F is a modular
+term minus a pairwise penalty with non-negative weights, hence submodular: the marginal gain of a source can only
+shrink as S grows, so adding, one at a time, the source with the largest marginal gain is the right algorithm
+(the classic greedy for submodular maximisation, as in maximal marginal relevance). It stops when the best gain
+falls below `threshold` or `max_sources` are chosen; the best source is always kept so every query is answered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SelectionSettings:
+    # Chosen on a development sample (see results/ and the note of the issue that tuned them), never on test queries.
+    redundancy_weight: float = 0.5  # lambda
+    threshold: float = 0.35  # minimum marginal gain to add a source
+    max_sources: int = 3
+    top: int = 3  # documents per source that define its relevance
+
+
+@dataclass
+class SourceStep:
+    source: str
+    gain: float  # marginal gain when it was added
+    relevance: float
+    penalty: float  # lambda * redundancy with the sources chosen before it
+
+
+@dataclass
+class SelectionDecision:
+    chosen: list[SourceStep]
+    dropped: dict[str, str]  # source → why it was not chosen
+    relevance: dict[str, float]
+    redundancy: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def sources(self) -> list[str]:
+        return [step.source for step in self.chosen]
+
+
+def source_relevance(query: np.ndarray, documents: np.ndarray, top: int) -> float:
+    if len(documents) == 0:
+        return float("-inf")
+    cosines = np.sort(documents @ query)[::-1]
+    return float(cosines[:top].mean())
+
+
+def source_redundancy(a: np.ndarray, b: np.ndarray) -> float:
+    if len(a) == 0 or len(b) == 0:
+        return 0.0
+    similarity = a @ b.T
+    return float((similarity.max(axis=1).mean() + similarity.max(axis=0).mean()) / 2)
+
+
+def select_sources(
+    query: np.ndarray, documents: dict[str, np.ndarray], settings: SelectionSettings = SelectionSettings()
+) -> SelectionDecision:
+    """`query` and each source's candidate vectors are L2-normalised encoder embeddings."""
+    names = list(documents)
+    relevance = {s: source_relevance(query, documents[s], settings.top) for s in names}
+    redundancy = {
+        s: {t: source_redundancy(documents[s], documents[t]) for t in names if t != s} for s in names
+    }
+    decision = SelectionDecision(chosen=[], dropped={}, relevance=relevance, redundancy=redundancy)
+    remaining = [s for s in names if len(documents[s])]
+    decision.dropped.update({s: "returned no candidates" for s in names if not len(documents[s])})
+    while remaining:
+        chosen = decision.sources
+        penalties = {s: settings.redundancy_weight * sum(redundancy[s][t] for t in chosen) for s in remaining}
+        gains = {s: relevance[s] - penalties[s] for s in remaining}
+        best = max(remaining, key=lambda s: (gains[s], s))
+        if len(chosen) >= settings.max_sources:
+            decision.dropped.update({s: f"limit of {settings.max_sources} sources reached (gain {gains[s]:.3f})"
+                                     for s in remaining})
+            break
+        if chosen and gains[best] < settings.threshold:
+            for s in remaining:
+                why = f"gain {gains[s]:.3f} < threshold {settings.threshold:g}"
+                if penalties[s] > 0 and relevance[s] >= settings.threshold:
+                    why += f" (relevance {relevance[s]:.3f} minus redundancy penalty {penalties[s]:.3f})"
+                decision.dropped[s] = why
+            break
+        decision.chosen.append(SourceStep(best, gains[best], relevance[best], penalties[best]))
+        remaining.remove(best)
+    return decision

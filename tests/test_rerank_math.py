@@ -1,0 +1,106 @@
+"""Both gradient estimators against finite differences, and batched leave-one-out against direct passes.
+
+A tiny randomly initialised Llama (float64, so finite differences are precise) with the real SmolLM2 tokenizer.
+"""
+
+import pytest
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from gradfuse.generate.local import bundled_gguf
+from gradfuse.rerank.lm_scorer import LMScorer
+
+DOCS = [
+    "The Eiffel Tower is in Paris and was finished in 1889.",
+    "Bananas are rich in potassium.",
+    "Paris is the capital of France, on the Seine.",
+    "A short one.",
+]
+QUESTION, TARGET = "Where is the Eiffel Tower?", "It is in Paris."
+EPSILON = 1e-4
+# Central differences in float64 are accurate to about EPSILON**2 relative; the bound leaves room for rounding.
+RELATIVE_TOLERANCE = 1e-5
+
+
+def _rms_norm_in_input_precision(self, hidden_states):
+    variance = hidden_states.pow(2).mean(-1, keepdim=True)
+    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
+
+
+@pytest.fixture(scope="module")
+def scorer():
+    # Llama's RMSNorm always normalises in float32, which puts a 1e-7 noise floor under the float64 model and
+    # swamps central differences; the same formula in the input's precision makes the check exact.
+    patch = pytest.MonkeyPatch()
+    patch.setattr(LlamaRMSNorm, "forward", _rms_norm_in_input_precision)
+    gguf = bundled_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                         tie_word_embeddings=True)
+    yield LMScorer(LlamaForCausalLM(config).double(), tokenizer, doc_tokens=24, batch_size=3)
+    patch.undo()
+
+
+def loss_with(scorer, packed, *, scale_doc=None, scale=1.0, log_alpha=None):
+    ids = packed.input_ids
+    with torch.no_grad():
+        embeddings = scorer.model.get_input_embeddings()(ids).clone()[None]
+        if scale_doc is not None:
+            start, end = packed.doc_spans[scale_doc]
+            embeddings[0, start:end] *= scale
+        alpha = log_alpha if log_alpha is not None else torch.zeros(len(packed.doc_spans), dtype=torch.float64)
+        mask = scorer._gated_causal_mask(packed.length, packed.doc_spans, alpha, embeddings.dtype)
+        return float(scorer._target_loss(embeddings, mask, packed))
+
+
+def test_grad_x_input_matches_finite_differences_of_scaled_embeddings(scorer):
+    packed = scorer.pack(DOCS, QUESTION, TARGET)
+    attribution = scorer.attribute(packed)
+    assert attribution.loss == pytest.approx(loss_with(scorer, packed), rel=1e-12)
+    for i in range(len(DOCS)):
+        up = loss_with(scorer, packed, scale_doc=i, scale=1 + EPSILON)
+        down = loss_with(scorer, packed, scale_doc=i, scale=1 - EPSILON)
+        directional = (up - down) / (2 * EPSILON)  # d L(E + t E_i) / dt = <dL/dE_i, E_i>
+        assert -directional == pytest.approx(attribution.grad_x_input[i], rel=RELATIVE_TOLERANCE, abs=1e-9)
+
+
+def test_gate_matches_finite_differences_of_log_alpha(scorer):
+    packed = scorer.pack(DOCS, QUESTION, TARGET)
+    attribution = scorer.attribute(packed)
+    for i in range(len(DOCS)):
+        shift = torch.zeros(len(DOCS), dtype=torch.float64)
+        shift[i] = EPSILON
+        derivative = (loss_with(scorer, packed, log_alpha=shift) - loss_with(scorer, packed, log_alpha=-shift)) / (
+            2 * EPSILON)
+        assert -derivative == pytest.approx(attribution.gate[i], rel=RELATIVE_TOLERANCE, abs=1e-9)
+    assert attribution.doc_lengths.tolist() == [e - s for s, e in packed.doc_spans]
+
+
+def test_gate_at_alpha_one_leaves_the_model_unchanged(scorer):
+    packed = scorer.pack(DOCS, QUESTION, TARGET)
+    with torch.no_grad():
+        plain = scorer.model(input_ids=packed.input_ids[None]).logits[0, -1]
+        embeddings = scorer.model.get_input_embeddings()(packed.input_ids)[None]
+        mask = scorer._gated_causal_mask(packed.length, packed.doc_spans, torch.zeros(len(DOCS), dtype=torch.float64),
+                                         torch.float64)
+        gated = scorer.model(inputs_embeds=embeddings, attention_mask=mask).logits[0, -1]
+    assert torch.allclose(plain, gated, atol=1e-10)
+
+
+def test_batched_leave_one_out_matches_direct_single_passes(scorer):
+    full, deltas = scorer.leave_one_out(DOCS, QUESTION, TARGET)  # batch of 5 contexts of different lengths
+    assert full == pytest.approx(loss_with(scorer, scorer.pack(DOCS, QUESTION, TARGET)), rel=1e-9)
+    for i in range(len(DOCS)):
+        without = loss_with(scorer, scorer.pack(DOCS[:i] + DOCS[i + 1:], QUESTION, TARGET))
+        assert deltas[i] == pytest.approx(without - full, rel=1e-7, abs=1e-10)
+
+
+def test_query_target_packs_the_question_as_what_is_scored(scorer):
+    packed = scorer.pack(DOCS, QUESTION, QUESTION, target_is_query=True)
+    start, end = packed.target_span
+    assert scorer.tokenizer.decode(packed.input_ids[start:end]) == QUESTION
+    assert QUESTION not in scorer.tokenizer.decode(packed.input_ids[:start])
+    assert len(packed.doc_spans) == len(DOCS)
