@@ -38,8 +38,15 @@ def _load(spec: str):
 def _load_gguf(path: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from transformers.utils import logging
+
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
+    quiet = logging.get_verbosity()
+    logging.set_verbosity_error()  # its load report flags the tied lm_head as missing, which is repaired below
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
+    finally:
+        logging.set_verbosity(quiet)
     # Once sentence-transformers has been imported in the process, the GGUF loader reports the tied lm_head as
     # missing and leaves it on the meta device (seen with transformers 5.24); tying again restores it.
     if model.config.tie_word_embeddings and model.lm_head.weight.is_meta:
