@@ -13,11 +13,15 @@ def test_toml_declares_sources_models_and_defaults_and_flags_override(tmp_path):
         'workspace = "idx"\n'
         '[defaults]\nmethod = "concat"\nk = 2\ntimeout_s = 3\n'
         '[generator]\nmodel = "http://127.0.0.1:9/v1"\ncontext_k = 2\n'
+        '[selection]\nredundancy_weight = 0.8\nmax_sources = 2\n'
+        '[rerank]\nn = 12\nestimator = "grad_x_input"\ntarget = "query"\n'
         '[sources.astro]\nkind = "jsonl"\npath = "data/astro.jsonl"\nweight = 2.0\nretrieval = "bm25"\n'
     )
     config = load_config(config_file)
     assert config.workspace == tmp_path / "idx" and config.k == 2 and config.timeout_s == 3.0
     assert config.generator == "http://127.0.0.1:9/v1" and config.context_k == 2
+    assert (config.selection.redundancy_weight, config.selection.max_sources) == (0.8, 2)
+    assert (config.rerank.n, config.rerank.estimator, config.rerank.target) == (12, "grad_x_input", "query")
     assert config.sources["astro"].weight == 2.0 and config.sources["astro"].spec.kind == "jsonl"
 
     ws = Workspace(config)
@@ -38,6 +42,8 @@ def test_toml_declares_sources_models_and_defaults_and_flags_override(tmp_path):
         ("[sources.x]\nkind = 'beir'\n", "missing \\['path'\\]"),
         ("[sources.x]\nkind = 'sql'\npath = 'a'\n", "unknown kind 'sql'"),
         ("[defaults\n", "gradfuse.toml"),
+        ("[rerank]\nestimator = 'magic'\n", "unknown estimator 'magic'"),
+        ("[selection]\nlambda = 1\n", "\\[selection\\].*lambda"),
     ],
 )
 def test_config_errors_name_the_problem(tmp_path, text, message):

@@ -68,6 +68,13 @@ def resolve_target(scorer: LMScorer, kind: str, question: str, docs: list[str], 
     return scorer.draft(docs, question)
 
 
+def _prepare(scorer, question, candidates, settings: RerankSettings, gold) -> tuple[list[Candidate], list[str], str]:
+    """The first n candidates, their texts as the LM sees them, and the target text."""
+    pool = candidates[: settings.n]
+    docs = [passage_text(c) for c in pool]
+    return pool, docs, resolve_target(scorer, settings.target, question, docs, gold)
+
+
 def _z(values: np.ndarray) -> np.ndarray:
     spread = values.std()
     return (values - values.mean()) / spread if spread > 0 else np.zeros_like(values)
@@ -77,9 +84,7 @@ def gradient_rerank(
     scorer: LMScorer, question: str, candidates: list[Candidate], settings: RerankSettings, *, gold: str | None = None
 ) -> RerankOutcome:
     started = time.perf_counter()
-    pool = candidates[: settings.n]
-    docs = [passage_text(c) for c in pool]
-    target = resolve_target(scorer, settings.target, question, docs, gold)
+    pool, docs, target = _prepare(scorer, question, candidates, settings, gold)
     query_target = settings.target == "query"
     orders = [list(range(len(pool)))] + ([list(reversed(range(len(pool))))] if settings.both_orders else [])
     totals = {name: np.zeros(len(pool)) for name in ESTIMATORS}
@@ -108,9 +113,7 @@ def loo_rerank(
 ) -> RerankOutcome:
     """Exact leave-one-out: L(C without i) - L(C) for each document, n + 1 forward passes."""
     started = time.perf_counter()
-    pool = candidates[: settings.n]
-    docs = [passage_text(c) for c in pool]
-    target = resolve_target(scorer, settings.target, question, docs, gold)
+    pool, docs, target = _prepare(scorer, question, candidates, settings, gold)
     loss, deltas = scorer.leave_one_out(docs, question, target, target_is_query=settings.target == "query")
     for candidate, delta in zip(pool, deltas):
         candidate.scores["rerank:loo"] = float(delta)
@@ -125,9 +128,7 @@ def loo_greedy_rerank(
 ) -> RerankOutcome:
     """Greedy forward selection of k documents minimising L (the expensive oracle); the rest follow by prior."""
     started = time.perf_counter()
-    pool = candidates[: settings.n]
-    docs = [passage_text(c) for c in pool]
-    target = resolve_target(scorer, settings.target, question, docs, gold)
+    pool, docs, target = _prepare(scorer, question, candidates, settings, gold)
     chosen, loss = scorer.greedy_selection(docs, question, target, k)
     order = chosen + [i for i in range(len(pool)) if i not in chosen]
     for position, i in enumerate(order):
