@@ -14,6 +14,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 from ranx import Qrels, Run, evaluate
@@ -31,12 +32,12 @@ def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
 
 
-def read_qrels(path: Path) -> Qrels:
-    """The shared layout's qrels: `query_id<TAB>doc_id<TAB>relevance`, no header."""
+def read_qrels(path: Path, source: str) -> Qrels:
+    """The shared layout's qrels (`query_id<TAB>doc_id<TAB>relevance`, no header), doc ids namespaced by source."""
     judged: dict[str, dict[str, int]] = {}
     for line in open(path):
         query_id, doc_id, relevance = line.rstrip("\n").split("\t")
-        judged.setdefault(query_id, {})[doc_id] = int(relevance)
+        judged.setdefault(query_id, {})[f"{source}/{doc_id}"] = int(relevance)
     return Qrels(judged)
 
 
@@ -50,7 +51,7 @@ def main(workspace_dir: Path) -> dict:
                         "embedded_now": report.embedded_now}
         print(name, builds[name], flush=True)
     queries = [json.loads(line) for line in open(DATA / "beir_scifact" / "queries.jsonl")]
-    qrels = read_qrels(DATA / "beir_scifact" / "qrels.tsv")
+    qrels = read_qrels(DATA / "beir_scifact" / "qrels.tsv", "scifact")
     ws.search(queries[0]["text"], method="rrf")  # warm-up: loads the encoder, compiles ranx's numba kernels
     for method in METHODS:
         ws.search(queries[0]["text"], method=method)
@@ -63,14 +64,15 @@ def main(workspace_dir: Path) -> dict:
                 result = ws.search(query["text"], method=method, retrieval=retrieval)
                 latencies.append((time.perf_counter() - started) * 1000)
                 assert not result.failures, result.failures
-                run[query["id"]] = {
-                    c.doc_id: float(len(result.candidates) - i)
-                    for i, c in enumerate(result.candidates) if c.source == "scifact"
-                } or {"none": 0.0}
-            scores = evaluate(qrels, Run(run), ["ndcg@10", "recall@100"])
+                # Keys are namespaced, so a distractor source's document holds its rank as a miss.
+                run[query["id"]] = {c.key: float(len(result.candidates) - i) for i, c in enumerate(result.candidates)}
+            with warnings.catch_warnings():  # numba's integer-cast warning, once per metric
+                warnings.simplefilter("ignore")
+                scores = evaluate(qrels, Run(run), ["ndcg@10", "recall@100"])
             rows.append({"retrieval": retrieval, "method": method, "queries": len(queries),
                          "p50_ms": round(percentile(latencies, 50), 2), "p95_ms": round(percentile(latencies, 95), 2),
-                         "ndcg@10": round(scores["ndcg@10"], 4), "recall@100": round(scores["recall@100"], 4)})
+                         "ndcg@10": round(float(scores["ndcg@10"]), 4),
+                         "recall@100": round(float(scores["recall@100"]), 4)})
             print(rows[-1], flush=True)
     return {"builds": builds, "rows": rows}
 
