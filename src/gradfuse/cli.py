@@ -338,4 +338,4 @@ def demo(workspace: Annotated[Path, typer.Option("--workspace", "-w")] = Path(".
         _print_build(ws.index(spec, progress=True))
     sources(None, workspace)
     for question in QUESTIONS:
-        print_answer(ws.ask(question, method="concat", retrieval="dense", context_k=3))
+        print_answer(ws.ask(question, method="concat", retrieval="dense", context_k=3, max_new_tokens=80))
