@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-
-from dataclasses import replace
 
 import numpy as np
 
@@ -131,7 +129,7 @@ class Workspace:
         context = None
         if method in PIPELINE_METHODS:  # only they need the encoder's and the scoring LM's view
             context = MethodContext(
-                question=query, query_vector=self._encoder().encode([query])[0], embed=self._embed,
+                question=query, query_vector=self._encoder().encode_query(query), embed=self._embed,
                 selection=self.config.selection, rerank=rerank, scorer_model=self.config.generator,
                 weights=weights, gold=gold, k=k,
             )

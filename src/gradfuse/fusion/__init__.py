@@ -8,7 +8,6 @@ written here because ranx's RRF takes no weights, and a test checks it against r
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 
 from gradfuse.candidate import Candidate, merge_duplicates
 
@@ -69,9 +68,9 @@ def fuse(
     else:
         fused = _ranx_fuse(method, per_source, weights)
     name = f"fusion:{method}"
-    order: Callable[[str], tuple] = lambda key: (-fused[key], primaries[key].native_rank, primaries[key].key)
     result = []
-    for key in sorted(fused, key=order):
+    # Ties (common in rank fusion) break by rank in the source, then by name, so output is deterministic.
+    for key in sorted(fused, key=lambda key: (-fused[key], primaries[key].native_rank, primaries[key].key)):
         primaries[key].scores[name] = fused[key]
         result.append(primaries[key])
     return result

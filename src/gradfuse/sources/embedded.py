@@ -81,7 +81,7 @@ class EmbeddedSource:
     def _dense(self, query: str, k: int) -> tuple[list[int], list[float]]:
         if len(self._vectors) == 0:
             return [], []
-        query_vector = load_encoder(self._manifest["encoder"]).encode([query])[0]
+        query_vector = load_encoder(self._manifest["encoder"]).encode_query(query)
         similarities = self._vectors @ query_vector
         top = np.argpartition(-similarities, min(k, len(similarities)) - 1)[:k]
         top = top[np.argsort(-similarities[top], kind="stable")]

@@ -6,6 +6,7 @@ import hashlib
 import os
 import sqlite3
 import threading
+from collections import OrderedDict
 from functools import lru_cache
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import numpy as np
 
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
 DIMENSION = 384
+QUERY_CACHE_SIZE = 1024
 
 
 class Encoder:
@@ -31,6 +33,8 @@ class Encoder:
         self._model = SentenceTransformer(str(_model_path(name)), device="cpu")
         self._model.to(torch.bfloat16)
         self._lock = threading.Lock()  # one forward pass at a time: the model is shared between threads
+        self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._query_lock = threading.Lock()
 
     def encode(self, texts: list[str], *, progress: bool = False, batch_size: int = 64) -> np.ndarray:
         if not texts:
@@ -44,6 +48,19 @@ class Encoder:
                 show_progress_bar=progress,
             )
         return vectors.astype(np.float32)
+
+
+    def encode_query(self, text: str) -> np.ndarray:
+        """One query's vector, computed once however many sources (threads) ask for it at the same time."""
+        with self._query_lock:
+            if text in self._queries:
+                self._queries.move_to_end(text)
+                return self._queries[text]
+            vector = self.encode([text])[0]
+            self._queries[text] = vector
+            if len(self._queries) > QUERY_CACHE_SIZE:
+                self._queries.popitem(last=False)
+            return vector
 
 
 def _model_path(name: str) -> Path:
