@@ -5,6 +5,8 @@ import time
 
 import pytest
 
+from gradfuse import Workspace
+from gradfuse.config import Config, SourceSettings
 from gradfuse.sources.federated import AllSourcesFailed, query_sources
 
 
@@ -80,3 +82,10 @@ def test_fusion_over_real_source_lists_keeps_native_ranks(workspace):
         own = result.ranked_lists[candidate.source]
         assert own[candidate.native_rank - 1] is candidate
     assert {c.doc_id for c in result.candidates} == {"venus", "bread"}
+
+
+def test_source_weights_from_the_config_reach_the_fusion(workspace):
+    weighted = Workspace(Config(workspace=workspace.root, sources={"cooking": SourceSettings(weight=3.0)}))
+    result = weighted.search("carbon dioxide", method="rrf", k=2, retrieval="bm25")
+    assert [(c.source, c.doc_id) for c in result.candidates] == [("cooking", "bread"), ("astronomy", "venus")]
+    assert result.candidates[0].scores["fusion:rrf"] == pytest.approx(3 / 61)

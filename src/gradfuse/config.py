@@ -22,6 +22,7 @@ Example (every key optional)::
     threshold = 0.35
     max_sources = 3
     [rerank]                         # stage 2 (gradfuse.rerank.RerankSettings)
+    model = "smollm2"                # white-box scoring LM (local only: gradients are needed)
     n = 10
     estimator = "gate"               # gate | grad_x_input
     target = "draft"                 # draft | gold | query

@@ -43,8 +43,6 @@ class MethodContext:
     embed: Callable[[list[Candidate]], np.ndarray]  # normalised vectors, one row per candidate
     selection: SelectionSettings
     rerank: RerankSettings
-    scorer_model: str
-    weights: dict[str, float]
     gold: str | None = None
     k: int = 10
 
@@ -56,9 +54,16 @@ class MethodResult:
     rerank: RerankOutcome | None = None
 
 
-def run_method(method: str, ranked_lists: dict[str, list[Candidate]], context: MethodContext | None) -> MethodResult:
+def run_method(
+    method: str,
+    ranked_lists: dict[str, list[Candidate]],
+    *,
+    weights: dict[str, float] | None = None,
+    context: MethodContext | None = None,
+) -> MethodResult:
+    """`weights` (per source) apply wherever sources are fused; pipeline methods also need `context`."""
     if method not in PIPELINE_METHODS:
-        return MethodResult(fuse(method, ranked_lists, weights=context.weights if context else None))
+        return MethodResult(fuse(method, ranked_lists, weights=weights))
     assert context is not None, "pipeline methods need a MethodContext"
     decision = None
     if method in ("select", "gro"):
@@ -66,11 +71,11 @@ def run_method(method: str, ranked_lists: dict[str, list[Candidate]], context: M
         decision = select_sources(context.query_vector, vectors, context.selection)
         ranked_lists = {s: ranked_lists[s] for s in decision.sources}
         if method == "select":
-            return MethodResult(fuse("rrf", ranked_lists, weights=context.weights), selection=decision)
+            return MethodResult(fuse("rrf", ranked_lists, weights=weights), selection=decision)
     pooled = _pool_by_prior(ranked_lists, context)
     if method == "dense":
         return MethodResult(pooled)
-    scorer = load_scorer(context.scorer_model, context.rerank.doc_tokens)
+    scorer = load_scorer(context.rerank.model, context.rerank.doc_tokens)
     if method == "loo":
         outcome = loo_rerank(scorer, context.question, pooled, context.rerank, gold=context.gold)
     elif method == "loo-greedy":

@@ -125,15 +125,14 @@ class Workspace:
         depth = max(k, depth or self.config.depth)
         federated = query_sources([self.source(n, retrieval) for n in names], query, depth, timeouts)
         retrieved = time.perf_counter()
-        weights = {n: self.config.settings(n).weight for n in names}
         context = None
         if method in PIPELINE_METHODS:  # only they need the encoder's and the scoring LM's view
             context = MethodContext(
                 question=query, query_vector=self._encoder().encode_query(query), embed=self._embed,
-                selection=self.config.selection, rerank=rerank, scorer_model=self.config.generator,
-                weights=weights, gold=gold, k=k,
+                selection=self.config.selection, rerank=rerank, gold=gold, k=k,
             )
-        ranked = run_method(method, federated.ranked_lists, context)
+        weights = {n: self.config.settings(n).weight for n in names}
+        ranked = run_method(method, federated.ranked_lists, weights=weights, context=context)
         timings = {"retrieval": retrieved - started, "ranking": time.perf_counter() - retrieved}
         if ranked.rerank is not None:
             timings["lm_pass"] = ranked.rerank.seconds

@@ -22,6 +22,7 @@ TARGETS = ("draft", "gold", "query")
 
 @dataclass(frozen=True)
 class RerankSettings:
+    model: str = "smollm2"  # the white-box scoring LM: bundled SmolLM2, a local HF folder or a .gguf file
     n: int = 10  # candidates that enter the gradient pass
     doc_tokens: int = 128  # token budget per document
     estimator: str = "gate"
@@ -47,9 +48,12 @@ class RerankOutcome:
 
 @lru_cache(maxsize=2)
 def load_scorer(spec: str = "smollm2", doc_tokens: int = 128) -> LMScorer:
-    """The scoring LM shares the loaded generator's weights (one copy in memory)."""
+    """The scoring LM shares a loaded local generator's weights (one copy in memory)."""
     from gradfuse.generate.local import load_local_generator
 
+    if spec.startswith(("http://", "https://")):
+        raise ValueError("the re-ranking LM must run locally (gradients are needed): set [rerank] model to "
+                         "'smollm2', a transformers folder or a .gguf file")
     generator = load_local_generator(spec)
     return LMScorer(generator.model, generator.tokenizer, doc_tokens=doc_tokens)
 

