@@ -25,13 +25,13 @@ METHODS: tuple[str, ...] = (*FUSION_METHODS, *PIPELINE_METHODS)
 
 
 def check_method(method: str, sources: list[str]) -> None:
+    """Raise UnknownMethod with every valid choice when `method` cannot run over `sources`."""
     if method in PIPELINE_METHODS:
         return
-    try:
-        check_fusion(method, sources)
-    except UnknownMethod as error:
-        raise UnknownMethod(str(error).replace("fusion method", "method").split(" (choose")[0]
-                            + f" (choose from {', '.join(METHODS)})") from None
+    if method.startswith("single:") or method in FUSION_METHODS:
+        check_fusion(method, sources)  # names the missing source of a single:<source>
+        return
+    raise UnknownMethod(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
 
 
 @dataclass

@@ -47,11 +47,18 @@ class Answer:
     text: str
     citations: list[Citation]
     invalid_citations: list[int]  # numbers the model cited that match no passage
-    passages: list[Candidate]  # what the generator saw, numbered from 1
-    failures: list[SourceFailure]
     generator: str
     search: SearchResult  # how the passages were chosen (selection decision, rerank scores)
     timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def passages(self) -> list[Candidate]:
+        """What the generator saw, numbered from 1."""
+        return self.search.candidates
+
+    @property
+    def failures(self) -> list[SourceFailure]:
+        return self.search.failures
 
 
 class Workspace:
@@ -181,5 +188,4 @@ class Workspace:
         )
         citations, invalid = parse_citations(text, result.candidates)
         timings = {**result.timings, "generation": time.perf_counter() - started}
-        return Answer(question, text, citations, invalid, result.candidates, result.failures, model.name, result,
-                      timings)
+        return Answer(question, text, citations, invalid, model.name, result, timings)

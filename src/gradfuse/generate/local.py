@@ -37,7 +37,6 @@ def _load(spec: str):
 
 def _load_gguf(path: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from transformers.utils import logging
 
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

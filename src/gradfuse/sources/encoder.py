@@ -49,7 +49,6 @@ class Encoder:
             )
         return vectors.astype(np.float32)
 
-
     def encode_query(self, text: str) -> np.ndarray:
         """One query's vector, computed once however many sources (threads) ask for it at the same time."""
         with self._query_lock:
@@ -61,7 +60,6 @@ class Encoder:
             if len(self._queries) > QUERY_CACHE_SIZE:
                 self._queries.popitem(last=False)
             return vector
-
 
     def clear_query_cache(self) -> None:
         """Forget cached query vectors (benchmarks measure a query as if seen for the first time)."""
