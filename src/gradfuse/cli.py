@@ -339,3 +339,42 @@ def demo(workspace: Annotated[Path, typer.Option("--workspace", "-w")] = Path(".
     sources(None, workspace)
     for question in QUESTIONS:
         print_answer(ws.ask(question, method="concat", retrieval="dense", context_k=3, max_new_tokens=80))
+
+
+@app.command("eval")
+def evaluate(
+    bench_file: Annotated[Path, typer.Argument(help="Benchmark TOML (see benchmarks/)")],
+    quick: Annotated[bool, typer.Option(help="The file's small [quick] variant")] = False,
+    out: Annotated[Optional[Path], typer.Option(help="Results folder (default results/<benchmark>)")] = None,
+    check: Annotated[bool, typer.Option(help="Fail when a score moved beyond the stored expected scores")] = False,
+    update_expected: Annotated[bool, typer.Option(help="Store this run's scores as the expected ones")] = False,
+):
+    """Run every method of a benchmark on the same candidates; write results.md/json, TREC runs and plots."""
+    import shlex
+    import sys
+
+    from gradfuse.eval import check_expected, load_benchmark, run_benchmark, write_results
+    from gradfuse.eval.expected import expected_path, write_expected
+
+    bench = _run_guarded(lambda: load_benchmark(bench_file, quick=quick))
+    out = out or Path("results") / bench.name
+    evaluation = _run_guarded(lambda: run_benchmark(bench))
+    command = "gradfuse " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    summary = write_results(evaluation, out, command)
+    console.print(f"[green]{bench.name}[/]: {len(evaluation.queries)} queries in "
+                  f"{evaluation.wall_seconds / 60:.1f} min → {out / 'results.md'}")
+    headline = bench.metrics[0]
+    for table in summary["tables"]:
+        console.print(f"[bold]{table['name']}[/] ({table['queries']} queries): " + ", ".join(
+            f"{row['method']} {row[headline]['mean']:.3f}" for row in table["rows"]))
+    expected = expected_path(bench_file, quick)
+    if update_expected:
+        write_expected(expected, summary)
+        console.print(f"expected scores written to {expected}")
+    if check:
+        problems = check_expected(expected, summary)
+        for line in problems:
+            console.print(f"[bold red]moved:[/] {line}")
+        if problems:
+            raise typer.Exit(1)
+        console.print(f"[green]every score within the tolerance of {expected}[/]")

@@ -67,7 +67,7 @@ def run_method(
     assert context is not None, "pipeline methods need a MethodContext"
     decision = None
     if method in ("select", "gro"):
-        vectors = {s: context.embed(c) for s, c in ranked_lists.items()}
+        vectors = {s: context.embed(c[: context.selection.candidates]) for s, c in ranked_lists.items()}
         decision = select_sources(context.query_vector, vectors, context.selection)
         ranked_lists = {s: ranked_lists[s] for s in decision.sources}
         if method == "select":

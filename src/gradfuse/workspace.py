@@ -14,7 +14,7 @@ from gradfuse.config import Config, load_config
 from gradfuse.generate import Citation, build_messages, make_generator, parse_citations
 from gradfuse.methods import PIPELINE_METHODS, MethodContext, check_method, run_method
 from gradfuse.rerank import RerankOutcome
-from gradfuse.selection import SelectionDecision
+from gradfuse.selection import SelectionDecision, SelectionSettings
 from gradfuse.sources import (
     BuildReport,
     Source,
@@ -26,7 +26,7 @@ from gradfuse.sources import (
     open_source,
 )
 from gradfuse.sources.encoder import EmbeddingCache, embedding_text, load_encoder
-from gradfuse.sources.federated import SourceFailure, query_sources
+from gradfuse.sources.federated import FederatedResult, SourceFailure, query_sources
 
 
 @dataclass
@@ -118,29 +118,63 @@ class Workspace:
         """Rank candidates from many sources with `method` (see `gradfuse.methods`). `rerank_options` override
         fields of the configured RerankSettings (n, estimator, target, ...); `gold` is the reference answer that
         the gold target needs."""
-        if not query.strip():
-            raise ValueError("the query is empty")
         method = method or self.config.method
         names = self._resolve_sources(sources)
         check_method(method, names)
         if method.startswith("single:"):
             names = [method.removeprefix("single:")]
         k = k or self.config.k
-        rerank = replace(self.config.rerank, **rerank_options)
+        federated = self.retrieve(query, sources=names, retrieval=retrieval, timeout_s=timeout_s,
+                                  depth=max(k, depth or self.config.depth))
+        return self.rank(query, federated, method=method, k=k, gold=gold, **rerank_options)
+
+    def retrieve(
+        self,
+        query: str,
+        *,
+        sources: list[str] | None = None,
+        retrieval: str | None = None,
+        timeout_s: float | None = None,
+        depth: int | None = None,
+    ) -> FederatedResult:
+        """Every named (default: every enabled) source's own ranking of `query`, queried concurrently."""
+        if not query.strip():
+            raise ValueError("the query is empty")
+        names = self._resolve_sources(sources)
         timeouts = {n: timeout_s or self.config.settings(n).timeout_s or self.config.timeout_s for n in names}
+        return query_sources([self.source(n, retrieval) for n in names], query, depth or self.config.depth,
+                             timeouts)
+
+    def rank(
+        self,
+        query: str,
+        federated: FederatedResult,
+        *,
+        method: str | None = None,
+        k: int | None = None,
+        gold: str | None = None,
+        selection: SelectionSettings | None = None,
+        weights: dict[str, float] | None = None,
+        **rerank_options,
+    ) -> SearchResult:
+        """Apply `method` to one federated result. The candidates are modified (scores, merged duplicates): give
+        each call its own `federated` (see `FederatedResult.copy`). `selection` and `weights` override the
+        configured stage-1 settings and per-source weights (the evaluation harness passes tuned values)."""
+        method = method or self.config.method
+        check_method(method, list(federated.ranked_lists) + [f.source for f in federated.failures])
+        k = k or self.config.k
         started = time.perf_counter()
-        depth = max(k, depth or self.config.depth)
-        federated = query_sources([self.source(n, retrieval) for n in names], query, depth, timeouts)
-        retrieved = time.perf_counter()
         context = None
         if method in PIPELINE_METHODS:  # only they need the encoder's and the scoring LM's view
             context = MethodContext(
                 question=query, query_vector=self._encoder().encode_query(query), embed=self._embed,
-                selection=self.config.selection, rerank=rerank, gold=gold, k=k,
+                selection=selection or self.config.selection, rerank=replace(self.config.rerank, **rerank_options),
+                gold=gold, k=k,
             )
-        weights = {n: self.config.settings(n).weight for n in names}
+        if weights is None:
+            weights = {n: self.config.settings(n).weight for n in federated.ranked_lists}
         ranked = run_method(method, federated.ranked_lists, weights=weights, context=context)
-        timings = {"retrieval": retrieved - started, "ranking": time.perf_counter() - retrieved}
+        timings = {"retrieval": federated.wall_seconds, "ranking": time.perf_counter() - started}
         if ranked.rerank is not None:
             timings["lm_pass"] = ranked.rerank.seconds
         timings.update({f"source:{n}": s for n, s in federated.seconds.items()})

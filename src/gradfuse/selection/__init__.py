@@ -29,6 +29,7 @@ class SelectionSettings:
     threshold: float = 0.35  # minimum marginal gain to add a source
     max_sources: int = 3
     top: int = 3  # documents per source that define its relevance
+    candidates: int = 20  # m: a source's first m candidates stand for it (relevance and redundancy)
 
 
 @dataclass
@@ -68,15 +69,25 @@ def source_redundancy(a: np.ndarray, b: np.ndarray) -> float:
 def select_sources(
     query: np.ndarray, documents: dict[str, np.ndarray], settings: SelectionSettings = SelectionSettings()
 ) -> SelectionDecision:
-    """`query` and each source's candidate vectors are L2-normalised encoder embeddings."""
+    """`query` and each source's candidate vectors (in the source's order) are L2-normalised encoder embeddings."""
+    documents = {s: vectors[: settings.candidates] for s, vectors in documents.items()}
     names = list(documents)
     relevance = {s: source_relevance(query, documents[s], settings.top) for s in names}
     redundancy = {
         s: {t: source_redundancy(documents[s], documents[t]) for t in names if t != s} for s in names
     }
+    return choose_sources(relevance, redundancy, settings)
+
+
+def choose_sources(
+    relevance: dict[str, float], redundancy: dict[str, dict[str, float]], settings: SelectionSettings
+) -> SelectionDecision:
+    """The greedy maximisation of F(S) on given relevance and redundancy values; a source without candidates has
+    relevance -inf and is never chosen. Split from `select_sources` so tuning can replay it without embeddings."""
+    names = list(relevance)
     decision = SelectionDecision(chosen=[], dropped={}, relevance=relevance, redundancy=redundancy)
-    remaining = [s for s in names if len(documents[s])]
-    decision.dropped.update({s: "returned no candidates" for s in names if not len(documents[s])})
+    remaining = [s for s in names if np.isfinite(relevance[s])]
+    decision.dropped.update({s: "returned no candidates" for s in names if not np.isfinite(relevance[s])})
     while remaining:
         chosen = decision.sources
         penalties = {s: settings.redundancy_weight * sum(redundancy[s][t] for t in chosen) for s in remaining}

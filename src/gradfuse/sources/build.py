@@ -66,6 +66,8 @@ def _read_documents(spec: SourceSpec, report: IngestReport) -> list[Document]:
         wanted = run_doc_ids(path)
         corpus = read_jsonl(Path(options["corpus"]), report, skip_malformed=skip)
         return [d for d in corpus if d.doc_id in wanted]
+    if "id_prefix" in options:  # one collection as several sources (e.g. TAT-QA's tables and its paragraphs)
+        documents = (d for d in documents if d.doc_id.startswith(options["id_prefix"]))
     # Files are always chunked (a file can be a book); records only when asked, since they usually are passages.
     words = options.get("chunk_words", FILE_CHUNK_WORDS if spec.kind == "files" else None)
     if words:

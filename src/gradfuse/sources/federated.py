@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gradfuse.candidate import Candidate
 from gradfuse.sources.base import Source
@@ -30,6 +30,14 @@ class FederatedResult:
     ranked_lists: dict[str, list[Candidate]]  # per answering source, in its own order
     failures: list[SourceFailure] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)  # per answering source
+    wall_seconds: float = 0.0  # the whole concurrent query
+
+    def copy(self) -> FederatedResult:
+        """Fresh candidate records (empty scores, nothing merged), so several methods can rank the same lists."""
+        return FederatedResult(
+            {s: [replace(c, scores={}, merged=[]) for c in candidates] for s, candidates in self.ranked_lists.items()},
+            list(self.failures), dict(self.seconds), self.wall_seconds,
+        )
 
 
 # Threads, not processes: the work is I/O, Rust (tantivy) and torch, all of which release the GIL. A source
@@ -58,6 +66,7 @@ def query_sources(sources: list[Source], query: str, k: int, timeouts: dict[str,
             result.seconds[name] = seconds
     if not result.ranked_lists:
         raise AllSourcesFailed(result.failures)
+    result.wall_seconds = time.perf_counter() - started
     return result
 
 

@@ -1,0 +1,282 @@
+"""A benchmark file (TOML): the sources, the query sets and their split, the methods and the metrics.
+
+Example (see benchmarks/*.toml for the real ones)::
+
+    name = "federated"
+    data = "../../shared/data"      # relative to this file; the environment variable GRADFUSE_DATA overrides it
+    workspace = "../.gradfuse/bench/shared-sources"   # indexes and embeddings, cached between runs
+    retrieval = "bm25"
+    depth = 100                     # candidates asked of each source
+    k = 100                         # ranked results kept per method
+    metrics = ["ndcg@10", "recall@100", "mrr@10"]
+    methods = ["single:*", "static-best", "oracle-origin", "rrf", "select", "gro/query"]
+    seed = 0
+    [split]
+    sample = 100                    # test queries per set (seeded)
+    dev = 30                        # dev queries per set: the next ones of the same shuffle
+    # folds = 5                     # instead: k-fold cross-fitting of the sample (for sets too small to hold out)
+    [lm]                            # methods that run the scoring LM, on a subsample of the test (and dev) queries
+    sample = 10
+    dev_sample = 5
+    [sources.scifact]
+    kind = "beir"
+    path = "beir_scifact"           # relative to data
+    [queries.scifact]
+    path = "beir_scifact"
+    origin = "scifact"              # the source its qrels' documents live in, or {"table/" = "tatqa-table", ...}
+    [quick]                         # `--quick`: overrides for a small, fast variant (checked in CI)
+    sources = ["scifact"]
+    split = { sample = 5, dev = 3 }
+
+Methods are any registered method (`gradfuse.methods`), `<method>/<target>` for the scoring-LM methods
+(`gro/query`, `gradient/draft`, `loo/gold`, ...), `single:*` for every source alone, and three that only an
+evaluation can run because they need relevance judgements: `static-best` (the single source best on the dev
+queries), `learned-fusion` (per-source weights optimised by ranx on the dev queries) and `oracle-origin` (RRF over the
+sources that hold the query's relevant documents: the upper bound of any router).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gradfuse.config import ConfigError
+from gradfuse.methods import PIPELINE_METHODS, check_method
+from gradfuse.rerank import TARGETS
+from gradfuse.sources import SourceSpec
+
+EVALUATION_METHODS = ("static-best", "learned-fusion", "oracle-origin")
+LM_METHODS = ("gradient", "gro", "loo", "loo-greedy")
+
+
+@dataclass(frozen=True)
+class EvalQuery:
+    query_id: str  # namespaced by its set: "<set>/<id>"
+    text: str
+    query_set: str
+    split: str  # "dev" or "test"
+    answers: tuple[str, ...] = ()
+    lm: bool = False  # in the subsample the scoring-LM methods run on
+    fold: int | None = None  # with k-fold cross-fitting: the fold it is tested in
+
+
+@dataclass
+class QuerySet:
+    name: str
+    path: Path
+    origin: dict[str, str]  # qrels doc-id prefix ("" for all) → source holding those documents
+    qrels_file: str = "qrels.tsv"
+    queries_file: str = "queries.jsonl"
+    answer_filter: dict[str, Any] = field(default_factory=dict)  # keep queries whose fields equal these values
+
+    def source_of(self, doc_id: str) -> str | None:
+        for prefix in sorted(self.origin, key=len, reverse=True):
+            if doc_id.startswith(prefix):
+                return self.origin[prefix]
+        return None
+
+
+@dataclass
+class Benchmark:
+    name: str
+    file: Path
+    data: Path
+    workspace: Path
+    sources: dict[str, SourceSpec]
+    query_sets: dict[str, QuerySet]
+    methods: list[str]
+    metrics: list[str]
+    retrieval: str = "bm25"
+    depth: int = 100
+    k: int = 100
+    seed: int = 0
+    sample: int = 100
+    dev: int = 30
+    folds: int = 0  # > 0: cross-fitting over k folds of the sample instead of a separate dev sample
+    lm_sample: int = 10
+    lm_dev_sample: int = 5
+    lm_options: dict[str, Any] = field(default_factory=dict)  # RerankSettings fields for every LM method
+    shared_collection: bool = False  # sources rank one collection (runs of one corpus): judge by doc id alone
+    fusion_step: float = 0.25  # ranx's weight grid for learned-fusion
+    fusion_norm: str = "zmuv"
+    description: str = ""
+    quick: bool = False
+
+    def expand_methods(self) -> list[str]:
+        methods: list[str] = []
+        for method in self.methods:
+            if method == "single:*":
+                methods += [f"single:{s}" for s in self.sources]
+            else:
+                methods.append(method)
+        return methods
+
+
+def base_method(method: str) -> str:
+    """`gro/query` → `gro`; plain methods are their own base."""
+    return method.split("/", 1)[0]
+
+
+def method_target(method: str) -> str | None:
+    return method.split("/", 1)[1] if "/" in method else None
+
+
+def is_lm_method(method: str) -> bool:
+    return base_method(method) in LM_METHODS
+
+
+def load_benchmark(path: Path, *, quick: bool = False) -> Benchmark:
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError as error:
+        raise ConfigError(f"benchmark file {path} does not exist") from error
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: {error}") from error
+    overrides = raw.pop("quick", {})
+    if quick:
+        if not overrides:
+            raise ConfigError(f"{path} has no [quick] section, so it has no --quick variant")
+        raw = _apply_quick(raw, overrides, path)
+    base = Path(path).resolve().parent
+    data = Path(os.environ.get("GRADFUSE_DATA") or base / raw.pop("data", "."))
+    if not data.is_dir():
+        raise ConfigError(f"{path}: the data folder {data} does not exist (set GRADFUSE_DATA to where the shared "
+                          "data lives)")
+    split, lm = raw.pop("split", {}), raw.pop("lm", {})
+    sources = {name: _source_spec(name, dict(table), data, path) for name, table in raw.pop("sources", {}).items()}
+    query_sets = {name: _query_set(name, dict(table), data, sources, path)
+                  for name, table in raw.pop("queries", {}).items()}
+    bench = Benchmark(
+        name=raw.pop("name", Path(path).stem) + ("-quick" if quick else ""),
+        file=Path(path),
+        data=data,
+        workspace=base / raw.pop("workspace", f"../.gradfuse/bench/{Path(path).stem}"),
+        sources=sources,
+        query_sets=query_sets,
+        methods=list(raw.pop("methods", [])),
+        metrics=list(raw.pop("metrics", ["ndcg@10", "recall@100", "mrr@10"])),
+        retrieval=raw.pop("retrieval", "bm25"),
+        depth=int(raw.pop("depth", 100)),
+        k=int(raw.pop("k", 100)),
+        seed=int(raw.pop("seed", 0)),
+        sample=int(split.pop("sample", 100)),
+        dev=int(split.pop("dev", 30)),
+        folds=int(split.pop("folds", 0)),
+        lm_sample=int(lm.pop("sample", 10)),
+        lm_dev_sample=int(lm.pop("dev_sample", 5)),
+        shared_collection=bool(raw.pop("shared_collection", False)),
+        fusion_step=float(raw.pop("fusion_step", 0.25)),
+        fusion_norm=raw.pop("fusion_norm", "zmuv"),
+        description=raw.pop("description", ""),
+        quick=quick,
+    )
+    bench.lm_options = lm
+    for leftover, where in ((raw, ""), (split, " [split]")):
+        if leftover:
+            raise ConfigError(f"{path}{where}: unknown keys {sorted(leftover)}")
+    if not sources or not query_sets or not bench.methods:
+        raise ConfigError(f"{path}: a benchmark needs [sources.*], [queries.*] and a methods list")
+    for method in bench.expand_methods():
+        _check_method(method, list(sources), path)
+    return bench
+
+
+def _apply_quick(raw: dict, overrides: dict, path: Path) -> dict:
+    """The quick variant: a subset of the sources and query sets, and any top-level value replaced."""
+    raw = dict(raw)
+    for key, value in overrides.items():
+        if key == "sources":
+            raw["sources"] = {n: raw["sources"][n] for n in value}
+        elif key == "queries":
+            raw["queries"] = {n: raw["queries"][n] for n in value}
+        elif isinstance(value, dict):
+            raw[key] = {**raw.get(key, {}), **value}
+        else:
+            raw[key] = value
+    return raw
+
+
+def _check_method(method: str, sources: list[str], path: Path) -> None:
+    base, target = base_method(method), method_target(method)
+    if base in EVALUATION_METHODS:
+        return
+    try:
+        check_method(base, sources)
+    except ValueError as error:
+        raise ConfigError(f"{path}: {error}") from error
+    if target is not None and (base not in PIPELINE_METHODS or target not in TARGETS):
+        raise ConfigError(f"{path}: {method!r}: only {', '.join(LM_METHODS)} take a target "
+                          f"({', '.join(TARGETS)})")
+
+
+def _source_spec(name: str, table: dict, data: Path, path: Path) -> SourceSpec:
+    try:
+        kind, source_path = table.pop("kind"), table.pop("path")
+    except KeyError as error:
+        raise ConfigError(f"{path} [sources.{name}]: missing {error}") from error
+    for key in ("corpus", "queries"):  # run sources name their corpus and queries inside the data folder too
+        if key in table:
+            table[key] = str(data / table[key])
+    return SourceSpec(name=name, kind=kind, path=str(data / source_path), options=table)
+
+
+def _query_set(name: str, table: dict, data: Path, sources: dict[str, SourceSpec], path: Path) -> QuerySet:
+    origin = table.pop("origin", name if name in sources else {})  # none needed when sources share a collection
+    origin = {"": origin} if isinstance(origin, str) else dict(origin)
+    unknown = [s for s in origin.values() if s not in sources]
+    if unknown:
+        raise ConfigError(f"{path} [queries.{name}]: origin names unknown source(s) {unknown}")
+    query_set = QuerySet(name, data / table.pop("path", name), origin,
+                         qrels_file=table.pop("qrels", "qrels.tsv"), queries_file=table.pop("file", "queries.jsonl"),
+                         answer_filter=dict(table.pop("where", {})))
+    if table:
+        raise ConfigError(f"{path} [queries.{name}]: unknown keys {sorted(table)}")
+    return query_set
+
+
+def read_qrels(query_set: QuerySet) -> dict[str, dict[str, int]]:
+    """The shared layout's qrels (`query_id<TAB>doc_id<TAB>relevance`, no header), query ids not yet namespaced."""
+    judged: dict[str, dict[str, int]] = {}
+    with open(query_set.path / query_set.qrels_file, encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            fields = line.rstrip("\n").split("\t")
+            if len(fields) != 3:
+                raise ConfigError(f"{query_set.path / query_set.qrels_file}:{line_number}: expected 3 tab-separated "
+                                  "fields (query id, doc id, relevance)")
+            judged.setdefault(fields[0], {})[fields[1]] = int(fields[2])
+    return judged
+
+
+def sample_queries(bench: Benchmark, query_set: QuerySet, judged: dict[str, dict[str, int]]) -> list[EvalQuery]:
+    """Shuffle the judged queries with the seed; the first `sample` are test queries, the next `dev` dev queries.
+    A set too small for both keeps the same test : dev proportion, so every set contributes to both."""
+    records = []
+    with open(query_set.path / query_set.queries_file, encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                record = json.loads(line)
+                if str(record["id"]) in judged and all(record.get(k) == v for k, v in query_set.answer_filter.items()):
+                    records.append(record)
+    random.Random(f"{bench.seed}/{query_set.name}").shuffle(records)
+    if bench.folds:  # every query is a test query once; values are tuned on the other folds
+        test, dev = records[: bench.sample], []
+    elif len(records) >= bench.sample + bench.dev:
+        test, dev = records[: bench.sample], records[bench.sample : bench.sample + bench.dev]
+    else:
+        dev_count = round(len(records) * bench.dev / (bench.sample + bench.dev))
+        dev, test = records[:dev_count], records[dev_count:]
+    queries = []
+    for split, chosen, lm_count in (("test", test, bench.lm_sample), ("dev", dev, bench.lm_dev_sample)):
+        for position, record in enumerate(chosen):
+            answers = record.get("answers") or []
+            queries.append(EvalQuery(
+                query_id=f"{query_set.name}/{record['id']}", text=record["text"], query_set=query_set.name,
+                split=split, answers=tuple(str(a) for a in (answers if isinstance(answers, list) else [answers])),
+                lm=position < lm_count, fold=position % bench.folds if bench.folds else None,
+            ))
+    return queries

@@ -1,0 +1,270 @@
+"""What a benchmark run leaves behind in results/<bench>/: results.md, results.json, runs/*.trec and PNG plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from gradfuse.eval.benchmark import EVALUATION_METHODS, base_method, is_lm_method
+from gradfuse.eval.runner import Evaluation
+from gradfuse.eval.stats import estimate, paired_p_value, per_query
+from gradfuse.eval.tuning import as_run
+
+BASELINES = ("rrf", "static-best")  # every method is tested against these, paired, on the headline metric
+
+
+def summarise(evaluation: Evaluation) -> dict:
+    """Two tables: every cheap method on all test queries, and every method on the LM subsample."""
+    bench = evaluation.bench
+    methods = [m for m in bench.expand_methods() if m in evaluation.outcomes]
+    test = [q.query_id for q in evaluation.split("test")]
+    lm_test = [q.query_id for q in evaluation.split("test", lm=True)]
+    tables = [{"name": "all test queries", "queries": len(test),
+               "rows": _rows(evaluation, [m for m in methods if not is_lm_method(m)], test)}]
+    if any(is_lm_method(m) for m in methods):
+        tables.append({"name": "scoring-LM subsample of the test queries", "queries": len(lm_test),
+                       "rows": _rows(evaluation, methods, lm_test)})
+    per_set = {}
+    for query in evaluation.queries:
+        counts = per_set.setdefault(query.query_set, {"test": 0, "dev": 0, "lm_test": 0, "lm_dev": 0})
+        counts[query.split] += 1
+        counts[f"lm_{query.split}"] += int(query.lm)
+    return {
+        "benchmark": bench.name,
+        "description": bench.description,
+        "file": str(bench.file),
+        "commit": evaluation.commit,
+        "machine": evaluation.machine,
+        "wall_seconds": round(evaluation.wall_seconds, 1),
+        "retrieval": bench.retrieval,
+        "depth": bench.depth,
+        "metrics": bench.metrics,
+        "queries": per_set,
+        "sources": {b["name"]: b["documents"] for b in evaluation.builds},
+        "indexes_cached": all(b["status"] == "unchanged" for b in evaluation.builds),
+        "retrieval_ms_p50": round(1000 * float(np.median(list(evaluation.retrieval_seconds.values()))), 2),
+        "failures": evaluation.failures,
+        "tuned": evaluation.tuned,
+        "tables": tables,
+        "source_choice": _source_choice(evaluation),
+    }
+
+
+def _rows(evaluation: Evaluation, methods: list[str], query_ids: list[str]) -> list[dict]:
+    metrics = evaluation.bench.metrics
+    headline = metrics[0]
+    values = {m: per_query(evaluation.qrels, evaluation.outcomes[m], query_ids, metrics) for m in methods}
+    rows = []
+    for method in methods:
+        outcomes = evaluation.outcomes[method]
+        row = {"method": method, "queries": len(query_ids)}
+        for metric in metrics:
+            e = estimate(np.array([values[method][metric][q] for q in query_ids]))
+            row[metric] = {"mean": round(e.mean, 4), "ci95": [round(e.low, 4), round(e.high, 4)]}
+        for baseline in BASELINES:
+            if baseline in values and baseline != method:
+                a = np.array([values[method][headline][q] for q in query_ids])
+                b = np.array([values[baseline][headline][q] for q in query_ids])
+                row[f"vs {baseline}"] = {"delta": round(float(a.mean() - b.mean()), 4),
+                                         "p": round(paired_p_value(a, b), 4)}
+        precision, recall = _selection_quality(evaluation, outcomes, query_ids)
+        row["source_precision"], row["source_recall"] = round(precision, 3), round(recall, 3)
+        seconds = [outcomes[q].seconds for q in query_ids if q in outcomes and outcomes[q].seconds is not None]
+        row["ranking_ms_p50"] = round(1000 * float(np.median(seconds)), 1) if seconds else None
+        rows.append(row)
+    return rows
+
+
+def _selection_quality(evaluation: Evaluation, outcomes: dict, query_ids: list[str]) -> tuple[float, float]:
+    """Mean precision and recall of the sources a method drew on against the query's origin sources."""
+    precision, recall = [], []
+    for query_id in query_ids:
+        chosen, origin = set(outcomes[query_id].chosen), set(evaluation.origins[query_id])
+        precision.append(len(chosen & origin) / len(chosen) if chosen else 0.0)
+        recall.append(len(chosen & origin) / len(origin))
+    return float(np.mean(precision)), float(np.mean(recall))
+
+
+def _source_choice(evaluation: Evaluation) -> dict:
+    """For each stage-1 method: query set → source → share of its test queries for which the source was chosen."""
+    choice = {}
+    for method in evaluation.outcomes:
+        if base_method(method) not in ("select", "gro"):
+            continue
+        table: dict[str, dict[str, float]] = {}
+        queries = [q for q in evaluation.split("test") if q.query_id in evaluation.outcomes[method]]
+        for query_set in evaluation.bench.query_sets:
+            own = [q for q in queries if q.query_set == query_set]
+            if own:
+                table[query_set] = {s: round(sum(s in evaluation.outcomes[method][q.query_id].chosen for q in own)
+                                             / len(own), 3) for s in evaluation.bench.sources}
+        choice[method] = table
+    return choice
+
+
+def write_results(evaluation: Evaluation, out: Path, command: str) -> dict:
+    summary = summarise(evaluation)
+    summary["command"] = command
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
+    _write_runs(evaluation, out / "runs")
+    plots = _plot(evaluation, summary, out)
+    (out / "results.md").write_text(_markdown(summary, plots))
+    return summary
+
+
+def _write_runs(evaluation: Evaluation, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    test = [q.query_id for q in evaluation.split("test")]
+    for method, outcomes in evaluation.outcomes.items():
+        ids = [q for q in test if q in outcomes]
+        name = method.replace("/", "-").replace(":", "-")
+        run = as_run(outcomes, ids)
+        run.name = name
+        run.save(str(folder / f"{name}.trec"), kind="trec")
+
+
+def _plot(evaluation: Evaluation, summary: dict, out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    headline = evaluation.bench.metrics[0]
+    for index, table in enumerate(summary["tables"]):
+        rows = table["rows"]
+        fig, ax = plt.subplots(figsize=(8, 0.32 * len(rows) + 1.2))
+        means = [r[headline]["mean"] for r in rows]
+        errors = np.array([[r[headline]["mean"] - r[headline]["ci95"][0], r[headline]["ci95"][1] - r[headline]["mean"]]
+                           for r in rows]).T
+        colours = ["tab:orange" if is_lm_method(r["method"]) or base_method(r["method"]) == "select" else
+                   "tab:gray" if r["method"] in EVALUATION_METHODS else "tab:blue" for r in rows]
+        ax.barh(range(len(rows)), means, xerr=errors, color=colours, capsize=2)
+        ax.set_yticks(range(len(rows)), [r["method"] for r in rows], fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel(f"{headline} (mean, 95% bootstrap interval)")
+        ax.set_title(f"{summary['benchmark']}: {table['name']} ({table['queries']} queries)", fontsize=9)
+        fig.tight_layout()
+        name = f"{headline.replace('@', '_at_')}{'' if index == 0 else '_lm_subsample'}.png"
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        made.append(name)
+    choice = summary["source_choice"]
+    if choice:
+        sources = list(evaluation.bench.sources)
+        fig, axes = plt.subplots(1, len(choice), figsize=(4.2 * len(choice), 0.45 * len(evaluation.bench.query_sets) + 2),
+                                 squeeze=False)
+        for ax, (method, table) in zip(axes[0], choice.items()):
+            sets = list(table)
+            grid = np.array([[table[s][source] for source in sources] for s in sets])
+            ax.imshow(grid, vmin=0, vmax=1, cmap="Blues", aspect="auto")
+            ax.set_xticks(range(len(sources)), sources, rotation=60, ha="right", fontsize=7)
+            ax.set_yticks(range(len(sets)), sets, fontsize=7)
+            ax.set_title(f"{method}: share chosen", fontsize=9)
+            ax.set_xlabel("source")
+            ax.set_ylabel("query origin")
+        fig.tight_layout()
+        fig.savefig(out / "source_choice.png", dpi=110)
+        plt.close(fig)
+        made.append("source_choice.png")
+    scatter = _gradient_vs_loo(evaluation)
+    if scatter:
+        fig, ax = plt.subplots(figsize=(4.5, 4))
+        ax.scatter([p[0] for p in scatter], [p[1] for p in scatter], s=6, alpha=0.5)
+        ax.set_xlabel("gradient score (gate)")
+        ax.set_ylabel("leave-one-out loss increase")
+        fig.tight_layout()
+        fig.savefig(out / "gradient_vs_loo.png", dpi=110)
+        plt.close(fig)
+        made.append("gradient_vs_loo.png")
+    return made
+
+
+def _gradient_vs_loo(evaluation: Evaluation) -> list[tuple[float, float]]:
+    """(gradient, LOO) per candidate where both ran on the same query with the same target."""
+    points = []
+    for loo_method in [m for m in evaluation.outcomes if base_method(m) == "loo"]:
+        gradient_method = "gradient" + loo_method[3:]
+        if gradient_method not in evaluation.outcomes:
+            continue
+        for query_id, loo in evaluation.outcomes[loo_method].items():
+            gradient = evaluation.outcomes[gradient_method].get(query_id)
+            if gradient is None:
+                continue
+            by_key = {row["key"]: row for row in gradient.head}
+            points += [(by_key[row["key"]]["rerank:gate"], row["rerank:loo"]) for row in loo.head
+                       if row["key"] in by_key]
+    return points
+
+
+def _without_grids(value):
+    if isinstance(value, dict):
+        return {k: _without_grids(v) for k, v in value.items() if k != "dev_grid"}
+    return value
+
+
+def _markdown(summary: dict, plots: list[str]) -> str:
+    metrics = summary["metrics"]
+    headline = metrics[0]
+    lines = [
+        f"# Benchmark `{summary['benchmark']}`",
+        "",
+        summary["description"].strip(),
+        "",
+        f"Command: `{summary['command']}` · commit {summary['commit']} · machine: {summary['machine']} · "
+        f"wall time {summary['wall_seconds'] / 60:.1f} min "
+        f"({'indexes and embeddings cached' if summary['indexes_cached'] else 'including building the indexes'})",
+        "",
+        f"Retrieval in every source: {summary['retrieval']}, depth {summary['depth']}; retrieval p50 "
+        f"{summary['retrieval_ms_p50']} ms a query (all sources concurrently).",
+        "",
+        "| query set | test | dev | LM test | LM dev |",
+        "|---|---:|---:|---:|---:|",
+        *[f"| {name} | {c['test']} | {c['dev']} | {c['lm_test']} | {c['lm_dev']} |"
+          for name, c in summary["queries"].items()],
+        "",
+        "Sources (documents): " + ", ".join(f"{name} ({count})" for name, count in summary["sources"].items()),
+        "",
+    ]
+    for table in summary["tables"]:
+        baselines = [b for b in BASELINES if any(f"vs {b}" in r for r in table["rows"])]
+        lines += [
+            f"## {table['name']} ({table['queries']} queries)",
+            "",
+            "Mean with 95% bootstrap interval; Δ and p: paired randomisation test on "
+            f"{headline} against each baseline; sources P/R: precision/recall of the sources a method drew on "
+            "against the sources holding the query's relevant documents; ms: ranking time a query (p50), after "
+            "retrieval.",
+            "",
+            "| method | " + " | ".join(metrics) + " | " + " | ".join(f"Δ vs {b} (p)" for b in baselines)
+            + " | sources P/R | ms |",
+            "|---|" + "---:|" * (len(metrics) + len(baselines) + 2),
+        ]
+        for row in table["rows"]:
+            cells = [f"{row[m]['mean']:.3f} [{row[m]['ci95'][0]:.3f}, {row[m]['ci95'][1]:.3f}]" for m in metrics]
+            cells += [f"{row[f'vs {b}']['delta']:+.3f} ({row[f'vs {b}']['p']:.3g})" if f"vs {b}" in row else "–"
+                      for b in baselines]
+            cells += [f"{row['source_precision']:.2f}/{row['source_recall']:.2f}", f"{row['ranking_ms_p50'] or '–'}"]
+            lines.append(f"| {row['method']} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += ["## Tuned on the dev queries only", ""]
+    for name, value in summary["tuned"].items():
+        lines.append(f"- **{name}**: `{json.dumps(_without_grids(value))}`")
+    lines.append("\n(The dev scores of every grid point are in results.json.)")
+    lines.append("")
+    if summary["source_choice"]:
+        lines += ["## Which sources stage 1 chose, by query origin (test queries)", ""]
+        for method, table in summary["source_choice"].items():
+            sources = list(next(iter(table.values())))
+            lines += [f"**{method}**", "", "| origin | " + " | ".join(sources) + " |",
+                      "|---|" + "---:|" * len(sources)]
+            lines += [f"| {s} | " + " | ".join(f"{v:.2f}" for v in row.values()) + " |" for s, row in table.items()]
+            lines.append("")
+    failures = summary["failures"]
+    lines += ["## Source failures", "",
+              f"{len(failures)} queries saw a failed source." if failures else "No source failed on any query.", ""]
+    lines += ["## Plots", "", *[f"![{p}]({p})" for p in plots], ""]
+    return "\n".join(lines)

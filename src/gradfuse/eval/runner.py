@@ -1,0 +1,294 @@
+"""Run every method of a benchmark over the same retrieved candidates, tune what needs tuning on dev queries only.
+
+Order of work: build (or reuse) the sources; sample the query sets; retrieve once per query; rank with every
+cheap method; tune on the dev queries (best static source, ranx-learned fusion weights, stage-1 settings); run the
+scoring-LM methods on their subsample, caching each query's outcome on disk so an interrupted run resumes; tune the
+gradient/prior mix on the dev subsample. Nothing tuned ever sees a test query.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from gradfuse.candidate import Candidate
+from gradfuse.config import Config
+from gradfuse.eval import tuning
+from gradfuse.eval.benchmark import (
+    EVALUATION_METHODS,
+    Benchmark,
+    EvalQuery,
+    base_method,
+    is_lm_method,
+    method_target,
+    read_qrels,
+    sample_queries,
+)
+from gradfuse.selection import SelectionSettings
+from gradfuse.sources.federated import FederatedResult
+from gradfuse.workspace import SearchResult, Workspace
+
+
+@dataclass
+class Outcome:
+    """One method on one query: the judged ranking and what the method decided on the way."""
+
+    ranking: list[tuple[str, float]]  # (judged document key, score), best first
+    chosen: list[str]  # sources the method's ranking draws on
+    seconds: float | None  # ranking time (retrieval is shared by all methods and reported apart); None: batch
+    head: list[dict] = field(default_factory=list)  # LM methods: the re-ranked candidates and their scores
+    target: str | None = None  # LM methods: the text whose likelihood was scored
+    loss: float | None = None
+
+
+@dataclass
+class Evaluation:
+    bench: Benchmark
+    queries: list[EvalQuery]
+    qrels: dict[str, dict[str, int]]  # query id → judged document key → relevance
+    origins: dict[str, list[str]]  # query id → sources holding its relevant documents
+    outcomes: dict[str, dict[str, Outcome]]  # method → query id → outcome
+    tuned: dict[str, object]
+    retrieval_seconds: dict[str, float]
+    failures: dict[str, list[str]]  # query id → "source: reason" for sources that failed on it
+    builds: list[dict]
+    wall_seconds: float = 0.0
+    machine: str = ""
+    commit: str = ""
+
+    def split(self, name: str, *, lm: bool = False) -> list[EvalQuery]:
+        return [q for q in self.queries if q.split == name and (q.lm or not lm)]
+
+
+def run_benchmark(bench: Benchmark, *, progress: bool = True) -> Evaluation:
+    started = time.perf_counter()
+    ws = Workspace(Config(workspace=bench.workspace, depth=bench.depth, k=bench.k, retrieval=bench.retrieval))
+    builds = [asdict(ws.index(spec, progress=progress)) for spec in bench.sources.values()]
+    queries, qrels, origins = _queries_and_qrels(bench)
+    evaluation = Evaluation(bench, queries, qrels, origins, {}, {}, {}, {}, builds)
+    methods = bench.expand_methods()
+    cheap = [m for m in methods if not is_lm_method(m) and m not in EVALUATION_METHODS and m != "select"]
+
+    retrieved: dict[str, FederatedResult] = {}
+    profiles: dict[str, tuple[dict, dict]] = {}  # stage 1's relevance and redundancy per query, for tuning
+    for query in tqdm(queries, desc=f"{bench.name}: retrieve and rank", disable=not progress):
+        federated = ws.retrieve(query.text, sources=list(bench.sources), depth=bench.depth)
+        retrieved[query.query_id] = federated
+        evaluation.retrieval_seconds[query.query_id] = federated.wall_seconds
+        if federated.failures:
+            evaluation.failures[query.query_id] = [f"{f.source}: {f.detail}" for f in federated.failures]
+        for method in cheap:
+            _record(evaluation, method, query, _rank(ws, bench, query, federated, method))
+        decision = _rank(ws, bench, query, federated, "select").selection
+        profiles[query.query_id] = (decision.relevance, decision.redundancy)
+
+    groups = _tuning_groups(evaluation)
+    selections = _run_evaluation_methods(evaluation, ws, retrieved, profiles, groups, methods)
+    for method in [m for m in methods if is_lm_method(m)]:
+        _run_lm_method(evaluation, ws, retrieved, method, groups, selections, progress)
+    evaluation.wall_seconds = time.perf_counter() - started
+    evaluation.machine = _machine()
+    evaluation.commit = _commit()
+    return evaluation
+
+
+def _queries_and_qrels(bench: Benchmark):
+    queries, qrels, origins = [], {}, {}
+    for query_set in bench.query_sets.values():
+        judged = read_qrels(query_set)
+        for query in sample_queries(bench, query_set, judged):
+            raw_id = query.query_id.split("/", 1)[1]
+            keys = {}
+            for doc_id, relevance in judged[raw_id].items():
+                if bench.shared_collection:  # every source ranks the one collection: each can hold any document
+                    keys[doc_id] = relevance
+                    origins[query.query_id] = set(bench.sources)
+                    continue
+                source = query_set.source_of(doc_id)
+                if source is None:
+                    continue  # a judged document in no benchmarked source (e.g. a quick variant's dropped source)
+                keys[f"{source}/{doc_id}"] = relevance
+                if relevance > 0:
+                    origins.setdefault(query.query_id, set()).add(source)
+            if not any(v > 0 for v in keys.values()):
+                continue  # nothing relevant is reachable: the query says nothing about any method
+            queries.append(query)
+            qrels[query.query_id] = keys
+    return queries, qrels, {q: sorted(s) for q, s in origins.items()}
+
+
+def _rank(ws: Workspace, bench: Benchmark, query: EvalQuery, federated: FederatedResult, method: str,
+          **options) -> SearchResult:
+    return ws.rank(query.text, federated.copy(), method=method, k=bench.k, **options)
+
+
+def _judged_key(bench: Benchmark, candidate: Candidate) -> str:
+    return candidate.doc_id if bench.shared_collection else candidate.key
+
+
+def _outcome(bench: Benchmark, result: SearchResult) -> Outcome:
+    if result.selection is not None:
+        chosen = result.selection.sources
+    else:
+        chosen = sorted(result.ranked_lists) if not result.method.startswith("single:") else [result.method[7:]]
+    ranking, seen = [], set()
+    for position, candidate in enumerate(result.candidates):
+        key = _judged_key(bench, candidate)
+        if key not in seen:  # one collection ranked by several runs: a document counts once
+            seen.add(key)
+            ranking.append((key, float(len(result.candidates) - position)))
+    return Outcome(ranking, chosen, result.timings["ranking"])
+
+
+def _record(evaluation: Evaluation, method: str, query: EvalQuery, result: SearchResult | Outcome) -> None:
+    outcome = result if isinstance(result, Outcome) else _outcome(evaluation.bench, result)
+    evaluation.outcomes.setdefault(method, {})[query.query_id] = outcome
+
+
+def _tuning_groups(evaluation: Evaluation) -> list[tuple[list[str], list[str]]]:
+    """(dev query ids, query ids the values tuned on them apply to). A holdout split has one group; with k folds
+    each fold is ranked with values tuned on the other folds (cross-fitting), so every query is tested once."""
+    if not evaluation.bench.folds:
+        return [([q.query_id for q in evaluation.split("dev")], [q.query_id for q in evaluation.queries])]
+    folds = [[q.query_id for q in evaluation.queries if q.fold == f] for f in range(evaluation.bench.folds)]
+    return [([q for other in folds if other is not fold for q in other], fold) for fold in folds]
+
+
+def _tuned(evaluation: Evaluation, name: str, group: int, value: dict) -> None:
+    """One value per tuning group: a plain entry for a holdout split, `fold <i>` entries with folds."""
+    if evaluation.bench.folds:
+        evaluation.tuned.setdefault(name, {})[f"fold {group}"] = value
+    else:
+        evaluation.tuned[name] = value
+
+
+def _run_evaluation_methods(evaluation, ws, retrieved, profiles, groups, methods) -> list[SelectionSettings]:
+    """static-best, learned-fusion, oracle-origin and select: the ones whose settings come from dev queries.
+    Returns stage 1's tuned settings per group (gro uses them too)."""
+    bench = evaluation.bench
+    singles = {s: evaluation.outcomes.get(f"single:{s}") for s in bench.sources}
+    by_id = {q.query_id: q for q in evaluation.queries}
+    if "static-best" in methods and any(v is None for v in singles.values()):
+        raise ValueError("static-best needs every single source among the methods (add 'single:*')")
+    if "oracle-origin" in methods:
+        for query in evaluation.queries:
+            federated = retrieved[query.query_id]
+            subset = FederatedResult({s: federated.ranked_lists.get(s, []) for s in evaluation.origins[query.query_id]},
+                                     [], {}, federated.wall_seconds)
+            _record(evaluation, "oracle-origin", query, _rank(ws, bench, query, subset, "rrf"))
+    memo: dict[tuple[str, tuple[str, ...]], Outcome] = {}
+
+    def rrf_over(query_id: str, sources: tuple[str, ...]) -> Outcome:
+        """What `select` ranks when stage 1 chooses `sources`: RRF over them (memoised for the grid)."""
+        if (query_id, sources) not in memo:
+            federated = retrieved[query_id]
+            subset = FederatedResult({s: federated.ranked_lists[s] for s in sources}, [], {}, 0.0)
+            memo[query_id, sources] = _outcome(bench, _rank(ws, bench, by_id[query_id], subset, "rrf"))
+        return memo[query_id, sources]
+
+    selections = []
+    for group, (dev, apply_to) in enumerate(groups):
+        if "static-best" in methods:
+            best, scores = tuning.best_static_source(evaluation.qrels, singles, dev)
+            _tuned(evaluation, "static-best", group, {"source": best, "dev_ndcg@10": scores})
+            for query_id in apply_to:
+                evaluation.outcomes.setdefault("static-best", {})[query_id] = singles[best][query_id]
+        if "learned-fusion" in methods:
+            weights, fused = tuning.learned_fusion(evaluation.qrels, singles, dev, apply_to, bench.fusion_norm,
+                                                   bench.fusion_step)
+            _tuned(evaluation, "learned-fusion", group, {"weights": weights, "norm": bench.fusion_norm,
+                                                         "step": bench.fusion_step})
+            evaluation.outcomes.setdefault("learned-fusion", {}).update(fused)
+        settings = SelectionSettings()
+        if "select" in methods or any(base_method(m) == "gro" for m in methods):
+            settings, grid = tuning.selection_settings(evaluation.qrels, profiles, dev, rrf_over)
+            _tuned(evaluation, "selection", group, {"settings": asdict(settings), "dev_grid": grid})
+        selections.append(settings)
+        if "select" in methods:
+            for query_id in apply_to:
+                result = _rank(ws, bench, by_id[query_id], retrieved[query_id], "select", selection=settings)
+                _record(evaluation, "select", by_id[query_id], result)
+    return selections
+
+
+def _run_lm_method(evaluation, ws, retrieved, method, groups, selections, progress) -> None:
+    bench = evaluation.bench
+    base, target = base_method(method), method_target(method) or "draft"
+    options = {**bench.lm_options, "target": target, "prior_weight": 0.0}
+    by_id = {q.query_id: q for q in evaluation.queries}
+    for (_, apply_to), selection in zip(groups, selections):
+        cache = _LMCache(bench, method, {**options, "selection": asdict(selection), "depth": bench.depth,
+                                         "retrieval": bench.retrieval, "k": bench.k})
+        chosen = [by_id[q] for q in apply_to if by_id[q].lm]
+        for query in tqdm(chosen, desc=f"{bench.name}: {method}", disable=not progress):
+            if target == "gold" and not query.answers:
+                raise ValueError(f"{method}: query {query.query_id} has no reference answer for the gold target")
+            outcome = cache.get(query.query_id)
+            if outcome is None:
+                result = _rank(ws, bench, query, retrieved[query.query_id], base, selection=selection,
+                               gold=query.answers[0] if query.answers else None, **options)
+                outcome = _outcome(bench, result)
+                outcome.target, outcome.loss = result.rerank.target, result.rerank.loss
+                outcome.head = [{"key": _judged_key(bench, c), **c.scores} for c in result.rerank.ranked]
+                cache.put(query.query_id, outcome)
+            _record(evaluation, method, query, outcome)
+    if base not in ("gradient", "gro"):
+        return
+    # The gradient/prior mix, tuned per group on the LM subsample of its dev queries.
+    estimator = "rerank:" + options.get("estimator", "gate")
+    raw, mixed = evaluation.outcomes[method], {}
+    for group, (dev, apply_to) in enumerate(groups):
+        weight, grid = tuning.prior_weight(evaluation.qrels, raw, [q for q in dev if q in raw], estimator)
+        _tuned(evaluation, f"{method} prior_weight", group, {"prior_weight": weight, "dev_grid": grid})
+        mixed.update({q: tuning.mix_prior(raw[q], weight, estimator) for q in apply_to if q in raw})
+    evaluation.outcomes[method] = mixed
+
+
+class _LMCache:
+    """One JSON line per query and method, keyed by everything that changes the outcome: a rerun resumes."""
+
+    def __init__(self, bench: Benchmark, method: str, settings: dict):
+        folder = bench.workspace / "eval-cache" / bench.name
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = folder / (method.replace("/", "-").replace(":", "-") + ".jsonl")
+        self.fingerprint = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+        self.stored: dict[str, Outcome] = {}
+        if self.path.exists():
+            for line in self.path.read_text().splitlines():
+                record = json.loads(line)
+                if record.pop("fingerprint") == self.fingerprint:
+                    query_id = record.pop("query_id")
+                    record["ranking"] = [tuple(pair) for pair in record["ranking"]]
+                    self.stored[query_id] = Outcome(**record)
+
+    def get(self, query_id: str) -> Outcome | None:
+        return self.stored.get(query_id)
+
+    def put(self, query_id: str, outcome: Outcome) -> None:
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps({"fingerprint": self.fingerprint, "query_id": query_id, **asdict(outcome)}) + "\n")
+
+
+def _machine() -> str:
+    import os
+
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} on {'cuda' if torch.cuda.is_available() else 'cpu'}, Python {platform.python_version()}"
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+

@@ -1,0 +1,131 @@
+"""Everything a benchmark tunes, tuned on dev queries only and scored by ranx (nDCG@10).
+
+- the best static source: the single source with the highest dev nDCG@10;
+- learned fusion: per-source weights from ranx's `optimize_fusion` (weighted CombSUM over normalised scores);
+- stage 1: redundancy weight lambda, gain threshold and source limit, by grid search (replaying the greedy choice
+  on each dev query's stored relevance/redundancy values, so no query is re-embedded);
+- stage 2: the weight of the z-normalised prior in the final score, on the LM subsample's dev queries.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import replace
+from itertools import product
+
+import numpy as np
+from ranx import Qrels, Run, evaluate, fuse, optimize_fusion
+
+from gradfuse.selection import SelectionSettings, choose_sources
+
+TUNING_METRIC = "ndcg@10"
+REDUNDANCY_WEIGHTS = (0.0, 0.25, 0.5, 1.0)
+THRESHOLDS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
+MAX_SOURCES = (1, 2, 3)
+PRIOR_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
+
+
+def as_run(outcomes: dict, query_ids: list[str]) -> Run:
+    """ranx needs every query present; a query a method answered with nothing gets an empty ranking."""
+    return Run({q: dict(outcomes[q].ranking) if q in outcomes else {} for q in query_ids})
+
+
+def as_qrels(qrels: dict[str, dict[str, int]], query_ids: list[str]) -> Qrels:
+    return Qrels({q: qrels[q] for q in query_ids})
+
+
+def mean_score(qrels, outcomes, query_ids, metric: str = TUNING_METRIC) -> float:
+    if not query_ids:
+        return float("nan")
+    with warnings.catch_warnings():  # numba's integer-cast warning
+        warnings.simplefilter("ignore")
+        return float(evaluate(as_qrels(qrels, query_ids), as_run(outcomes, query_ids), metric, make_comparable=True))
+
+
+def _need_dev(dev: list[str], what: str) -> None:
+    if not dev:
+        raise ValueError(f"{what} is tuned on dev queries, and this benchmark has none (raise [split] dev)")
+
+
+def best_static_source(qrels, singles: dict[str, dict], dev: list[str]) -> tuple[str, dict[str, float]]:
+    _need_dev(dev, "static-best")
+    scores = {source: round(mean_score(qrels, outcomes, dev), 4) for source, outcomes in singles.items()}
+    return max(scores, key=lambda s: (scores[s], s)), scores
+
+
+def learned_fusion(qrels, singles: dict[str, dict], dev: list[str], apply_to: list[str], norm: str, step: float):
+    """Weights optimised by ranx on the dev queries, then fused by ranx for the `apply_to` queries."""
+    from gradfuse.eval.runner import Outcome
+
+    _need_dev(dev, "learned-fusion")
+    sources = list(singles)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        params = optimize_fusion(as_qrels(qrels, dev), [as_run(singles[s], dev) for s in sources], norm=norm,
+                                 method="wsum", metric=TUNING_METRIC, step=step, show_progress=False)
+        fused = fuse([as_run(singles[s], apply_to) for s in sources], norm=norm, method="wsum", params=params)
+    weights = dict(zip(sources, (float(w) for w in params["weights"])))
+    chosen = [s for s in sources if weights[s] > 0]
+    outcomes = {}
+    for query_id in apply_to:
+        ranking = sorted(fused[query_id].items(), key=lambda item: -item[1]) if query_id in fused else []
+        outcomes[query_id] = Outcome([(key, float(score)) for key, score in ranking], chosen, None)
+    return weights, outcomes
+
+
+def selection_settings(
+    qrels, profiles: dict[str, tuple[dict, dict]], dev: list[str], rank_sources: Callable
+) -> tuple[SelectionSettings, list[dict]]:
+    """Grid search of stage 1 on the dev queries; `rank_sources(query_id, sources)` ranks with those sources."""
+    _need_dev(dev, "stage 1 (select, gro)")
+    grid, best, best_score = [], SelectionSettings(), -1.0
+    for redundancy_weight, threshold, max_sources in product(REDUNDANCY_WEIGHTS, THRESHOLDS, MAX_SOURCES):
+        settings = replace(SelectionSettings(), redundancy_weight=redundancy_weight, threshold=threshold,
+                           max_sources=max_sources)
+        outcomes = {}
+        for query_id in dev:
+            relevance, redundancy = profiles[query_id]
+            chosen = tuple(choose_sources(relevance, redundancy, settings).sources)
+            outcomes[query_id] = rank_sources(query_id, chosen)
+        score = mean_score(qrels, outcomes, dev)
+        grid.append({"redundancy_weight": redundancy_weight, "threshold": threshold, "max_sources": max_sources,
+                     TUNING_METRIC: round(score, 4)})
+        if score > best_score + 1e-12:  # ties keep the earlier, simpler point (smaller lambda, lower threshold)
+            best, best_score = settings, score
+    return best, grid
+
+
+def _z(values: np.ndarray) -> np.ndarray:
+    spread = values.std()
+    return (values - values.mean()) / spread if spread > 0 else np.zeros_like(values)
+
+
+def mix_prior(outcome, weight: float, estimator_key: str):
+    """The outcome re-ranked by z(gradient) + weight * z(prior) over its scored head; the tail keeps its order."""
+    from gradfuse.eval.runner import Outcome
+
+    if not outcome.head:
+        return outcome
+    gradient = np.array([row[estimator_key] for row in outcome.head])
+    prior = np.array([row["prior"] for row in outcome.head])
+    final = _z(gradient) + weight * _z(prior)
+    order = np.argsort(-final, kind="stable")
+    head_keys = [outcome.head[i]["key"] for i in order]
+    head = set(head_keys)
+    tail = [key for key, _ in outcome.ranking if key not in head]
+    keys = head_keys + tail
+    ranking = [(key, float(len(keys) - i)) for i, key in enumerate(keys)]
+    return Outcome(ranking, outcome.chosen, outcome.seconds, outcome.head, outcome.target, outcome.loss)
+
+
+def prior_weight(qrels, outcomes: dict, dev: list[str], estimator_key: str) -> tuple[float, list[dict]]:
+    _need_dev([q for q in dev if q in outcomes], "the gradient/prior mix")
+    grid, best, best_score = [], 0.0, -1.0
+    for weight in PRIOR_WEIGHTS:
+        mixed = {q: mix_prior(outcomes[q], weight, estimator_key) for q in dev if q in outcomes}
+        score = mean_score(qrels, mixed, list(mixed))
+        grid.append({"prior_weight": weight, TUNING_METRIC: round(score, 4)})
+        if score > best_score + 1e-12:
+            best, best_score = weight, score
+    return best, grid
