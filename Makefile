@@ -26,9 +26,17 @@ test: install
 clean:
 	rm -rf $(VENV) .gradfuse
 
-# Benchmarks report numbers into committed files under results/; they are not tests.
-.PHONY: bench bench-skeleton
-bench: bench-skeleton
+# Benchmarks report numbers into committed files under results/; they are not tests. Each benchmark file in
+# benchmarks/ also has a small --quick variant whose expected scores sit next to it (checked by the tests).
+BENCHMARKS := federated qa dl19
+.PHONY: bench bench-skeleton $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
+bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS))
 
 bench-skeleton: install
 	$(BIN)/python bench/skeleton_scifact.py
+
+$(addprefix bench-,$(BENCHMARKS)): bench-%: install
+	$(BIN)/gradfuse eval benchmarks/$*.toml --out results/$*
+
+$(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS))): bench-%-quick: install
+	$(BIN)/gradfuse eval benchmarks/$*.toml --quick --check --out .gradfuse/results/$*-quick

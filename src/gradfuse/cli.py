@@ -363,10 +363,10 @@ def evaluate(
     summary = write_results(evaluation, out, command)
     console.print(f"[green]{bench.name}[/]: {len(evaluation.queries)} queries in "
                   f"{evaluation.wall_seconds / 60:.1f} min → {out / 'results.md'}")
-    headline = bench.metrics[0]
+    headline = bench.headline_metric
     for table in summary["tables"]:
-        console.print(f"[bold]{table['name']}[/] ({table['queries']} queries): " + ", ".join(
-            f"{row['method']} {row[headline]['mean']:.3f}" for row in table["rows"]))
+        console.print(f"[bold]{table['name']}[/] ({table['queries']} queries), {headline}: " + ", ".join(
+            f"{row['method']} {row[headline]['mean']:.3f}" for row in table["rows"] if headline in row))
     expected = expected_path(bench_file, quick)
     if update_expected:
         write_expected(expected, summary)

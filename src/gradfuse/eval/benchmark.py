@@ -5,6 +5,7 @@ Example (see benchmarks/*.toml for the real ones)::
     name = "federated"
     data = "../../shared/data"      # relative to this file; the environment variable GRADFUSE_DATA overrides it
     workspace = "../.gradfuse/bench/shared-sources"   # indexes and embeddings, cached between runs
+    sources_from = "federated.toml"  # or: take the [sources.*] tables of another benchmark file
     retrieval = "bm25"
     depth = 100                     # candidates asked of each source
     k = 100                         # ranked results kept per method
@@ -24,6 +25,9 @@ Example (see benchmarks/*.toml for the real ones)::
     [queries.scifact]
     path = "beir_scifact"
     origin = "scifact"              # the source its qrels' documents live in, or {"table/" = "tatqa-table", ...}
+    [qa]                            # answer-level metrics for questions with answers (gradfuse.eval.qa)
+    context_k = [3, 5]
+    generate = ["rrf", "gro/draft"]
     [quick]                         # `--quick`: overrides for a small, fast variant (checked in CI)
     sources = ["scifact"]
     split = { sample = 5, dev = 3 }
@@ -46,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from gradfuse.config import ConfigError
+from gradfuse.eval.qa import QASettings
 from gradfuse.methods import PIPELINE_METHODS, check_method
 from gradfuse.rerank import TARGETS
 from gradfuse.sources import SourceSpec
@@ -106,6 +111,13 @@ class Benchmark:
     fusion_norm: str = "zmuv"
     description: str = ""
     quick: bool = False
+    tuning_metric: str = "ndcg@10"  # what dev tuning maximises (a ranx metric)
+    headline: str | None = None  # the metric of the paired tests and plots (default: the first metric)
+    qa: QASettings | None = None  # answer-level metrics (`gradfuse.eval.qa`) when the file has a [qa] section
+
+    @property
+    def headline_metric(self) -> str:
+        return self.headline or self.metrics[0]
 
     def expand_methods(self) -> list[str]:
         methods: list[str] = []
@@ -137,6 +149,9 @@ def load_benchmark(path: Path, *, quick: bool = False) -> Benchmark:
         raise ConfigError(f"benchmark file {path} does not exist") from error
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: {error}") from error
+    if "sources_from" in raw:  # share one declaration of the sources between benchmarks
+        shared = Path(path).resolve().parent / raw.pop("sources_from")
+        raw.setdefault("sources", tomllib.loads(shared.read_text())["sources"])
     overrides = raw.pop("quick", {})
     if quick:
         if not overrides:
@@ -174,7 +189,14 @@ def load_benchmark(path: Path, *, quick: bool = False) -> Benchmark:
         fusion_norm=raw.pop("fusion_norm", "zmuv"),
         description=raw.pop("description", ""),
         quick=quick,
+        tuning_metric=raw.pop("tuning_metric", "ndcg@10"),
+        headline=raw.pop("headline", None),
     )
+    if "qa" in raw:
+        try:
+            bench.qa = QASettings(**raw.pop("qa"))
+        except TypeError as error:
+            raise ConfigError(f"{path} [qa]: {error}") from error
     bench.lm_options = lm
     for leftover, where in ((raw, ""), (split, " [split]")):
         if leftover:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-DEFAULT_TOLERANCE = 0.005  # absolute, on a mean over the quick queries: bf16 embeddings differ slightly by CPU
+DEFAULT_TOLERANCE = 0.02  # absolute, on a mean over a few quick queries: bf16 embeddings can differ slightly by CPU
+# and swap two near-tied passages; a real regression moves a score by more.
 
 
 def expected_path(bench_file: Path, quick: bool) -> Path:
@@ -15,7 +16,8 @@ def expected_path(bench_file: Path, quick: bool) -> Path:
 
 def expected_scores(summary: dict) -> dict[str, dict[str, float]]:
     """table name → "method metric" → mean, from a results summary."""
-    return {table["name"]: {f"{row['method']} {m}": row[m]["mean"] for row in table["rows"] for m in summary["metrics"]}
+    return {table["name"]: {f"{row['method']} {metric}": value["mean"] for row in table["rows"]
+                            for metric, value in row.items() if isinstance(value, dict) and "ci95" in value}
             for table in summary["tables"]}
 
 

@@ -13,6 +13,7 @@ from gradfuse.eval.stats import estimate, paired_p_value, per_query
 from gradfuse.eval.tuning import as_run
 
 BASELINES = ("rrf", "static-best")  # every method is tested against these, paired, on the headline metric
+LM_ONLY_METRICS = ("nll@", "em", "f1")  # measured on the scoring-LM subsample only
 
 
 def summarise(evaluation: Evaluation) -> dict:
@@ -25,7 +26,7 @@ def summarise(evaluation: Evaluation) -> dict:
                "rows": _rows(evaluation, [m for m in methods if not is_lm_method(m)], test)}]
     if any(is_lm_method(m) for m in methods):
         tables.append({"name": "scoring-LM subsample of the test queries", "queries": len(lm_test),
-                       "rows": _rows(evaluation, methods, lm_test)})
+                       "rows": _rows(evaluation, methods, lm_test, lm_metrics=True)})
     per_set = {}
     for query in evaluation.queries:
         counts = per_set.setdefault(query.query_set, {"test": 0, "dev": 0, "lm_test": 0, "lm_dev": 0})
@@ -41,6 +42,8 @@ def summarise(evaluation: Evaluation) -> dict:
         "retrieval": bench.retrieval,
         "depth": bench.depth,
         "metrics": bench.metrics,
+        "headline": bench.headline_metric,
+        "tuning_metric": bench.tuning_metric,
         "queries": per_set,
         "sources": {b["name"]: b["documents"] for b in evaluation.builds},
         "indexes_cached": all(b["status"] == "unchanged" for b in evaluation.builds),
@@ -52,21 +55,34 @@ def summarise(evaluation: Evaluation) -> dict:
     }
 
 
-def _rows(evaluation: Evaluation, methods: list[str], query_ids: list[str]) -> list[dict]:
-    metrics = evaluation.bench.metrics
-    headline = metrics[0]
-    values = {m: per_query(evaluation.qrels, evaluation.outcomes[m], query_ids, metrics) for m in methods}
+def _metric_values(evaluation: Evaluation, method: str, query_ids: list[str], metrics: list[str],
+                   lm_metrics: bool) -> dict:
+    """metric → query id → value: ranx's document metrics, then the answer-level ones where they apply."""
+    values = per_query(evaluation.qrels, evaluation.outcomes[method], query_ids, metrics)
+    wanted = set(query_ids)
+    for metric, by_query in evaluation.extra.get(method, {}).items():
+        if lm_metrics or not metric.startswith(LM_ONLY_METRICS):
+            values[metric] = {q: v for q, v in by_query.items() if q in wanted}
+    return values
+
+
+def _rows(evaluation: Evaluation, methods: list[str], query_ids: list[str], *, lm_metrics: bool = False) -> list[dict]:
+    bench = evaluation.bench
+    values = {m: _metric_values(evaluation, m, query_ids, bench.metrics, lm_metrics) for m in methods}
+    headline = bench.headline_metric
     rows = []
     for method in methods:
         outcomes = evaluation.outcomes[method]
         row = {"method": method, "queries": len(query_ids)}
-        for metric in metrics:
-            e = estimate(np.array([values[method][metric][q] for q in query_ids]))
-            row[metric] = {"mean": round(e.mean, 4), "ci95": [round(e.low, 4), round(e.high, 4)]}
+        for metric, by_query in values[method].items():
+            e = estimate(np.array(list(by_query.values())))
+            row[metric] = {"mean": round(e.mean, 4), "ci95": [round(e.low, 4), round(e.high, 4)],
+                           "queries": len(by_query)}
         for baseline in BASELINES:
-            if baseline in values and baseline != method:
-                a = np.array([values[method][headline][q] for q in query_ids])
-                b = np.array([values[baseline][headline][q] for q in query_ids])
+            if baseline in values and baseline != method and headline in values[method]:
+                shared = [q for q in values[method][headline] if q in values[baseline].get(headline, {})]
+                a = np.array([values[method][headline][q] for q in shared])
+                b = np.array([values[baseline][headline][q] for q in shared])
                 row[f"vs {baseline}"] = {"delta": round(float(a.mean() - b.mean()), 4),
                                          "p": round(paired_p_value(a, b), 4)}
         precision, recall = _selection_quality(evaluation, outcomes, query_ids)
@@ -75,6 +91,14 @@ def _rows(evaluation: Evaluation, methods: list[str], query_ids: list[str]) -> l
         row["ranking_ms_p50"] = round(1000 * float(np.median(seconds)), 1) if seconds else None
         rows.append(row)
     return rows
+
+
+def _table_metrics(table: dict) -> list[str]:
+    """Every metric some row of the table has, in first-seen order."""
+    seen: dict[str, None] = {}
+    for row in table["rows"]:
+        seen.update((k, None) for k, v in row.items() if isinstance(v, dict) and "ci95" in v)
+    return list(seen)
 
 
 def _selection_quality(evaluation: Evaluation, outcomes: dict, query_ids: list[str]) -> tuple[float, float]:
@@ -133,9 +157,9 @@ def _plot(evaluation: Evaluation, summary: dict, out: Path) -> list[str]:
     import matplotlib.pyplot as plt
 
     made = []
-    headline = evaluation.bench.metrics[0]
+    headline = evaluation.bench.headline_metric
     for index, table in enumerate(summary["tables"]):
-        rows = table["rows"]
+        rows = [r for r in table["rows"] if headline in r]
         fig, ax = plt.subplots(figsize=(8, 0.32 * len(rows) + 1.2))
         means = [r[headline]["mean"] for r in rows]
         errors = np.array([[r[headline]["mean"] - r[headline]["ci95"][0], r[headline]["ci95"][1] - r[headline]["mean"]]
@@ -207,8 +231,7 @@ def _without_grids(value):
 
 
 def _markdown(summary: dict, plots: list[str]) -> str:
-    metrics = summary["metrics"]
-    headline = metrics[0]
+    headline = summary["headline"]
     lines = [
         f"# Benchmark `{summary['benchmark']}`",
         "",
@@ -230,6 +253,7 @@ def _markdown(summary: dict, plots: list[str]) -> str:
         "",
     ]
     for table in summary["tables"]:
+        metrics = _table_metrics(table)
         baselines = [b for b in BASELINES if any(f"vs {b}" in r for r in table["rows"])]
         lines += [
             f"## {table['name']} ({table['queries']} queries)",
@@ -244,7 +268,8 @@ def _markdown(summary: dict, plots: list[str]) -> str:
             "|---|" + "---:|" * (len(metrics) + len(baselines) + 2),
         ]
         for row in table["rows"]:
-            cells = [f"{row[m]['mean']:.3f} [{row[m]['ci95'][0]:.3f}, {row[m]['ci95'][1]:.3f}]" for m in metrics]
+            cells = [f"{row[m]['mean']:.3f} [{row[m]['ci95'][0]:.3f}, {row[m]['ci95'][1]:.3f}]" if m in row else "–"
+                     for m in metrics]
             cells += [f"{row[f'vs {b}']['delta']:+.3f} ({row[f'vs {b}']['p']:.3g})" if f"vs {b}" in row else "–"
                       for b in baselines]
             cells += [f"{row['source_precision']:.2f}/{row['source_recall']:.2f}", f"{row['ranking_ms_p50'] or '–'}"]

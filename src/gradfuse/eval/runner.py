@@ -21,6 +21,7 @@ from tqdm import tqdm
 from gradfuse.candidate import Candidate
 from gradfuse.config import Config
 from gradfuse.eval import tuning
+from gradfuse.eval.qa import qa_metrics
 from gradfuse.eval.benchmark import (
     EVALUATION_METHODS,
     Benchmark,
@@ -59,6 +60,9 @@ class Evaluation:
     retrieval_seconds: dict[str, float]
     failures: dict[str, list[str]]  # query id → "source: reason" for sources that failed on it
     builds: list[dict]
+    passages: dict[str, tuple[str, str, str, str]] = field(default_factory=dict)  # key → source, id, title, text
+    extra: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # method → metric → query → value
+    answers: dict[str, dict[str, str]] = field(default_factory=dict)  # method → query → generated answer
     wall_seconds: float = 0.0
     machine: str = ""
     commit: str = ""
@@ -82,6 +86,9 @@ def run_benchmark(bench: Benchmark, *, progress: bool = True) -> Evaluation:
         federated = ws.retrieve(query.text, sources=list(bench.sources), depth=bench.depth)
         retrieved[query.query_id] = federated
         evaluation.retrieval_seconds[query.query_id] = federated.wall_seconds
+        for candidates in federated.ranked_lists.values():
+            evaluation.passages.update((_judged_key(bench, c), (c.source, c.doc_id, c.title, c.text))
+                                       for c in candidates)
         if federated.failures:
             evaluation.failures[query.query_id] = [f"{f.source}: {f.detail}" for f in federated.failures]
         for method in cheap:
@@ -93,6 +100,9 @@ def run_benchmark(bench: Benchmark, *, progress: bool = True) -> Evaluation:
     selections = _run_evaluation_methods(evaluation, ws, retrieved, profiles, groups, methods)
     for method in [m for m in methods if is_lm_method(m)]:
         _run_lm_method(evaluation, ws, retrieved, method, groups, selections, progress)
+    if bench.qa is not None:
+        qa_metrics(evaluation, bench.qa, bench.lm_options.get("model", "smollm2"),
+                   bench.lm_options.get("doc_tokens", 128), progress)
     evaluation.wall_seconds = time.perf_counter() - started
     evaluation.machine = _machine()
     evaluation.commit = _commit()
@@ -196,19 +206,20 @@ def _run_evaluation_methods(evaluation, ws, retrieved, profiles, groups, methods
     selections = []
     for group, (dev, apply_to) in enumerate(groups):
         if "static-best" in methods:
-            best, scores = tuning.best_static_source(evaluation.qrels, singles, dev)
-            _tuned(evaluation, "static-best", group, {"source": best, "dev_ndcg@10": scores})
+            best, scores = tuning.best_static_source(evaluation.qrels, singles, dev, bench.tuning_metric)
+            _tuned(evaluation, "static-best", group, {"source": best, f"dev_{bench.tuning_metric}": scores})
             for query_id in apply_to:
                 evaluation.outcomes.setdefault("static-best", {})[query_id] = singles[best][query_id]
         if "learned-fusion" in methods:
             weights, fused = tuning.learned_fusion(evaluation.qrels, singles, dev, apply_to, bench.fusion_norm,
-                                                   bench.fusion_step)
+                                                   bench.fusion_step, bench.tuning_metric)
             _tuned(evaluation, "learned-fusion", group, {"weights": weights, "norm": bench.fusion_norm,
                                                          "step": bench.fusion_step})
             evaluation.outcomes.setdefault("learned-fusion", {}).update(fused)
         settings = SelectionSettings()
         if "select" in methods or any(base_method(m) == "gro" for m in methods):
-            settings, grid = tuning.selection_settings(evaluation.qrels, profiles, dev, rrf_over)
+            settings, grid = tuning.selection_settings(evaluation.qrels, profiles, dev, rrf_over,
+                                                        bench.tuning_metric)
             _tuned(evaluation, "selection", group, {"settings": asdict(settings), "dev_grid": grid})
         selections.append(settings)
         if "select" in methods:
@@ -245,7 +256,8 @@ def _run_lm_method(evaluation, ws, retrieved, method, groups, selections, progre
     estimator = "rerank:" + options.get("estimator", "gate")
     raw, mixed = evaluation.outcomes[method], {}
     for group, (dev, apply_to) in enumerate(groups):
-        weight, grid = tuning.prior_weight(evaluation.qrels, raw, [q for q in dev if q in raw], estimator)
+        weight, grid = tuning.prior_weight(evaluation.qrels, raw, [q for q in dev if q in raw], estimator,
+                                           bench.tuning_metric)
         _tuned(evaluation, f"{method} prior_weight", group, {"prior_weight": weight, "dev_grid": grid})
         mixed.update({q: tuning.mix_prior(raw[q], weight, estimator) for q in apply_to if q in raw})
     evaluation.outcomes[method] = mixed

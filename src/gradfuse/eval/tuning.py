@@ -1,4 +1,4 @@
-"""Everything a benchmark tunes, tuned on dev queries only and scored by ranx (nDCG@10).
+"""Everything a benchmark tunes, tuned on dev queries only and scored by ranx (the benchmark's tuning metric).
 
 - the best static source: the single source with the highest dev nDCG@10;
 - learned fusion: per-source weights from ranx's `optimize_fusion` (weighted CombSUM over normalised scores);
@@ -19,7 +19,6 @@ from ranx import Qrels, Run, evaluate, fuse, optimize_fusion
 
 from gradfuse.selection import SelectionSettings, choose_sources
 
-TUNING_METRIC = "ndcg@10"
 REDUNDANCY_WEIGHTS = (0.0, 0.25, 0.5, 1.0)
 THRESHOLDS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
 MAX_SOURCES = (1, 2, 3)
@@ -35,7 +34,7 @@ def as_qrels(qrels: dict[str, dict[str, int]], query_ids: list[str]) -> Qrels:
     return Qrels({q: qrels[q] for q in query_ids})
 
 
-def mean_score(qrels, outcomes, query_ids, metric: str = TUNING_METRIC) -> float:
+def mean_score(qrels, outcomes, query_ids, metric: str) -> float:
     if not query_ids:
         return float("nan")
     with warnings.catch_warnings():  # numba's integer-cast warning
@@ -48,13 +47,14 @@ def _need_dev(dev: list[str], what: str) -> None:
         raise ValueError(f"{what} is tuned on dev queries, and this benchmark has none (raise [split] dev)")
 
 
-def best_static_source(qrels, singles: dict[str, dict], dev: list[str]) -> tuple[str, dict[str, float]]:
+def best_static_source(qrels, singles: dict[str, dict], dev: list[str], metric: str) -> tuple[str, dict]:
     _need_dev(dev, "static-best")
-    scores = {source: round(mean_score(qrels, outcomes, dev), 4) for source, outcomes in singles.items()}
+    scores = {source: round(mean_score(qrels, outcomes, dev, metric), 4) for source, outcomes in singles.items()}
     return max(scores, key=lambda s: (scores[s], s)), scores
 
 
-def learned_fusion(qrels, singles: dict[str, dict], dev: list[str], apply_to: list[str], norm: str, step: float):
+def learned_fusion(qrels, singles: dict[str, dict], dev: list[str], apply_to: list[str], norm: str, step: float,
+                   metric: str):
     """Weights optimised by ranx on the dev queries, then fused by ranx for the `apply_to` queries."""
     from gradfuse.eval.runner import Outcome
 
@@ -63,8 +63,9 @@ def learned_fusion(qrels, singles: dict[str, dict], dev: list[str], apply_to: li
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         params = optimize_fusion(as_qrels(qrels, dev), [as_run(singles[s], dev) for s in sources], norm=norm,
-                                 method="wsum", metric=TUNING_METRIC, step=step, show_progress=False)
-        fused = fuse([as_run(singles[s], apply_to) for s in sources], norm=norm, method="wsum", params=params)
+                                 method="wsum", metric=metric, step=step, show_progress=False)
+        fused = fuse([as_run(singles[s], apply_to) for s in sources], norm=norm, method="wsum",
+                     params=params).to_dict()
     weights = dict(zip(sources, (float(w) for w in params["weights"])))
     chosen = [s for s in sources if weights[s] > 0]
     outcomes = {}
@@ -75,7 +76,7 @@ def learned_fusion(qrels, singles: dict[str, dict], dev: list[str], apply_to: li
 
 
 def selection_settings(
-    qrels, profiles: dict[str, tuple[dict, dict]], dev: list[str], rank_sources: Callable
+    qrels, profiles: dict[str, tuple[dict, dict]], dev: list[str], rank_sources: Callable, metric: str
 ) -> tuple[SelectionSettings, list[dict]]:
     """Grid search of stage 1 on the dev queries; `rank_sources(query_id, sources)` ranks with those sources."""
     _need_dev(dev, "stage 1 (select, gro)")
@@ -88,9 +89,9 @@ def selection_settings(
             relevance, redundancy = profiles[query_id]
             chosen = tuple(choose_sources(relevance, redundancy, settings).sources)
             outcomes[query_id] = rank_sources(query_id, chosen)
-        score = mean_score(qrels, outcomes, dev)
+        score = mean_score(qrels, outcomes, dev, metric)
         grid.append({"redundancy_weight": redundancy_weight, "threshold": threshold, "max_sources": max_sources,
-                     TUNING_METRIC: round(score, 4)})
+                     metric: round(score, 4)})
         if score > best_score + 1e-12:  # ties keep the earlier, simpler point (smaller lambda, lower threshold)
             best, best_score = settings, score
     return best, grid
@@ -119,13 +120,13 @@ def mix_prior(outcome, weight: float, estimator_key: str):
     return Outcome(ranking, outcome.chosen, outcome.seconds, outcome.head, outcome.target, outcome.loss)
 
 
-def prior_weight(qrels, outcomes: dict, dev: list[str], estimator_key: str) -> tuple[float, list[dict]]:
+def prior_weight(qrels, outcomes: dict, dev: list[str], estimator_key: str, metric: str) -> tuple[float, list[dict]]:
     _need_dev([q for q in dev if q in outcomes], "the gradient/prior mix")
     grid, best, best_score = [], 0.0, -1.0
     for weight in PRIOR_WEIGHTS:
         mixed = {q: mix_prior(outcomes[q], weight, estimator_key) for q in dev if q in outcomes}
-        score = mean_score(qrels, mixed, list(mixed))
-        grid.append({"prior_weight": weight, TUNING_METRIC: round(score, 4)})
+        score = mean_score(qrels, mixed, list(mixed), metric)
+        grid.append({"prior_weight": weight, metric: round(score, 4)})
         if score > best_score + 1e-12:
             best, best_score = weight, score
     return best, grid

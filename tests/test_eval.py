@@ -1,0 +1,107 @@
+"""The evaluation harness: benchmark files, splits that keep tuning off the test queries, QA metrics, and the
+quick variant of every committed benchmark checked against its stored expected scores (real data, real models)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gradfuse.config import ConfigError
+from gradfuse.eval import load_benchmark
+from gradfuse.eval.benchmark import read_qrels, sample_queries
+from gradfuse.eval.expected import check_expected, write_expected
+from gradfuse.eval.qa import answer_in_context, exact_match, f1
+from gradfuse.eval.runner import Evaluation, _tuning_groups
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _queries(bench):
+    return [q for qs in bench.query_sets.values() for q in sample_queries(bench, qs, read_qrels(qs))]
+
+
+def test_holdout_split_is_seeded_and_keeps_dev_apart_from_test():
+    bench = load_benchmark(BENCHMARKS / "federated.toml", quick=True)
+    first, again = _queries(bench), _queries(bench)
+    assert first == again
+    test = {q.query_id for q in first if q.split == "test"}
+    dev = {q.query_id for q in first if q.split == "dev"}
+    assert not test & dev
+    assert len(test) == bench.sample * len(bench.query_sets) and len(dev) == bench.dev * len(bench.query_sets)
+    groups = _tuning_groups(Evaluation(bench, first, {}, {}, {}, {}, {}, {}, []))
+    assert len(groups) == 1 and set(groups[0][0]) == dev  # tuned on dev only
+
+
+def test_a_set_too_small_for_both_splits_keeps_the_proportion():
+    bench = load_benchmark(BENCHMARKS / "federated.toml")
+    dbpedia = [q for q in sample_queries(bench, bench.query_sets["dbpedia"], read_qrels(bench.query_sets["dbpedia"]))]
+    dev = [q for q in dbpedia if q.split == "dev"]
+    assert len(dbpedia) == 40 and len(dev) == round(40 * bench.dev / (bench.sample + bench.dev))
+
+
+def test_cross_fitting_tests_every_query_once_with_values_tuned_on_the_other_folds():
+    bench = load_benchmark(BENCHMARKS / "dl19.toml")
+    queries = _queries(bench)
+    assert {q.split for q in queries} == {"test"} and len(queries) == 43
+    groups = _tuning_groups(Evaluation(bench, queries, {}, {}, {}, {}, {}, {}, []))
+    assert len(groups) == bench.folds
+    applied = [q for _, fold in groups for q in fold]
+    assert sorted(applied) == sorted(q.query_id for q in queries)
+    for dev, fold in groups:
+        assert not set(dev) & set(fold) and len(dev) + len(fold) == 43
+
+
+def test_benchmark_file_errors_name_the_problem(tmp_path):
+    broken = tmp_path / "b.toml"
+    broken.write_text((BENCHMARKS / "federated.toml").read_text().replace('"select",', '"selct",')
+                      .replace('"../../shared/data"', f'"{BENCHMARKS.parents[1] / "shared" / "data"}"'))
+    with pytest.raises(ConfigError, match="selct"):
+        load_benchmark(broken)
+    broken.write_text('data = "nowhere"\n')
+    with pytest.raises(ConfigError, match="GRADFUSE_DATA"):
+        load_benchmark(broken)
+    with pytest.raises(ConfigError, match="no \\[quick\\] section"):
+        broken.write_text(f'data = "{tmp_path}"\n')
+        load_benchmark(broken, quick=True)
+
+
+def test_answer_metrics_normalise_and_skip_what_a_string_match_cannot_check():
+    assert answer_in_context(("$1,496.5",), ["Total sales were 1,496.5 million in 2019"]) == 1.0
+    assert answer_in_context(("The Dark Knight",), ["dark knight rises"]) == 1.0  # articles and case ignored
+    assert answer_in_context(("a spirit",), ["spiritual leader"]) == 0.0  # whole words only
+    assert answer_in_context(("yes",), ["yes it is"]) is None
+    assert exact_match("The spirit.", ("a spirit",)) == 1.0
+    assert f1("a demon spirit", ("spirit",)) == pytest.approx(2 * 0.5 * 1 / 1.5)
+    assert f1("nothing", ("spirit",)) == 0.0
+
+
+def test_a_moved_score_is_reported(tmp_path):
+    summary = {"command": "c", "commit": "x", "tables": [
+        {"name": "t", "rows": [{"method": "rrf", "ndcg@10": {"mean": 0.5, "ci95": [0.4, 0.6]}}]}]}
+    expected = tmp_path / "e.json"
+    write_expected(expected, summary, tolerance=0.01)
+    assert check_expected(expected, summary) == []
+    summary["tables"][0]["rows"][0]["ndcg@10"]["mean"] = 0.52
+    assert check_expected(expected, summary) == ["t: rrf ndcg@10 expected 0.5000 ± 0.01, got 0.5200"]
+    summary["tables"][0]["rows"] = []
+    assert "not produced" in check_expected(expected, summary)[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["federated", "dl19", "qa"])
+def test_quick_benchmark_reproduces_its_expected_scores(name, tmp_path):
+    """The committed command, from scratch: indexes, every method (scoring LM included), the results folder."""
+    out = tmp_path / name
+    command = [str(Path(sys.executable).with_name("gradfuse")), "eval", str(BENCHMARKS / f"{name}.toml"), "--quick",
+               "--check", "--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((out / "results.json").read_text())
+    assert (out / "results.md").is_file() and list(out.glob("*.png"))
+    every_method = summary["tables"][-1]["rows"]  # the last table holds every method, scoring-LM ones included
+    assert len(list((out / "runs").glob("*.trec"))) == len(every_method)
