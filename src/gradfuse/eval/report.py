@@ -179,8 +179,8 @@ def _plot(evaluation: Evaluation, summary: dict, out: Path) -> list[str]:
     choice = summary["source_choice"]
     if choice:
         sources = list(evaluation.bench.sources)
-        fig, axes = plt.subplots(1, len(choice), figsize=(4.2 * len(choice), 0.45 * len(evaluation.bench.query_sets) + 2),
-                                 squeeze=False)
+        height = 0.45 * len(evaluation.bench.query_sets) + 2
+        fig, axes = plt.subplots(1, len(choice), figsize=(4.2 * len(choice), height), squeeze=False)
         for ax, (method, table) in zip(axes[0], choice.items()):
             sets = list(table)
             grid = np.array([[table[s][source] for source in sources] for s in sets])

@@ -14,7 +14,6 @@ import platform
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from tqdm import tqdm
 
@@ -293,8 +292,9 @@ def _machine() -> str:
 
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} on {'cuda' if torch.cuda.is_available() else 'cpu'}, Python {platform.python_version()}"
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} on "
+            f"{device}, Python {platform.python_version()}")
 
 
 def _commit() -> str:
