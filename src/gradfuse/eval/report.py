@@ -145,7 +145,7 @@ def _write_runs(evaluation: Evaluation, folder: Path) -> None:
     for method, outcomes in evaluation.outcomes.items():
         ids = [q for q in test if q in outcomes]
         name = method.replace("/", "-").replace(":", "-")
-        run = as_run(outcomes, ids)
+        run = as_run(outcomes, ids, original_keys=True)
         run.name = name
         run.save(str(folder / f"{name}.trec"), kind="trec")
 
