@@ -105,3 +105,16 @@ def test_quick_benchmark_reproduces_its_expected_scores(name, tmp_path):
     assert (out / "results.md").is_file() and list(out.glob("*.png"))
     every_method = summary["tables"][-1]["rows"]  # the last table holds every method, scoring-LM ones included
     assert len(list((out / "runs").glob("*.trec"))) == len(every_method)
+
+
+def test_the_prior_mix_reorders_only_the_scored_head():
+    from gradfuse.eval.runner import Outcome
+    from gradfuse.eval.tuning import mix_prior
+
+    head = [{"key": "a", "prior": 0.9, "rerank:gate": -1.0}, {"key": "b", "prior": 0.5, "rerank:gate": 2.0},
+            {"key": "c", "prior": 0.1, "rerank:gate": 0.5}]
+    outcome = Outcome([("b", 5.0), ("c", 4.0), ("a", 3.0), ("tail1", 2.0), ("tail2", 1.0)], ["s"], 0.1, head)
+    by_gradient = [key for key, _ in mix_prior(outcome, 0.0, "rerank:gate").ranking]
+    by_prior = [key for key, _ in mix_prior(outcome, 100.0, "rerank:gate").ranking]
+    assert by_gradient == ["b", "c", "a", "tail1", "tail2"]
+    assert by_prior == ["a", "b", "c", "tail1", "tail2"]
