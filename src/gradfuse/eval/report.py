@@ -39,7 +39,7 @@ def summarise(evaluation: Evaluation) -> dict:
         "commit": evaluation.commit,
         "machine": evaluation.machine,
         "wall_seconds": round(evaluation.wall_seconds, 1),
-        "retrieval": bench.retrieval,
+        "retrieval": "precomputed runs" if all(s.kind == "run" for s in bench.sources.values()) else bench.retrieval,
         "depth": bench.depth,
         "metrics": bench.metrics,
         "headline": bench.headline_metric,
