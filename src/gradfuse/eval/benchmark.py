@@ -158,7 +158,7 @@ def load_benchmark(path: Path, *, quick: bool = False) -> Benchmark:
             raise ConfigError(f"{path} has no [quick] section, so it has no --quick variant")
         raw = _apply_quick(raw, overrides, path)
     base = Path(path).resolve().parent
-    data = Path(os.environ.get("GRADFUSE_DATA") or base / raw.pop("data", "."))
+    data = _data_folder(base, raw.pop("data", "."))
     if not data.is_dir():
         raise ConfigError(f"{path}: the data folder {data} does not exist (set GRADFUSE_DATA to where the shared "
                           "data lives)")
@@ -206,6 +206,18 @@ def load_benchmark(path: Path, *, quick: bool = False) -> Benchmark:
     for method in bench.expand_methods():
         _check_method(method, list(sources), path)
     return bench
+
+
+def _data_folder(base: Path, configured: str) -> Path:
+    """GRADFUSE_DATA, else the configured folder (relative to the benchmark file), else the nearest
+    `shared/data` beside a folder above the file (a checkout placed elsewhere next to the shared data)."""
+    if os.environ.get("GRADFUSE_DATA"):
+        return Path(os.environ["GRADFUSE_DATA"])
+    folder = (base / configured).resolve()
+    if folder.is_dir():
+        return folder
+    nearby = [parent / "shared" / "data" for parent in base.parents if (parent / "shared" / "data").is_dir()]
+    return nearby[0] if nearby else folder
 
 
 def _apply_quick(raw: dict, overrides: dict, path: Path) -> dict:
