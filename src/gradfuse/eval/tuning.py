@@ -35,11 +35,10 @@ def _plain(key: str) -> str:
     return hashlib.blake2b(key.encode(), digest_size=10).hexdigest()
 
 
-def as_run(outcomes: dict, query_ids: list[str], *, original_keys: bool = False) -> Run:
-    """ranx needs every query present; a query a method answered with nothing gets an empty ranking.
-    Keys are ASCII stand-ins (see `_plain`) unless `original_keys` (for run files people read)."""
-    key = (lambda k: k) if original_keys else _plain
-    return Run({q: {key(k): score for k, score in outcomes[q].ranking} if q in outcomes else {} for q in query_ids})
+def as_run(outcomes: dict, query_ids: list[str]) -> Run:
+    """ranx needs every query present; a query a method answered with nothing gets an empty ranking. Document
+    keys become ASCII stand-ins (see `_plain`), as in `as_qrels`."""
+    return Run({q: {_plain(k): score for k, score in outcomes[q].ranking} if q in outcomes else {} for q in query_ids})
 
 
 def as_qrels(qrels: dict[str, dict[str, int]], query_ids: list[str]) -> Qrels:
