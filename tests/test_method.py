@@ -60,8 +60,8 @@ def scorer():
 @pytest.mark.parametrize("estimator", ["gate", "grad_x_input"])
 def test_stage2_puts_the_planted_fact_on_top_with_the_gold_target(scorer, estimator):
     texts = DISTRACTORS[:3] + [PLANTED] + DISTRACTORS[3:]
-    outcome = gradient_rerank(scorer, QUESTION, candidates(texts), RerankSettings(estimator=estimator, target="gold"),
-                              gold="4817")
+    settings = RerankSettings(estimator=estimator, target="gold", prior_weight=0.0)  # the gradient alone
+    outcome = gradient_rerank(scorer, QUESTION, candidates(texts), settings, gold="4817")
     assert outcome.ranked[0].text == PLANTED, [(c.doc_id, c.scores) for c in outcome.ranked]
     assert outcome.target == "4817"
     assert all({"rerank:gate", "rerank:grad_x_input", "rerank:final"} <= set(c.scores) for c in outcome.ranked)

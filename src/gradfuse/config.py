@@ -17,15 +17,16 @@ Example (every key optional)::
     max_new_tokens = 128
     context_k = 5                    # passages given to the generator
     cite_first = true                # local models must open by naming a passage (see generate/local.py)
-    [selection]                      # stage 1 (gradfuse.selection.SelectionSettings)
-    redundancy_weight = 0.5
-    threshold = 0.35
-    max_sources = 3
+    [selection]                      # stage 1 (gradfuse.selection.SelectionSettings; defaults tuned on dev)
+    redundancy_weight = 0.0          # lambda: raise it when sources mirror each other
+    threshold = 0.5
+    max_sources = 2
     [rerank]                         # stage 2 (gradfuse.rerank.RerankSettings)
     model = "smollm2"                # white-box scoring LM (local only: gradients are needed)
     n = 10
     estimator = "gate"               # gate | grad_x_input
     target = "draft"                 # draft | gold | query
+    prior_weight = 4.0               # final = z(gradient) + prior_weight * z(prior)
     [sources.scifact]
     kind = "beir"                    # beir | jsonl | files | run
     path = "../shared/data/beir_scifact"
