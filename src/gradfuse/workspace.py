@@ -154,12 +154,11 @@ class Workspace:
         k: int | None = None,
         gold: str | None = None,
         selection: SelectionSettings | None = None,
-        weights: dict[str, float] | None = None,
         **rerank_options,
     ) -> SearchResult:
         """Apply `method` to one federated result. The candidates are modified (scores, merged duplicates): give
-        each call its own `federated` (see `FederatedResult.copy`). `selection` and `weights` override the
-        configured stage-1 settings and per-source weights (the evaluation harness passes tuned values)."""
+        each call its own `federated` (see `FederatedResult.copy`). `selection` overrides the configured stage-1
+        settings (the evaluation harness passes values tuned on dev queries)."""
         method = method or self.config.method
         check_method(method, list(federated.ranked_lists) + [f.source for f in federated.failures])
         k = k or self.config.k
@@ -171,8 +170,7 @@ class Workspace:
                 selection=selection or self.config.selection, rerank=replace(self.config.rerank, **rerank_options),
                 gold=gold, k=k,
             )
-        if weights is None:
-            weights = {n: self.config.settings(n).weight for n in federated.ranked_lists}
+        weights = {n: self.config.settings(n).weight for n in federated.ranked_lists}
         ranked = run_method(method, federated.ranked_lists, weights=weights, context=context)
         timings = {"retrieval": federated.wall_seconds, "ranking": time.perf_counter() - started}
         if ranked.rerank is not None:

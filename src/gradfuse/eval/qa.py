@@ -72,16 +72,17 @@ def f1(prediction: str, answers: tuple[str, ...]) -> float:
 def qa_metrics(evaluation, settings: QASettings, lm_spec: str, doc_tokens: int, progress: bool) -> None:
     """Fill `evaluation.extra` (method → metric → query id → value) with the metrics above."""
     from gradfuse.generate import build_messages, make_generator
-    from gradfuse.rerank import load_scorer
+    from gradfuse.rerank import load_scorer, passage_text
 
     passages = evaluation.passages
 
     def top(method: str, query_id: str, k: int) -> list[str]:
         return [key for key, _ in evaluation.outcomes[method][query_id].ranking[:k]]
 
-    def lm_text(key: str) -> str:
-        _, _, title, text = passages[key]
-        return f"{title}: {text}" if title else text
+    def context(method: str, query_id: str, k: int) -> list[Candidate]:
+        """The method's top k as candidate records, numbered by their rank in it."""
+        return [Candidate(source, doc_id, text, 0.0, rank, title) for rank, (source, doc_id, title, text)
+                in enumerate((passages[key] for key in top(method, query_id, k)), start=1)]
 
     for method, outcomes in evaluation.outcomes.items():
         extra = evaluation.extra.setdefault(method, {})
@@ -99,20 +100,20 @@ def qa_metrics(evaluation, settings: QASettings, lm_spec: str, doc_tokens: int, 
     for query in tqdm(lm_queries, desc=f"{evaluation.bench.name}: gold NLL of each method's top {settings.nll_k}",
                       disable=not progress):
         methods = [m for m, outcomes in evaluation.outcomes.items() if query.query_id in outcomes]
-        contexts = [scorer.pack([lm_text(key) for key in top(m, query.query_id, settings.nll_k)], query.text,
+        contexts = [scorer.pack([passage_text(c) for c in context(m, query.query_id, settings.nll_k)], query.text,
                                 query.answers[0]) for m in methods]
         for method, loss in zip(methods, scorer.losses(contexts)):
             evaluation.extra[method].setdefault(f"nll@{settings.nll_k}", {})[query.query_id] = float(loss)
     if not settings.generate:
         return
-    generator = make_generator("smollm2" if lm_spec == "smollm2" else lm_spec)
+    generator = make_generator(lm_spec)  # the scoring LM's loaded model, shared (load_local_generator caches it)
     for method in settings.generate:
         if method not in evaluation.outcomes:
             raise ValueError(f"[qa] generate names {method!r}, which is not among the benchmark's methods")
         for query in tqdm(lm_queries, desc=f"{evaluation.bench.name}: answers from {method}", disable=not progress):
-            context = [Candidate(source, doc_id, text, 0.0, rank, title) for rank, (source, doc_id, title, text)
-                       in enumerate((passages[key] for key in top(method, query.query_id, settings.generate_k)), 1)]
-            answer = generator.generate(build_messages(query.text, context), max_new_tokens=settings.max_new_tokens)
+            passages_given = context(method, query.query_id, settings.generate_k)
+            answer = generator.generate(build_messages(query.text, passages_given),
+                                        max_new_tokens=settings.max_new_tokens)
             answer = _CITATIONS.sub("", answer).strip()
             extra = evaluation.extra[method]
             extra.setdefault("em", {})[query.query_id] = exact_match(answer, query.answers)

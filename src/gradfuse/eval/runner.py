@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
 import subprocess
 import time
@@ -113,24 +114,27 @@ def _queries_and_qrels(bench: Benchmark):
     for query_set in bench.query_sets.values():
         judged = read_qrels(query_set)
         for query in sample_queries(bench, query_set, judged):
-            raw_id = query.query_id.split("/", 1)[1]
-            keys = {}
-            for doc_id, relevance in judged[raw_id].items():
-                if bench.shared_collection:  # every source ranks the one collection: each can hold any document
-                    keys[doc_id] = relevance
-                    origins[query.query_id] = set(bench.sources)
-                    continue
-                source = query_set.source_of(doc_id)
-                if source is None:
-                    continue  # a judged document in no benchmarked source (e.g. a quick variant's dropped source)
-                keys[f"{source}/{doc_id}"] = relevance
-                if relevance > 0:
-                    origins.setdefault(query.query_id, set()).add(source)
+            keys, origin = _judged_keys(bench, query_set, judged[query.query_id.split("/", 1)[1]])
             if not any(v > 0 for v in keys.values()):
                 continue  # nothing relevant is reachable: the query says nothing about any method
             queries.append(query)
-            qrels[query.query_id] = keys
-    return queries, qrels, {q: sorted(s) for q, s in origins.items()}
+            qrels[query.query_id], origins[query.query_id] = keys, sorted(origin)
+    return queries, qrels, origins
+
+
+def _judged_keys(bench: Benchmark, query_set, judged: dict[str, int]) -> tuple[dict[str, int], set[str]]:
+    """One query's judgements keyed as candidates are judged, and the sources holding its relevant documents."""
+    if bench.shared_collection:  # every source ranks the one collection: each can hold any document
+        return dict(judged), set(bench.sources)
+    keys, origin = {}, set()
+    for doc_id, relevance in judged.items():
+        source = query_set.source_of(doc_id)
+        if source is None:
+            continue  # a judged document in no benchmarked source (e.g. a quick variant's dropped source)
+        keys[f"{source}/{doc_id}"] = relevance
+        if relevance > 0:
+            origin.add(source)
+    return keys, origin
 
 
 def _rank(ws: Workspace, bench: Benchmark, query: EvalQuery, federated: FederatedResult, method: str,
@@ -146,7 +150,8 @@ def _outcome(bench: Benchmark, result: SearchResult) -> Outcome:
     if result.selection is not None:
         chosen = result.selection.sources
     else:
-        chosen = sorted(result.ranked_lists) if not result.method.startswith("single:") else [result.method[7:]]
+        chosen = [result.method.removeprefix("single:")] if result.method.startswith("single:") else \
+            sorted(result.ranked_lists)
     ranking, seen = [], set()
     for position, candidate in enumerate(result.candidates):
         key = _judged_key(bench, candidate)
@@ -159,6 +164,11 @@ def _outcome(bench: Benchmark, result: SearchResult) -> Outcome:
 def _record(evaluation: Evaluation, method: str, query: EvalQuery, result: SearchResult | Outcome) -> None:
     outcome = result if isinstance(result, Outcome) else _outcome(evaluation.bench, result)
     evaluation.outcomes.setdefault(method, {})[query.query_id] = outcome
+
+
+def _restricted(federated: FederatedResult, sources) -> FederatedResult:
+    """The same retrieval, as if only `sources` had been asked (a source with no list contributes nothing)."""
+    return FederatedResult({s: federated.ranked_lists.get(s, []) for s in sources}, [], {}, federated.wall_seconds)
 
 
 def _tuning_groups(evaluation: Evaluation) -> list[tuple[list[str], list[str]]]:
@@ -188,17 +198,14 @@ def _run_evaluation_methods(evaluation, ws, retrieved, profiles, groups, methods
         raise ValueError("static-best needs every single source among the methods (add 'single:*')")
     if "oracle-origin" in methods:
         for query in evaluation.queries:
-            federated = retrieved[query.query_id]
-            subset = FederatedResult({s: federated.ranked_lists.get(s, []) for s in evaluation.origins[query.query_id]},
-                                     [], {}, federated.wall_seconds)
+            subset = _restricted(retrieved[query.query_id], evaluation.origins[query.query_id])
             _record(evaluation, "oracle-origin", query, _rank(ws, bench, query, subset, "rrf"))
     memo: dict[tuple[str, tuple[str, ...]], Outcome] = {}
 
     def rrf_over(query_id: str, sources: tuple[str, ...]) -> Outcome:
         """What `select` ranks when stage 1 chooses `sources`: RRF over them (memoised for the grid)."""
         if (query_id, sources) not in memo:
-            federated = retrieved[query_id]
-            subset = FederatedResult({s: federated.ranked_lists[s] for s in sources}, [], {}, 0.0)
+            subset = _restricted(retrieved[query_id], sources)
             memo[query_id, sources] = _outcome(bench, _rank(ws, bench, by_id[query_id], subset, "rrf"))
         return memo[query_id, sources]
 
@@ -288,8 +295,6 @@ class _LMCache:
 
 
 def _machine() -> str:
-    import os
-
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
