@@ -4,6 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
+# The shared evaluation data stays outside the repository; a checkout in another folder still finds it.
+export GRADFUSE_DATA ?= $(abspath $(firstword $(wildcard ../shared/data /work/shared/data)))
 
 .PHONY: install demo test clean
 
