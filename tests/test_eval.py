@@ -72,12 +72,13 @@ def test_cross_fitting_tests_every_query_once_with_values_tuned_on_the_other_fol
 
 
 @needs_data
-def test_benchmark_file_errors_name_the_problem(tmp_path):
+def test_benchmark_file_errors_name_the_problem(tmp_path, monkeypatch):
     broken = tmp_path / "b.toml"
     broken.write_text((BENCHMARKS / "federated.toml").read_text().replace('"select",', '"selct",')
                       .replace('"../../shared/data"', f'"{_shared_data()}"'))
     with pytest.raises(ConfigError, match="selct"):
         load_benchmark(broken)
+    monkeypatch.delenv("GRADFUSE_DATA", raising=False)  # the Makefile exports it; here the file's path must count
     broken.write_text('data = "nowhere"\n')
     with pytest.raises(ConfigError, match="GRADFUSE_DATA"):
         load_benchmark(broken)
