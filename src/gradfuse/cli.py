@@ -13,6 +13,7 @@ from rich.table import Table
 
 from gradfuse.config import ConfigError
 from gradfuse.fusion import UnknownMethod
+from gradfuse.schemas import answer_record, search_record
 from gradfuse.sources import BuildReport, IngestError, SourceError, SourceSpec
 from gradfuse.sources.federated import AllSourcesFailed, SourceFailure
 from gradfuse.workspace import Answer, SearchResult, Workspace
@@ -188,32 +189,13 @@ def search(
     result = _run_guarded(lambda: ws.search(query, method=method, k=k, sources=source, retrieval=retrieval,
                                             timeout_s=timeout, gold=gold, **_rerank_options(target, estimator, n)))
     if as_json:
-        print(json.dumps(search_json(result), indent=2))
+        print(search_record(result).model_dump_json(indent=2))
         return
     if explain:
         print_explanation(result)
     _print_candidates(result)
     _print_failures(result.failures)
     console.print(_timing_line(result.timings))
-
-
-def search_json(result: SearchResult) -> dict:
-    return {
-        "query": result.query,
-        "method": result.method,
-        "candidates": [_candidate_json(c) for c in result.candidates],
-        "failures": [asdict(f) for f in result.failures],
-        "selection": asdict(result.selection) if result.selection else None,
-        "rerank_target": result.rerank.target if result.rerank else None,
-        "timings": result.timings,
-    }
-
-
-def _candidate_json(candidate) -> dict:
-    record = asdict(candidate)
-    record["merged"] = [{"source": m.source, "doc_id": m.doc_id, "native_rank": m.native_rank,
-                         "native_score": m.native_score} for m in candidate.merged]
-    return record
 
 
 def _main_score(candidate, method: str) -> str:
@@ -289,24 +271,11 @@ def ask(
                                          max_new_tokens=max_new_tokens, gold=gold,
                                          **_rerank_options(target, estimator, n)))
     if as_json:
-        print(json.dumps(answer_json(answer), indent=2))
+        print(answer_record(answer).model_dump_json(indent=2))
         return
     if explain:
         print_explanation(answer.search)
     print_answer(answer)
-
-
-def answer_json(answer: Answer) -> dict:
-    return {
-        "question": answer.question,
-        "answer": answer.text,
-        "citations": [asdict(c) for c in answer.citations],
-        "invalid_citations": answer.invalid_citations,
-        "passages": [_candidate_json(c) for c in answer.passages],
-        "failures": [asdict(f) for f in answer.failures],
-        "generator": answer.generator,
-        "timings": answer.timings,
-    }
 
 
 def print_answer(answer: Answer) -> None:
@@ -339,6 +308,29 @@ def demo(workspace: Annotated[Path, typer.Option("--workspace", "-w")] = Path(".
     sources(None, workspace)
     for question in QUESTIONS:
         print_answer(ws.ask(question, method="concat", retrieval="dense", context_k=3, max_new_tokens=80))
+
+
+@app.command()
+def serve(
+    host: Annotated[Optional[str], typer.Option(help="Interface to bind (default 127.0.0.1, or [server] host)")] = None,
+    port: Annotated[Optional[int], typer.Option(help="Port (default 8321, or [server] port)")] = None,
+    preload_lm: Annotated[bool, typer.Option(help="Load the scoring LM and generator at start, not on first use")] = False,
+    log_level: str = "info",
+    config: ConfigOpt = None,
+    workspace: WorkspaceOpt = None,
+):
+    """HTTP API (/search, /ask, /sources, /healthz, /docs) and the web page at /, over this workspace."""
+    from dataclasses import replace
+
+    from gradfuse.server.app import serve as run_server
+
+    ws = _workspace(config, workspace)
+    settings = ws.config.server
+    settings = replace(settings, host=host or settings.host, port=port if port is not None else settings.port)
+    key = "API key required (X-API-Key)" if settings.resolved_api_key() else "no API key"
+    console.print(f"gradfuse serving {ws.root} on http://{settings.host}:{settings.port}/ ({key}; "
+                  f"API docs at /docs)")
+    run_server(ws, settings, preload_lm=preload_lm, log_level=log_level)
 
 
 @app.command("eval")

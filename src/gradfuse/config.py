@@ -27,6 +27,12 @@ Example (every key optional)::
     estimator = "gate"               # gate | grad_x_input
     target = "draft"                 # draft | gold | query
     prior_weight = 4.0               # final = z(gradient) + prior_weight * z(prior)
+    [server]                         # `gradfuse serve` (gradfuse.server.settings.ServerSettings)
+    host = "127.0.0.1"
+    port = 8321
+    cors_origins = []                # CORS stays off unless origins are listed
+    max_k = 100                      # also max_body_bytes, max_query_chars, max_n, max_depth, max_new_tokens,
+    lm_queue = 8                     # max_timeout_s; the API key comes from GRADFUSE_API_KEY (or api_key here)
     [sources.scifact]
     kind = "beir"                    # beir | jsonl | files | run
     path = "../shared/data/beir_scifact"
@@ -46,6 +52,7 @@ from typing import Any
 
 from gradfuse.rerank import RerankSettings
 from gradfuse.selection import SelectionSettings
+from gradfuse.server.settings import ServerSettings
 from gradfuse.sources.base import SourceSpec
 
 DEFAULT_CONFIG_NAME = "gradfuse.toml"
@@ -82,6 +89,7 @@ class Config:
     sources: dict[str, SourceSettings] = field(default_factory=dict)
     selection: SelectionSettings = field(default_factory=SelectionSettings)
     rerank: RerankSettings = field(default_factory=RerankSettings)
+    server: ServerSettings = field(default_factory=ServerSettings)
 
     def settings(self, source: str) -> SourceSettings:
         return self.sources.get(source, SourceSettings())
@@ -113,7 +121,8 @@ def _parse(path: Path) -> Config:
         if section == "generator" and "model" in values:
             config.generator = values.pop("model")
         _assign(config, values, keys, f"{path} [{section}]")
-    for section, settings_type in (("selection", SelectionSettings), ("rerank", RerankSettings)):
+    for section, settings_type in (("selection", SelectionSettings), ("rerank", RerankSettings),
+                                   ("server", ServerSettings)):
         values = raw.pop(section, {})
         try:
             setattr(config, section, settings_type(**values))

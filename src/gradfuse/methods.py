@@ -10,8 +10,9 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -21,6 +22,7 @@ from gradfuse.rerank import RerankOutcome, RerankSettings, gradient_rerank, load
 from gradfuse.selection import SelectionDecision, SelectionSettings, select_sources
 
 PIPELINE_METHODS = ("dense", "select", "gradient", "gro", "loo", "loo-greedy")
+LM_METHODS = ("gradient", "gro", "loo", "loo-greedy")  # the ones that run the scoring LM
 METHODS: tuple[str, ...] = (*FUSION_METHODS, *PIPELINE_METHODS)
 
 
@@ -52,6 +54,7 @@ class MethodResult:
     candidates: list[Candidate]
     selection: SelectionDecision | None = None
     rerank: RerankOutcome | None = None
+    seconds: dict[str, float] = field(default_factory=dict)  # per pipeline step: selection, prior, target, lm_pass
 
 
 def run_method(
@@ -65,16 +68,20 @@ def run_method(
     if method not in PIPELINE_METHODS:
         return MethodResult(fuse(method, ranked_lists, weights=weights))
     assert context is not None, "pipeline methods need a MethodContext"
-    decision = None
+    decision, seconds = None, {}
+    started = time.perf_counter()
     if method in ("select", "gro"):
         vectors = {s: context.embed(c[: context.selection.candidates]) for s, c in ranked_lists.items()}
         decision = select_sources(context.query_vector, vectors, context.selection)
         ranked_lists = {s: ranked_lists[s] for s in decision.sources}
+        seconds["selection"] = time.perf_counter() - started
         if method == "select":
-            return MethodResult(fuse("rrf", ranked_lists, weights=weights), selection=decision)
+            return MethodResult(fuse("rrf", ranked_lists, weights=weights), selection=decision, seconds=seconds)
+    started = time.perf_counter()
     pooled = _pool_by_prior(ranked_lists, context)
+    seconds["prior"] = time.perf_counter() - started
     if method == "dense":
-        return MethodResult(pooled)
+        return MethodResult(pooled, seconds=seconds)
     scorer = load_scorer(context.rerank.model, context.rerank.doc_tokens)
     if method == "loo":
         outcome = loo_rerank(scorer, context.question, pooled, context.rerank, gold=context.gold)
@@ -84,7 +91,8 @@ def run_method(
     else:
         outcome = gradient_rerank(scorer, context.question, pooled, context.rerank, gold=context.gold)
     rest = pooled[context.rerank.n :]
-    return MethodResult(outcome.ranked + rest, selection=decision, rerank=outcome)
+    seconds.update(target=outcome.target_seconds, lm_pass=outcome.seconds - outcome.target_seconds)
+    return MethodResult(outcome.ranked + rest, selection=decision, rerank=outcome, seconds=seconds)
 
 
 def _pool_by_prior(ranked_lists: dict[str, list[Candidate]], context: MethodContext) -> list[Candidate]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import numpy as np
 from gradfuse.candidate import Candidate
 from gradfuse.config import Config, load_config
 from gradfuse.generate import Citation, build_messages, make_generator, parse_citations
-from gradfuse.methods import PIPELINE_METHODS, MethodContext, check_method, run_method
+from gradfuse.methods import LM_METHODS, PIPELINE_METHODS, MethodContext, check_method, run_method
 from gradfuse.rerank import RerankOutcome
 from gradfuse.selection import SelectionDecision, SelectionSettings
 from gradfuse.sources import (
@@ -21,10 +22,12 @@ from gradfuse.sources import (
     SourceError,
     SourceSpec,
     SourceStats,
+    UnknownSource,
     build_source,
     built_source_names,
     open_source,
 )
+from gradfuse.sources.base import current_version
 from gradfuse.sources.encoder import EmbeddingCache, embedding_text, load_encoder
 from gradfuse.sources.federated import FederatedResult, SourceFailure, query_sources
 
@@ -65,7 +68,7 @@ class Workspace:
     def __init__(self, config: Config):
         self.config = config
         self.root = config.workspace
-        self._sources: dict[tuple[str, str], Source] = {}
+        self._sources: dict[tuple[str, str], tuple[Path, Source]] = {}  # (name, mode) → (version, opened)
         self._lock = threading.Lock()
         self._embeddings: EmbeddingCache | None = None
 
@@ -76,10 +79,7 @@ class Workspace:
     # --- building
 
     def index(self, spec: SourceSpec, *, progress: bool = False) -> BuildReport:
-        report = build_source(self.root, spec, encoder=self.config.encoder, progress=progress)
-        with self._lock:  # a rebuilt source must be reopened on its new version
-            self._sources = {key: s for key, s in self._sources.items() if key[0] != spec.name}
-        return report
+        return build_source(self.root, spec, encoder=self.config.encoder, progress=progress)
 
     def build_configured(self, *, progress: bool = False) -> list[BuildReport]:
         specs = [s.spec for s in self.config.sources.values() if s.spec is not None]
@@ -93,11 +93,16 @@ class Workspace:
         return [n for n in built_source_names(self.root) if self.config.settings(n).enabled]
 
     def source(self, name: str, retrieval: str | None = None) -> Source:
+        """The opened source, reopened when a build (in this or another process) has published a new version,
+        so a long-running server answers from the latest index without a restart."""
         mode = retrieval or self.config.settings(name).retrieval or self.config.retrieval
+        version = current_version(self.root / "sources" / name)
         with self._lock:
-            if (name, mode) not in self._sources:
-                self._sources[(name, mode)] = open_source(self.root, name, mode=mode)
-            return self._sources[(name, mode)]
+            opened = self._sources.get((name, mode))
+            if opened is None or opened[0] != version:
+                opened = (version, open_source(self.root, name, mode=mode))
+                self._sources[(name, mode)] = opened
+            return opened[1]
 
     def stats(self) -> list[SourceStats]:
         return [self.source(name).stats() for name in self.source_names()]
@@ -165,16 +170,16 @@ class Workspace:
         started = time.perf_counter()
         context = None
         if method in PIPELINE_METHODS:  # only they need the encoder's and the scoring LM's view
+            rerank = replace(self.config.rerank, **rerank_options)
+            if method in LM_METHODS and rerank.target == "gold" and not gold:
+                raise ValueError(f"method {method!r} with target 'gold' needs a reference answer (gold)")
             context = MethodContext(
                 question=query, query_vector=self._encoder().encode_query(query), embed=self._embed,
-                selection=selection or self.config.selection, rerank=replace(self.config.rerank, **rerank_options),
-                gold=gold, k=k,
+                selection=selection or self.config.selection, rerank=rerank, gold=gold, k=k,
             )
         weights = {n: self.config.settings(n).weight for n in federated.ranked_lists}
         ranked = run_method(method, federated.ranked_lists, weights=weights, context=context)
-        timings = {"retrieval": federated.wall_seconds, "ranking": time.perf_counter() - started}
-        if ranked.rerank is not None:
-            timings["lm_pass"] = ranked.rerank.seconds
+        timings = {"retrieval": federated.wall_seconds, "ranking": time.perf_counter() - started, **ranked.seconds}
         timings.update({f"source:{n}": s for n, s in federated.seconds.items()})
         return SearchResult(query, method, ranked.candidates[:k], federated.ranked_lists, federated.failures,
                             timings, ranked.selection, ranked.rerank)
@@ -197,7 +202,7 @@ class Workspace:
             return available
         unknown = [n for n in requested if n not in available]
         if unknown:
-            raise SourceError(f"unknown source(s) {', '.join(unknown)} (available: {', '.join(available)})")
+            raise UnknownSource(f"unknown source(s) {', '.join(unknown)} (available: {', '.join(available)})")
         return list(dict.fromkeys(requested))
 
     def ask(
@@ -209,15 +214,43 @@ class Workspace:
         max_new_tokens: int | None = None,
         **search_options,
     ) -> Answer:
-        context_k = context_k or self.config.context_k
-        result = self.search(question, k=context_k, **search_options)
-        model = make_generator(generator or self.config.generator)
+        result, model, messages, options = self._prepare_answer(question, generator, context_k, max_new_tokens,
+                                                                 search_options)
         started = time.perf_counter()
-        text = model.generate(
-            build_messages(question, result.candidates),
-            max_new_tokens=max_new_tokens or self.config.max_new_tokens,
-            passages=len(result.candidates) if self.config.cite_first else 0,
-        )
+        text = model.generate(messages, **options)
+        return self._answer(question, text, result, model, time.perf_counter() - started)
+
+    def ask_stream(
+        self,
+        question: str,
+        *,
+        generator: str | None = None,
+        context_k: int | None = None,
+        max_new_tokens: int | None = None,
+        **search_options,
+    ) -> Iterator[SearchResult | str | Answer]:
+        """`ask`, step by step: first the SearchResult (the passages the generator will see), then the answer's
+        text in pieces as they are decoded, last the Answer with its citations."""
+        result, model, messages, options = self._prepare_answer(question, generator, context_k, max_new_tokens,
+                                                                 search_options)
+        yield result
+        started = time.perf_counter()
+        pieces = []
+        for piece in model.stream(messages, **options):
+            if piece:
+                pieces.append(piece)
+                yield piece
+        yield self._answer(question, "".join(pieces).strip(), result, model, time.perf_counter() - started)
+
+    def _prepare_answer(self, question, generator, context_k, max_new_tokens, search_options):
+        result = self.search(question, k=context_k or self.config.context_k, **search_options)
+        model = make_generator(generator or self.config.generator)
+        options = {"max_new_tokens": max_new_tokens or self.config.max_new_tokens,
+                   "passages": len(result.candidates) if self.config.cite_first else 0}
+        return result, model, build_messages(question, result.candidates), options
+
+    @staticmethod
+    def _answer(question: str, text: str, result: SearchResult, model, seconds: float) -> Answer:
         citations, invalid = parse_citations(text, result.candidates)
-        timings = {**result.timings, "generation": time.perf_counter() - started}
-        return Answer(question, text, citations, invalid, model.name, result, timings)
+        return Answer(question, text, citations, invalid, model.name, result,
+                      {**result.timings, "generation": seconds})

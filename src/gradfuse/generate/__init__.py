@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Protocol
 
 from gradfuse.generate.local import BUNDLED_GENERATOR, load_local_generator
@@ -16,6 +17,9 @@ class Generator(Protocol):
 
     def generate(self, messages: list[dict[str, str]], *, max_new_tokens: int = 128, passages: int = 0) -> str:
         """`passages` > 0 asks the generator to name one of that many passages first, where it can."""
+
+    def stream(self, messages: list[dict[str, str]], *, max_new_tokens: int = 128, passages: int = 0) -> Iterator[str]:
+        """The same answer in pieces as they are produced; joined and stripped, it is what `generate` returns."""
 
 
 def make_generator(spec: str = BUNDLED_GENERATOR, *, model: str = "default") -> Generator:

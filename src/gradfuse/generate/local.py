@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import threading
+from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 
@@ -77,23 +78,55 @@ class LocalGenerator:
         1..passages: the bundled 135M model almost never cites on its own (seen on the demo questions), so it is
         made to choose the passage it finds most likely; that choice says nothing about faithfulness."""
         import torch
+
+        prefix, arguments = self._arguments(messages, max_new_tokens, passages)
+        prompt_length = arguments["input_ids"].shape[1]
+        with self._lock, torch.inference_mode():
+            output = self.model.generate(**arguments)
+        completion = self.tokenizer.decode(output[0, prompt_length:], skip_special_tokens=True)
+        return (prefix + completion).strip()
+
+    def stream(self, messages: list[dict[str, str]], *, max_new_tokens: int = 128, passages: int = 0) -> Iterator[str]:
+        """The same greedy answer as `generate`, piece by piece as it is decoded (for server-sent events)."""
+        import torch
+        from transformers import TextIteratorStreamer
+
+        prefix, arguments = self._arguments(messages, max_new_tokens, passages)
+        streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
+        failure: list[BaseException] = []
+
+        def run():
+            try:
+                with self._lock, torch.inference_mode():
+                    self.model.generate(**arguments, streamer=streamer)
+            except BaseException as error:  # re-raised in the consumer's thread below
+                failure.append(error)
+                streamer.end()
+
+        worker = threading.Thread(target=run, name="gradfuse-generate", daemon=True)
+        worker.start()
+        if prefix:
+            yield prefix
+        yield from streamer
+        worker.join()
+        if failure:
+            raise failure[0]
+
+    def _arguments(self, messages, max_new_tokens: int, passages: int) -> tuple[str, dict]:
         from transformers import LogitsProcessorList
 
         prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         prefix = CITE_FIRST_PREFIX if passages else ""
         encoded = self.tokenizer(prompt + prefix, return_tensors="pt", add_special_tokens=False).to(self.device)
         processors = LogitsProcessorList([_FirstTokenAmong(self._number_tokens(passages))] if passages else [])
-        with self._lock, torch.inference_mode():
-            output = self.model.generate(
-                **encoded,
-                max_new_tokens=max_new_tokens,
-                do_sample=False,
-                repetition_penalty=1.15,  # the 135M model loops on its own phrases without it
-                pad_token_id=self.tokenizer.eos_token_id,
-                logits_processor=processors,
-            )
-        completion = self.tokenizer.decode(output[0, encoded["input_ids"].shape[1]:], skip_special_tokens=True)
-        return (prefix + completion).strip()
+        return prefix, dict(
+            **encoded,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            repetition_penalty=1.15,  # the 135M model loops on its own phrases without it
+            pad_token_id=self.tokenizer.eos_token_id,
+            logits_processor=processors,
+        )
 
     def _number_tokens(self, passages: int) -> list[int]:
         # Tokenizers split digits, so only the numbers 1-9 are one token: the first nine passages can be named.

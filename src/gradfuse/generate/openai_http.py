@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Iterator
 
 import httpx
 
@@ -24,14 +26,43 @@ class OpenAICompatibleGenerator:
     def generate(self, messages: list[dict[str, str]], *, max_new_tokens: int = 128, passages: int = 0) -> str:
         # `passages` (cite-first decoding) needs logit access, which this API does not give: served models are
         # expected to be large enough to cite when asked.
-        body = {"model": self.model, "messages": messages, "max_tokens": max_new_tokens, "temperature": 0}
+        response = self._post(self._body(messages, max_new_tokens))
+        try:
+            return response.json()["choices"][0]["message"]["content"].strip()
+        except (ValueError, KeyError, IndexError, TypeError) as error:
+            raise EndpointError(f"generator endpoint {self.url} sent an unexpected body: {response.text[:300]}") from error
+
+    def stream(self, messages: list[dict[str, str]], *, max_new_tokens: int = 128, passages: int = 0) -> Iterator[str]:
+        """The endpoint's own token stream (`"stream": true`, server-sent `data:` lines of chat deltas)."""
+        body = {**self._body(messages, max_new_tokens), "stream": True}
+        try:
+            with self._client.stream("POST", self.url, json=body) as response:
+                if response.status_code != 200:
+                    response.read()
+                    raise EndpointError(f"generator endpoint {self.url} answered {response.status_code}: "
+                                        f"{response.text[:300]}")
+                for line in response.iter_lines():
+                    data = line.removeprefix("data:").strip() if line.startswith("data:") else ""
+                    if not data or data == "[DONE]":
+                        continue
+                    try:
+                        piece = json.loads(data)["choices"][0]["delta"].get("content")
+                    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as error:
+                        raise EndpointError(f"generator endpoint {self.url} streamed an unexpected line: "
+                                            f"{data[:300]}") from error
+                    if piece:
+                        yield piece
+        except httpx.HTTPError as error:
+            raise EndpointError(f"generator endpoint {self.url} unreachable: {error}") from error
+
+    def _body(self, messages, max_new_tokens: int) -> dict:
+        return {"model": self.model, "messages": messages, "max_tokens": max_new_tokens, "temperature": 0}
+
+    def _post(self, body: dict) -> httpx.Response:
         try:
             response = self._client.post(self.url, json=body)
         except httpx.HTTPError as error:
             raise EndpointError(f"generator endpoint {self.url} unreachable: {error}") from error
         if response.status_code != 200:
             raise EndpointError(f"generator endpoint {self.url} answered {response.status_code}: {response.text[:300]}")
-        try:
-            return response.json()["choices"][0]["message"]["content"].strip()
-        except (ValueError, KeyError, IndexError, TypeError) as error:
-            raise EndpointError(f"generator endpoint {self.url} sent an unexpected body: {response.text[:300]}") from error
+        return response

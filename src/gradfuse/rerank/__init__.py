@@ -46,7 +46,8 @@ class RerankOutcome:
     ranked: list[Candidate]  # the n scored candidates, best first
     target: str  # the text whose likelihood was scored
     loss: float  # L of the full packed context
-    seconds: float
+    seconds: float  # all of it, target_seconds included
+    target_seconds: float = 0.0  # making the target (the draft answer for target 'draft')
 
 
 @lru_cache(maxsize=2)
@@ -75,11 +76,20 @@ def resolve_target(scorer: LMScorer, kind: str, question: str, docs: list[str], 
     return scorer.draft(docs, question)
 
 
-def _prepare(scorer, question, candidates, settings: RerankSettings, gold) -> tuple[list[Candidate], list[str], str]:
-    """The first n candidates, their texts as the LM sees them, and the target text."""
+@dataclass
+class _Prepared:
+    pool: list[Candidate]  # the first n candidates
+    docs: list[str]  # their texts as the LM sees them
+    target: str
+    target_seconds: float
+
+
+def _prepare(scorer, question, candidates, settings: RerankSettings, gold) -> _Prepared:
     pool = candidates[: settings.n]
     docs = [passage_text(c) for c in pool]
-    return pool, docs, resolve_target(scorer, settings.target, question, docs, gold)
+    started = time.perf_counter()
+    target = resolve_target(scorer, settings.target, question, docs, gold)
+    return _Prepared(pool, docs, target, time.perf_counter() - started)
 
 
 def _z(values: np.ndarray) -> np.ndarray:
@@ -91,7 +101,8 @@ def gradient_rerank(
     scorer: LMScorer, question: str, candidates: list[Candidate], settings: RerankSettings, *, gold: str | None = None
 ) -> RerankOutcome:
     started = time.perf_counter()
-    pool, docs, target = _prepare(scorer, question, candidates, settings, gold)
+    prepared = _prepare(scorer, question, candidates, settings, gold)
+    pool, docs, target = prepared.pool, prepared.docs, prepared.target
     query_target = settings.target == "query"
     orders = [list(range(len(pool)))] + ([list(reversed(range(len(pool))))] if settings.both_orders else [])
     totals = {name: np.zeros(len(pool)) for name in ESTIMATORS}
@@ -112,7 +123,7 @@ def gradient_rerank(
             candidate.scores[f"rerank:{name}"] = float(totals[name][i])
         candidate.scores["rerank:final"] = float(final[i])
     ranked = [pool[i] for i in np.argsort(-final, kind="stable")]
-    return RerankOutcome(ranked, target, loss, time.perf_counter() - started)
+    return RerankOutcome(ranked, target, loss, time.perf_counter() - started, prepared.target_seconds)
 
 
 def loo_rerank(
@@ -120,13 +131,15 @@ def loo_rerank(
 ) -> RerankOutcome:
     """Exact leave-one-out: L(C without i) - L(C) for each document, n + 1 forward passes."""
     started = time.perf_counter()
-    pool, docs, target = _prepare(scorer, question, candidates, settings, gold)
-    loss, deltas = scorer.leave_one_out(docs, question, target, target_is_query=settings.target == "query")
+    prepared = _prepare(scorer, question, candidates, settings, gold)
+    pool = prepared.pool
+    loss, deltas = scorer.leave_one_out(prepared.docs, question, prepared.target,
+                                        target_is_query=settings.target == "query")
     for candidate, delta in zip(pool, deltas):
         candidate.scores["rerank:loo"] = float(delta)
         candidate.scores["rerank:final"] = float(delta)
     ranked = [pool[i] for i in np.argsort(-deltas, kind="stable")]
-    return RerankOutcome(ranked, target, loss, time.perf_counter() - started)
+    return RerankOutcome(ranked, prepared.target, loss, time.perf_counter() - started, prepared.target_seconds)
 
 
 def loo_greedy_rerank(
@@ -135,9 +148,11 @@ def loo_greedy_rerank(
 ) -> RerankOutcome:
     """Greedy forward selection of k documents minimising L (the expensive oracle); the rest follow by prior."""
     started = time.perf_counter()
-    pool, docs, target = _prepare(scorer, question, candidates, settings, gold)
-    chosen, loss = scorer.greedy_selection(docs, question, target, k)
+    prepared = _prepare(scorer, question, candidates, settings, gold)
+    pool = prepared.pool
+    chosen, loss = scorer.greedy_selection(prepared.docs, question, prepared.target, k)
     order = chosen + [i for i in range(len(pool)) if i not in chosen]
     for position, i in enumerate(order):
         pool[i].scores["rerank:final"] = float(len(order) - position)
-    return RerankOutcome([pool[i] for i in order], target, loss, time.perf_counter() - started)
+    return RerankOutcome([pool[i] for i in order], prepared.target, loss, time.perf_counter() - started,
+                         prepared.target_seconds)

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gradfuse.sources.base import Source, SourceError, SourceSpec, SourceStats, current_version, read_manifest
+from gradfuse.sources.base import (
+    Source,
+    SourceError,
+    SourceSpec,
+    SourceStats,
+    UnknownSource,
+    current_version,
+    read_manifest,
+)
 from gradfuse.sources.build import BuildReport, build_source
 from gradfuse.sources.documents import IngestError
 from gradfuse.sources.embedded import EmbeddedSource
@@ -17,6 +25,7 @@ __all__ = [
     "SourceError",
     "SourceSpec",
     "SourceStats",
+    "UnknownSource",
     "build_source",
     "open_source",
     "built_source_names",
@@ -33,7 +42,7 @@ def open_source(workspace: Path, name: str, *, mode: str = "hybrid") -> Source:
     version = current_version(workspace / "sources" / name)
     if version is None:
         known = ", ".join(built_source_names(workspace)) or "none"
-        raise SourceError(f"no built source named {name!r} in {workspace} (built: {known})")
+        raise UnknownSource(f"no built source named {name!r} in {workspace} (built: {known})")
     if read_manifest(version)["kind"] == "run":
         return RunSource(name, version)
     return EmbeddedSource(name, version, mode=mode)

@@ -20,6 +20,10 @@ class SourceError(RuntimeError):
     """A source cannot answer (missing index, unknown query for a run source, ...)."""
 
 
+class UnknownSource(SourceError):
+    """A request named a source that is not built (or is disabled) in this workspace."""
+
+
 @dataclass(frozen=True)
 class SourceSpec:
     """How to build one source: its kind, its input, and reader options."""

@@ -1,0 +1,178 @@
+"""Typed JSON views of the library's results: what `--json` prints and what the HTTP API returns (one shape).
+
+Pydantic models give the server its OpenAPI schema; `search_record` and `answer_record` build them from the
+library's dataclasses. Non-finite numbers (a source with no candidates has relevance -inf) become null, since
+JSON has no infinity.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, Field
+
+from gradfuse.candidate import Candidate
+from gradfuse.sources.base import SourceStats
+from gradfuse.sources.federated import SourceFailure
+from gradfuse.workspace import Answer, SearchResult
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+class CopyRecord(BaseModel):
+    """Another copy of the same text, merged into the candidate (its provenance is kept)."""
+
+    source: str
+    doc_id: str
+    native_rank: int
+    native_score: float
+
+
+class CandidateRecord(BaseModel):
+    key: str = Field(description="source/doc_id: unique across sources")
+    source: str
+    doc_id: str
+    title: str
+    text: str
+    native_score: float = Field(description="what the source itself scored (BM25, cosine, run score)")
+    native_rank: int = Field(description="1-based rank inside its source")
+    parent_id: str | None = None
+    span: tuple[int, int] | None = None
+    scores: dict[str, float | None] = Field(description="every later score: fusion:<method>, prior, rerank:*")
+    merged: list[CopyRecord] = Field(description="copies of the same text from other sources or ranks")
+
+
+class FailureRecord(BaseModel):
+    source: str
+    reason: str = Field(description="timeout | error")
+    detail: str
+
+
+class SourceStepRecord(BaseModel):
+    source: str
+    gain: float
+    relevance: float
+    penalty: float = Field(description="lambda x redundancy with the sources chosen before it")
+
+
+class SelectionRecord(BaseModel):
+    chosen: list[SourceStepRecord] = Field(description="in the order stage 1 added them")
+    dropped: dict[str, str] = Field(description="source -> why it was not chosen")
+    relevance: dict[str, float | None]
+
+
+class RerankRecord(BaseModel):
+    target: str = Field(description="the text whose likelihood was scored")
+    loss: float = Field(description="loss of the target given the full packed context")
+    seconds: float
+    target_seconds: float
+
+
+class SearchRecord(BaseModel):
+    query: str
+    method: str
+    candidates: list[CandidateRecord]
+    failures: list[FailureRecord] = Field(description="sources that timed out or raised; the others answered")
+    selection: SelectionRecord | None = None
+    rerank: RerankRecord | None = None
+    timings: dict[str, float] = Field(description="seconds: retrieval, selection, prior, target, lm_pass, "
+                                                  "generation, ranking, source:<name>")
+
+
+class CitationRecord(BaseModel):
+    number: int
+    source: str
+    doc_id: str
+    title: str
+
+
+class AnswerRecord(BaseModel):
+    question: str
+    answer: str
+    citations: list[CitationRecord]
+    invalid_citations: list[int] = Field(description="numbers the model cited that match no passage")
+    passages: list[CandidateRecord] = Field(description="what the generator saw, numbered from 1")
+    failures: list[FailureRecord]
+    generator: str
+    method: str
+    selection: SelectionRecord | None = None
+    rerank: RerankRecord | None = None
+    timings: dict[str, float]
+
+
+class SourceRecord(BaseModel):
+    name: str
+    status: str = Field(description="ok | error")
+    error: str | None = None
+    kind: str | None = None
+    documents: int | None = None
+    index_bytes: int | None = None
+    encoder: str | None = None
+    retrieval: str | None = None
+    built_at: str | None = None
+    input: str | None = None
+
+
+def candidate_record(candidate: Candidate) -> CandidateRecord:
+    return CandidateRecord(
+        key=candidate.key, source=candidate.source, doc_id=candidate.doc_id, title=candidate.title,
+        text=candidate.text, native_score=candidate.native_score, native_rank=candidate.native_rank,
+        parent_id=candidate.parent_id, span=candidate.span,
+        scores={name: _finite(value) for name, value in candidate.scores.items()},
+        merged=[CopyRecord(source=m.source, doc_id=m.doc_id, native_rank=m.native_rank, native_score=m.native_score)
+                for m in candidate.merged],
+    )
+
+
+def failure_record(failure: SourceFailure) -> FailureRecord:
+    return FailureRecord(source=failure.source, reason=failure.reason, detail=failure.detail)
+
+
+def _selection(result: SearchResult) -> SelectionRecord | None:
+    decision = result.selection
+    if decision is None:
+        return None
+    return SelectionRecord(
+        chosen=[SourceStepRecord(source=s.source, gain=s.gain, relevance=s.relevance, penalty=s.penalty)
+                for s in decision.chosen],
+        dropped=decision.dropped,
+        relevance={name: _finite(value) for name, value in decision.relevance.items()},
+    )
+
+
+def _rerank(result: SearchResult) -> RerankRecord | None:
+    outcome = result.rerank
+    if outcome is None:
+        return None
+    return RerankRecord(target=outcome.target, loss=outcome.loss, seconds=outcome.seconds,
+                        target_seconds=outcome.target_seconds)
+
+
+def search_record(result: SearchResult) -> SearchRecord:
+    return SearchRecord(
+        query=result.query, method=result.method, candidates=[candidate_record(c) for c in result.candidates],
+        failures=[failure_record(f) for f in result.failures], selection=_selection(result),
+        rerank=_rerank(result), timings=result.timings,
+    )
+
+
+def answer_record(answer: Answer) -> AnswerRecord:
+    return AnswerRecord(
+        question=answer.question, answer=answer.text,
+        citations=[CitationRecord(number=c.number, source=c.source, doc_id=c.doc_id, title=c.title)
+                   for c in answer.citations],
+        invalid_citations=answer.invalid_citations, passages=[candidate_record(c) for c in answer.passages],
+        failures=[failure_record(f) for f in answer.failures], generator=answer.generator,
+        method=answer.search.method, selection=_selection(answer.search), rerank=_rerank(answer.search),
+        timings=answer.timings,
+    )
+
+
+def source_record(name: str, stats: SourceStats | None, error: str | None = None) -> SourceRecord:
+    if stats is None:
+        return SourceRecord(name=name, status="error", error=error)
+    return SourceRecord(name=name, status="ok", kind=stats.kind, documents=stats.documents,
+                        index_bytes=stats.index_bytes, encoder=stats.encoder, retrieval=stats.retrieval,
+                        built_at=stats.built_at, input=stats.input)

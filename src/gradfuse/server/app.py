@@ -1,0 +1,236 @@
+"""The FastAPI app: /search, /ask (optionally streamed), /sources, /options, /healthz, and the web page at /."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import asynccontextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+from fastapi import Depends, FastAPI, HTTPException, Request, Security
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import FileResponse, StreamingResponse
+from fastapi.security import APIKeyHeader
+from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
+from pydantic import BaseModel
+
+from gradfuse import __version__
+from gradfuse.methods import METHODS
+from gradfuse.rerank import ESTIMATORS, TARGETS
+from gradfuse.schemas import (
+    AnswerRecord,
+    SearchRecord,
+    SourceRecord,
+    answer_record,
+    search_record,
+    source_record,
+)
+from gradfuse.server.admission import LM_METHODS, Busy, LMAdmission
+from gradfuse.server.errors import BodyLimit, install_error_handlers
+from gradfuse.server.requests import AskRequest, SearchRequest
+from gradfuse.server.settings import ServerSettings
+from gradfuse.sources.federated import SourceFailure
+from gradfuse.workspace import Answer, SearchResult, Workspace
+
+STATIC = Path(__file__).parent / "static"
+
+
+class SourceHealth:
+    """What the last requests saw of each source: its last failure, and when it last answered."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.last_ok: dict[str, str] = {}
+        self.last_failure: dict[str, tuple[str, SourceFailure]] = {}
+
+    def record(self, answered: list[str], failures: list[SourceFailure]) -> None:
+        now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        with self._lock:
+            self.last_ok.update({name: now for name in answered})
+            self.last_failure.update({f.source: (now, f) for f in failures})
+
+
+class SourceHealthRecord(SourceRecord):
+    last_answered_at: str | None = None
+    last_failure_at: str | None = None
+    last_failure: str | None = None
+
+
+class Options(BaseModel):
+    methods: list[str]
+    targets: list[str]
+    estimators: list[str]
+    retrieval: list[str]
+    defaults: dict[str, str | int | float]
+    limits: dict[str, int | float]
+    api_key_required: bool
+
+
+class Health(BaseModel):
+    status: str
+    version: str
+    sources: int
+
+
+def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, preload_lm: bool = False) -> FastAPI:
+    """`preload_lm` loads the scoring LM/generator at start-up instead of on the first request that needs it."""
+    settings = settings or workspace.config.server
+    api_key = settings.resolved_api_key()
+    admission = LMAdmission(settings.lm_queue)
+    health = SourceHealth()
+    config = workspace.config
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        workspace._encoder()  # load once before the first request, not during it
+        if preload_lm:
+            from gradfuse.rerank import load_scorer
+
+            load_scorer(config.rerank.model, config.rerank.doc_tokens)
+        yield
+
+    app = FastAPIOffline(title="gradfuse", version=__version__, lifespan=lifespan,
+                         description="Retrieval-augmented generation over many sources at once: federated search, "
+                                     "per-query source selection, gradient re-ranking and answers with "
+                                     "citations.")
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Content-Type", "X-API-Key"])
+    key_header = APIKeyHeader(name="X-API-Key", auto_error=False,
+                              description="required when the server has a key (GRADFUSE_API_KEY)")
+
+    def authorised(given: str | None = Security(key_header)) -> None:
+        if api_key is not None and not (given and hmac.compare_digest(given.encode(), api_key.encode())):
+            raise HTTPException(401, "missing or wrong API key: send it in the X-API-Key header",
+                                headers={"WWW-Authenticate": "X-API-Key"})
+
+    def json_body(request: Request) -> None:
+        kind = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+        if kind != "application/json":
+            raise HTTPException(415, f"send the body as application/json, not {kind or 'an empty type'}")
+
+    guarded = [Depends(authorised)]
+    posted = [*guarded, Depends(json_body)]
+
+    def search(request: SearchRequest) -> SearchResult:
+        request.check_limits(settings)
+        method = request.method or config.method
+        with admission.slot(method in LM_METHODS):
+            result = workspace.search(request.query, k=request.k, **request.search_options())
+        health.record(list(result.ranked_lists), result.failures)
+        return result
+
+    @app.post("/search", dependencies=posted, response_model=SearchRecord,
+              responses={401: {}, 413: {}, 415: {}, 422: {}, 503: {"description": "every source failed, or the LM is busy"}})
+    def search_endpoint(request: SearchRequest) -> SearchRecord:
+        """Fused and re-ranked candidates from many sources, each with its provenance and every score."""
+        return search_record(search(request))
+
+    @app.post("/ask", dependencies=posted, response_model=AnswerRecord,
+              responses={401: {}, 413: {}, 415: {}, 422: {}, 502: {"description": "the generator endpoint failed"}, 503: {},
+                         200: {"content": {"text/event-stream": {}},
+                               "description": "with stream: events search, token (repeated), answer"}})
+    def ask_endpoint(request: AskRequest):
+        """An answer with citations [n] mapped to source/doc id; `stream: true` sends server-sent events."""
+        request.check_limits(settings)
+        local_generator = not config.generator.startswith(("http://", "https://"))
+        needs_lm = local_generator or (request.method or config.method) in LM_METHODS
+        release = admission.release if needs_lm else (lambda: None)
+        if needs_lm:
+            admission.acquire()
+        try:
+            events = workspace.ask_stream(request.query, context_k=request.k, max_new_tokens=request.max_new_tokens,
+                                          **request.search_options())
+            searched = next(events)  # retrieval and ranking errors become plain HTTP errors, before any event
+            health.record(list(searched.ranked_lists), searched.failures)
+        except BaseException:
+            release()
+            raise
+        if request.stream:
+            return StreamingResponse(_event_stream(searched, events, release),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            *_, answer = events
+        finally:
+            release()
+        return answer_record(answer)
+
+    @app.get("/sources", dependencies=guarded, response_model=list[SourceHealthRecord])
+    def sources_endpoint() -> list[SourceHealthRecord]:
+        """Each enabled source: whether its index opens, its size, encoder and last build, and what the last
+        requests saw of it."""
+        records = []
+        for name in workspace.source_names():
+            try:
+                base = source_record(name, workspace.source(name).stats())
+            except Exception as error:  # an unreadable index is reported, not raised: the others are still fine
+                base = source_record(name, None, f"{type(error).__name__}: {error}")
+            failure = health.last_failure.get(name)
+            records.append(SourceHealthRecord(
+                **base.model_dump(), last_answered_at=health.last_ok.get(name),
+                last_failure_at=failure[0] if failure else None,
+                last_failure=f"{failure[1].reason}: {failure[1].detail}" if failure else None,
+            ))
+        return records
+
+    @app.get("/options", response_model=Options)
+    def options_endpoint() -> Options:
+        """Valid names and this server's defaults and limits, for clients and the web page."""
+        return Options(
+            methods=list(METHODS), targets=list(TARGETS), estimators=list(ESTIMATORS),
+            retrieval=["bm25", "dense", "hybrid"],
+            defaults={"method": config.method, "k": config.k, "context_k": config.context_k,
+                      "target": config.rerank.target, "estimator": config.rerank.estimator, "n": config.rerank.n},
+            limits={name: getattr(settings, name) for name in ("max_query_chars", "max_k", "max_n", "max_depth",
+                                                               "max_new_tokens", "max_timeout_s", "max_body_bytes")},
+            api_key_required=api_key is not None,
+        )
+
+    @app.get("/healthz", response_model=Health, responses={503: {"description": "no source is built"}})
+    def healthz():
+        """Liveness and readiness: 200 when at least one source is built (no key needed)."""
+        count = len(workspace.source_names())
+        if not count:
+            raise HTTPException(503, f"no sources are built in {workspace.root}")
+        return Health(status="ok", version=__version__, sources=count)
+
+    @app.get("/", include_in_schema=False)
+    def page() -> FileResponse:
+        return FileResponse(STATIC / "index.html")
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    return app
+
+
+def _event_stream(searched: SearchResult, events: Iterator, release) -> Iterator[str]:
+    """Server-sent events; an error after the first event can only be reported as an event of its own."""
+    try:
+        yield _event("search", search_record(searched).model_dump(mode="json"))
+        for event in events:
+            if isinstance(event, Answer):
+                yield _event("answer", answer_record(event).model_dump(mode="json"))
+            else:
+                yield _event("token", {"text": event})
+    except Exception as error:
+        status = 503 if isinstance(error, Busy) else 500
+        yield _event("error", {"status": status, "detail": f"{type(error).__name__}: {error}"})
+    finally:
+        release()
+
+
+def _event(name: str, data: dict) -> str:
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n"
+
+
+def serve(workspace: Workspace, settings: ServerSettings, *, preload_lm: bool = False, log_level: str = "info") -> None:
+    import uvicorn
+
+    app = create_app(workspace, settings, preload_lm=preload_lm)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level, timeout_graceful_shutdown=5)

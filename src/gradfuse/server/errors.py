@@ -1,0 +1,100 @@
+"""Every failure becomes a specific status and one readable message: {"detail": "..."} (plus fields that help)."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from gradfuse.fusion import UnknownMethod
+from gradfuse.generate.openai_http import EndpointError
+from gradfuse.server.admission import Busy
+from gradfuse.server.requests import RequestLimitError
+from gradfuse.sources import SourceError, UnknownSource
+from gradfuse.sources.federated import AllSourcesFailed
+
+log = logging.getLogger("gradfuse.server")
+RETRY_AFTER_S = 5
+
+
+def _message(error: dict) -> str:
+    where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
+    return f"{where}: {error['msg']}" if where else error["msg"]
+
+
+async def _validation(request: Request, error: RequestValidationError) -> JSONResponse:
+    errors = error.errors()
+    malformed = [e for e in errors if e.get("type") == "json_invalid"]
+    if malformed:
+        context = malformed[0].get("ctx", {}).get("error", "")
+        return JSONResponse({"detail": f"malformed JSON body: {context}".rstrip(": ")}, status_code=400)
+    readable = [{"field": ".".join(str(p) for p in e.get("loc", ()) if p != "body"), "message": e["msg"]}
+                for e in errors]
+    return JSONResponse({"detail": "; ".join(_message(e) for e in errors), "errors": readable}, status_code=422)
+
+
+def _responder(status: int, *, headers: dict[str, str] | None = None):
+    async def respond(request: Request, error: Exception) -> JSONResponse:
+        return JSONResponse({"detail": str(error)}, status_code=status, headers=headers)
+
+    return respond
+
+
+async def _all_failed(request: Request, error: AllSourcesFailed) -> JSONResponse:
+    failures = [{"source": f.source, "reason": f.reason, "detail": f.detail} for f in error.failures]
+    return JSONResponse({"detail": str(error), "failures": failures}, status_code=503)
+
+
+async def _unexpected(request: Request, error: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return JSONResponse({"detail": f"internal error ({type(error).__name__}); the server log has the traceback"},
+                        status_code=500)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _validation)
+    # Order matters only for subclasses: Starlette looks up the most specific class first.
+    app.add_exception_handler(UnknownSource, _responder(422))
+    app.add_exception_handler(UnknownMethod, _responder(422))
+    app.add_exception_handler(RequestLimitError, _responder(422))
+    app.add_exception_handler(ValueError, _responder(422))  # the library's invalid-option errors (gold missing, ...)
+    app.add_exception_handler(AllSourcesFailed, _all_failed)
+    app.add_exception_handler(SourceError, _responder(503))  # nothing built, an index unreadable
+    app.add_exception_handler(Busy, _responder(503, headers={"Retry-After": str(RETRY_AFTER_S)}))
+    app.add_exception_handler(EndpointError, _responder(502))
+    app.add_exception_handler(Exception, _unexpected)
+
+
+class BodyLimit:
+    """ASGI middleware: a body above `max_bytes` is refused with 413, by its Content-Length or while it streams."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await JSONResponse(self._detail(int(declared)), status_code=413)(scope, receive, send)
+            return
+        received = 0
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    # FastAPI passes HTTPExceptions raised while it reads the body through unchanged.
+                    raise HTTPException(413, self._detail(received)["detail"])
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+    def _detail(self, size: int) -> dict:
+        return {"detail": f"request body of {size} bytes is above this server's limit of {self.max_bytes} bytes"}

@@ -1,0 +1,60 @@
+"""Request bodies, with the same option names as the CLI, and the configured limits checked with clear messages."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gradfuse.server.settings import ServerSettings
+
+
+class RequestLimitError(ValueError):
+    """A value is well-typed but beyond what this server accepts."""
+
+
+class SearchRequest(BaseModel):
+    # strict: "k": "5" is a wrong type, not a number; unknown keys are typos, not options to ignore silently.
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    query: str = Field(min_length=1, description="free text (no query syntax)")
+    method: str | None = Field(None, description="concat | rrf | combsum[-z] | combmnz[-z] | single:<source> | "
+                                                 "dense | select | gradient | gro | loo | loo-greedy")
+    k: int | None = Field(None, ge=1, description="results returned (for /ask: passages given to the generator)")
+    sources: list[str] | None = Field(None, min_length=1, description="query only these sources")
+    retrieval: Literal["bm25", "dense", "hybrid"] | None = None
+    timeout_s: float | None = Field(None, gt=0, description="seconds each source may take")
+    depth: int | None = Field(None, ge=1, description="candidates asked of each source")
+    target: Literal["draft", "gold", "query"] | None = Field(None, description="stage-2 target")
+    estimator: Literal["gate", "grad_x_input"] | None = Field(None, description="stage-2 estimator")
+    n: int | None = Field(None, ge=1, description="candidates entering the stage-2 LM pass")
+    gold: str | None = Field(None, description="reference answer (needed by target 'gold')")
+
+    def check_limits(self, limits: ServerSettings) -> None:
+        if not self.query.strip():
+            raise RequestLimitError("query is empty (only whitespace)")
+        if len(self.query) > limits.max_query_chars:
+            raise RequestLimitError(f"query is {len(self.query)} characters; this server accepts at most "
+                                    f"{limits.max_query_chars}")
+        for name, limit in (("k", limits.max_k), ("n", limits.max_n), ("depth", limits.max_depth),
+                            ("timeout_s", limits.max_timeout_s)):
+            value = getattr(self, name)
+            if value is not None and value > limit:
+                raise RequestLimitError(f"{name} = {value:g} is above this server's limit of {limit:g}")
+
+    def search_options(self) -> dict:
+        """Keyword arguments for `Workspace.search` (unset fields keep the workspace's defaults)."""
+        rerank = {key: getattr(self, key) for key in ("target", "estimator", "n") if getattr(self, key) is not None}
+        return {"method": self.method, "sources": self.sources, "retrieval": self.retrieval,
+                "timeout_s": self.timeout_s, "depth": self.depth, "gold": self.gold, **rerank}
+
+
+class AskRequest(SearchRequest):
+    max_new_tokens: int | None = Field(None, ge=1)
+    stream: bool = Field(False, description="answer as server-sent events: search, token..., answer")
+
+    def check_limits(self, limits: ServerSettings) -> None:
+        super().check_limits(limits)
+        if self.max_new_tokens is not None and self.max_new_tokens > limits.max_new_tokens:
+            raise RequestLimitError(f"max_new_tokens = {self.max_new_tokens} is above this server's limit of "
+                                    f"{limits.max_new_tokens}")

@@ -1,0 +1,37 @@
+"""How the HTTP service binds, authenticates and limits requests (`[server]` in gradfuse.toml)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+API_KEY_ENV = "GRADFUSE_API_KEY"
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    host: str = "127.0.0.1"  # loopback unless asked: the API has no key by default
+    port: int = 8321
+    api_key: str | None = None  # prefer the environment variable GRADFUSE_API_KEY to a key in a committed file
+    cors_origins: tuple[str, ...] = ()  # CORS is off unless origins are listed
+    max_body_bytes: int = 64 * 1024
+    max_query_chars: int = 2000
+    max_k: int = 100
+    max_n: int = 50  # candidates in one stage-2 LM pass
+    max_depth: int = 500  # candidates asked of each source
+    max_new_tokens: int = 512
+    max_timeout_s: float = 60.0
+    # Requests that need the LM (gradient, gro, loo, loo-greedy, ask) admitted at once, running or waiting; one
+    # runs at a time (the model is shared and uses every core), so the rest wait in line and the next is refused
+    # with 503 and Retry-After instead of piling up behind a minutes-long queue.
+    lm_queue: int = 8
+
+    def __post_init__(self):
+        object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
+        for name in ("max_body_bytes", "max_query_chars", "max_k", "max_n", "max_depth", "max_new_tokens",
+                     "lm_queue"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+
+    def resolved_api_key(self) -> str | None:
+        return os.environ.get(API_KEY_ENV) or self.api_key

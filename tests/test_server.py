@@ -1,0 +1,271 @@
+"""The HTTP service on a real server on loopback: results, faults, bad input, keys, load and the LM line."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+import httpx
+import pytest
+from conftest import ASTRONOMY, COOKING, write_jsonl
+from live_server import gradfuse_serve, serving
+from test_generation import INJECTION
+
+from gradfuse import SourceSpec, Workspace
+from gradfuse.config import Config
+from gradfuse.server import API_KEY_ENV, ServerSettings, create_app
+
+
+class Hanging:
+    """A real source whose backend stops answering (until released, at most 60 s)."""
+
+    def __init__(self, real, release: threading.Event):
+        self.name, self._real, self._release = real.name, real, release
+
+    def search(self, query, k):
+        self._release.wait(60)
+        return self._real.search(query, k)
+
+    def stats(self):
+        return self._real.stats()
+
+
+class Broken:
+    """A real source whose backend refuses every query."""
+
+    def __init__(self, real):
+        self.name, self._real = real.name, real
+
+    def search(self, query, k):
+        raise ConnectionError("search backend refused the connection")
+
+    def stats(self):
+        return self._real.stats()
+
+
+class FaultyWorkspace(Workspace):
+    """Four built sources; `slow` hangs and `broken` raises whenever they are queried."""
+
+    release = threading.Event()
+
+    def source(self, name, retrieval=None):
+        real = super().source(name, retrieval)
+        if name == "slow":
+            return Hanging(real, self.release)
+        if name == "broken":
+            return Broken(real)
+        return real
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory):
+    root = tmp_path_factory.mktemp("faulty")
+    ws = FaultyWorkspace(Config(workspace=root / "ws", timeout_s=1.0))
+    ws.index(SourceSpec("astronomy", "jsonl", str(write_jsonl(root / "a.jsonl", ASTRONOMY))))
+    ws.index(SourceSpec("cooking", "jsonl", str(write_jsonl(root / "c.jsonl", COOKING))))
+    ws.index(SourceSpec("slow", "jsonl", str(write_jsonl(root / "s.jsonl", ASTRONOMY[:1]))))
+    ws.index(SourceSpec("broken", "jsonl", str(write_jsonl(root / "b.jsonl", COOKING[:1]))))
+    yield ws
+    FaultyWorkspace.release.set()
+
+
+@pytest.fixture(scope="module")
+def server(workspace):
+    with serving(create_app(workspace, ServerSettings(max_k=20))) as url:
+        yield url
+
+
+def post(url: str, path: str, body, **kwargs) -> httpx.Response:
+    return httpx.post(url + path, json=body, timeout=120, **kwargs)
+
+
+def test_search_returns_each_candidates_provenance_and_scores(server):
+    found = post(server, "/search", {"query": "Phobos Deimos moons", "method": "rrf", "k": 3, "retrieval": "bm25"})
+    assert found.status_code == 200, found.text
+    result = found.json()
+    top = result["candidates"][0]
+    assert (top["source"], top["doc_id"], top["native_rank"]) == ("astronomy", "mars", 1)
+    assert top["scores"]["fusion:rrf"] > 0 and top["native_score"] > 0
+    assert [(m["source"], m["doc_id"]) for m in top["merged"]] == [("cooking", "mars-copy")]  # both provenances
+    assert result["failures"] == [] and result["timings"]["retrieval"] > 0
+    dense = post(server, "/search", {"query": "Phobos Deimos moons", "method": "dense", "k": 2}).json()
+    assert "prior" in dense["candidates"][0]["scores"] and dense["candidates"][0]["doc_id"] == "mars"
+
+
+def test_sources_health_and_the_openapi_schema(server):
+    sources = httpx.get(server + "/sources").json()
+    assert {(s["name"], s["status"], s["documents"]) for s in sources} == {("astronomy", "ok", 3), ("cooking", "ok", 3)}
+    assert all(s["encoder"] == "all-MiniLM-L6-v2" and s["built_at"] for s in sources)
+    assert httpx.get(server + "/healthz").json()["sources"] == 2
+    schema = httpx.get(server + "/openapi.json").json()
+    assert {"/search", "/ask", "/sources", "/healthz"} <= set(schema["paths"])
+    docs = httpx.get(server + "/docs").text
+    assert "/static-offline-docs/swagger-ui-bundle.js" in docs and "cdn" not in docs.lower()
+
+
+def test_failed_sources_are_named_and_the_others_answer_within_the_timeout(faulty):
+    with serving(create_app(faulty)) as url:
+        started = time.perf_counter()
+        found = post(url, "/search", {"query": "planet moons", "method": "rrf", "timeout_s": 1.0})
+        elapsed = time.perf_counter() - started
+        assert found.status_code == 200, found.text
+        failures = {f["source"]: f for f in found.json()["failures"]}
+        assert failures["slow"]["reason"] == "timeout" and "1 s" in failures["slow"]["detail"]
+        assert failures["broken"]["reason"] == "error" and "refused the connection" in failures["broken"]["detail"]
+        assert {c["source"] for c in found.json()["candidates"]} <= {"astronomy", "cooking"}
+        assert elapsed < 30  # it did not wait for the hanging source (60 s)
+        health = {s["name"]: s for s in httpx.get(url + "/sources").json()}
+        assert health["broken"]["last_failure"].startswith("error: ConnectionError")
+        assert health["slow"]["last_failure"].startswith("timeout") and health["astronomy"]["last_failure"] is None
+        assert health["astronomy"]["last_answered_at"]
+
+        down = post(url, "/search", {"query": "planet moons", "sources": ["slow", "broken"], "timeout_s": 1.0})
+        assert down.status_code == 503
+        assert "every source failed" in down.json()["detail"]
+        assert {f["source"] for f in down.json()["failures"]} == {"slow", "broken"}
+
+
+BAD_REQUESTS = [
+    # (body as sent, content type, status, words the message must contain)
+    (b'{"query": "moons"', "application/json", 400, "malformed JSON"),
+    (b'{"query": 5}', "application/json", 422, "query: Input should be a valid string"),
+    (b'{"query": "moons", "k": "3"}', "application/json", 422, "k: Input should be a valid integer"),
+    (b'{"query": ""}', "application/json", 422, "at least 1 character"),
+    (b'{"query": "   "}', "application/json", 422, "query is empty"),
+    (json.dumps({"query": "a" * 2500}).encode(), "application/json", 422, "at most 2000"),
+    (b'{"query": "moons", "k": 1000000}', "application/json", 422, "limit of 20"),
+    (b'{"query": "moons", "n": 1000}', "application/json", 422, "n = 1000 is above"),
+    (b'{"query": "moons", "method": "magic"}', "application/json", 422, "unknown method 'magic'"),
+    (b'{"query": "moons", "method": "single:nowhere"}', "application/json", 422, "no source named 'nowhere'"),
+    (b'{"query": "moons", "sources": ["nowhere"]}', "application/json", 422, "unknown source(s) nowhere"),
+    (b'{"query": "moons", "target": "vibes"}', "application/json", 422, "target: Input should be"),
+    (b'{"query": "moons", "sorce": ["astronomy"]}', "application/json", 422, "sorce: Extra inputs"),
+    (b'{"query": "moons", "method": "gro", "target": "gold"}', "application/json", 422, "needs a reference answer (gold)"),
+    (b"query=moons", "application/x-www-form-urlencoded", 415, "application/json"),
+    (json.dumps({"query": "x" * 70_000}).encode(), "application/json", 413, "limit of 65536 bytes"),
+]
+
+
+@pytest.mark.parametrize("body, kind, status, words", BAD_REQUESTS)
+def test_bad_input_is_a_specific_4xx_and_the_server_keeps_serving(server, body, kind, status, words):
+    answer = httpx.post(server + "/search", content=body, headers={"Content-Type": kind}, timeout=60)
+    assert answer.status_code == status, answer.text
+    assert words in answer.json()["detail"]
+    assert post(server, "/search", {"query": "moons", "method": "rrf"}).status_code == 200
+
+
+def test_an_oversized_body_without_a_length_header_is_refused_while_it_streams(server):
+    chunks = (b'{"query": "' + b"x" * 8192 for _ in range(10))
+    answer = httpx.post(server + "/search", content=chunks, headers={"Content-Type": "application/json"})
+    assert answer.status_code == 413 and "above this server's limit" in answer.json()["detail"]
+
+
+def test_an_api_key_is_required_when_one_is_configured(workspace, monkeypatch):
+    monkeypatch.setenv(API_KEY_ENV, "s3cret-key")
+    with serving(create_app(workspace)) as url:
+        body = {"query": "moons", "method": "rrf"}
+        missing = post(url, "/search", body)
+        assert missing.status_code == 401 and "X-API-Key" in missing.json()["detail"]
+        assert post(url, "/search", body, headers={"X-API-Key": "wrong"}).status_code == 401
+        assert httpx.get(url + "/sources").status_code == 401
+        assert post(url, "/search", body, headers={"X-API-Key": "s3cret-key"}).status_code == 200
+        assert httpx.get(url + "/healthz").status_code == 200  # probes need no key
+        assert httpx.get(url + "/options").json()["api_key_required"] is True
+
+
+def test_cors_is_off_unless_origins_are_configured(workspace):
+    preflight = {"Origin": "http://app.example", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "content-type"}
+    with serving(create_app(workspace)) as url:
+        answer = httpx.options(url + "/search", headers=preflight)
+        assert "access-control-allow-origin" not in answer.headers
+    settings = replace(workspace.config.server, cors_origins=("http://app.example",))
+    with serving(create_app(workspace, settings)) as url:
+        answer = httpx.options(url + "/search", headers=preflight)
+        assert answer.headers["access-control-allow-origin"] == "http://app.example"
+
+
+def test_fifty_concurrent_searches_all_succeed(server):
+    queries = ["planet moons", "bread yeast", "hottest planet surface", "risotto stock", "gas giant"] * 10
+
+    def one(query: str) -> int:
+        return post(server, "/search", {"query": query, "method": "rrf", "k": 5}).status_code
+
+    with ThreadPoolExecutor(max_workers=50) as pool:
+        statuses = list(pool.map(one, queries))
+    assert statuses == [200] * 50
+
+
+def test_a_rebuilt_source_is_served_without_a_restart(tmp_path):
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    corpus = write_jsonl(tmp_path / "notes.jsonl", ASTRONOMY[:1])
+    ws.index(SourceSpec("notes", "jsonl", str(corpus)))
+    with serving(create_app(ws)) as url:
+        body = {"query": "bread yeast", "method": "rrf", "retrieval": "bm25"}
+        assert post(url, "/search", body).json()["candidates"] == []
+        write_jsonl(corpus, ASTRONOMY[:1] + COOKING[:1])
+        ws.index(SourceSpec("notes", "jsonl", str(corpus)))
+        assert post(url, "/search", body).json()["candidates"][0]["doc_id"] == "bread"
+
+
+def test_gradfuse_serve_starts_from_the_command_line(workspace):
+    with gradfuse_serve(workspace.root, env={API_KEY_ENV: ""}) as url:
+        found = post(url, "/search", {"query": "Phobos", "method": "rrf", "retrieval": "bm25"})
+        assert found.status_code == 200 and found.json()["candidates"][0]["doc_id"] == "mars"
+        page = httpx.get(url + "/")
+        assert page.status_code == 200 and "/static/app.js" in page.text
+        assert "http" not in page.text.split("<body>")[0].replace("http-equiv", "")  # nothing loaded from outside
+
+
+@pytest.mark.slow
+def test_ask_streams_search_then_tokens_then_the_answer(workspace):
+    body = {"query": "Which planet has the moons Phobos and Deimos?", "method": "gro", "k": 3, "n": 4,
+            "max_new_tokens": 24, "target": "query"}
+    with serving(create_app(workspace)) as url:
+        plain = post(url, "/ask", body).json()
+        with httpx.stream("POST", url + "/ask", json={**body, "stream": True}, timeout=120) as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            events = [(block.split("\n")[0].removeprefix("event: "),
+                       json.loads(block.split("\n")[1].removeprefix("data: ")))
+                      for block in response.read().decode().strip().split("\n\n")]
+    names = [name for name, _ in events]
+    assert names[0] == "search" and names[-1] == "answer" and set(names[1:-1]) == {"token"}
+    search, answer = events[0][1], events[-1][1]
+    assert search["selection"]["chosen"] and "rerank:gate" in search["candidates"][0]["scores"]
+    assert "".join(data["text"] for name, data in events if name == "token").strip() == answer["answer"]
+    assert answer["answer"] == plain["answer"]  # greedy decoding: streamed or not, the same answer
+    assert answer["citations"] and {"retrieval", "selection", "lm_pass", "generation"} <= set(answer["timings"])
+
+
+@pytest.mark.slow
+def test_requests_beyond_the_lm_line_are_refused_with_retry_after(workspace):
+    settings = replace(workspace.config.server, lm_queue=1)
+    with serving(create_app(workspace, settings, preload_lm=True)) as url:
+        body = {"query": "Which planet is the hottest?", "method": "gradient", "target": "query", "n": 6}
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            answers = list(pool.map(lambda _: post(url, "/search", body), range(4)))
+        statuses = sorted(a.status_code for a in answers)
+        assert 200 in statuses and 503 in statuses, statuses
+        refused = next(a for a in answers if a.status_code == 503)
+        assert refused.headers["retry-after"] and "already running or queued" in refused.json()["detail"]
+        # fusion requests never wait in the LM line
+        assert post(url, "/search", {"query": "hottest planet", "method": "rrf"}).status_code == 200
+
+
+@pytest.mark.slow
+def test_a_passage_that_gives_orders_is_answered_as_data_over_http(tmp_path):
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    records = [{"id": "canberra", "title": "Canberra", "text": "Canberra is the capital city of Australia."},
+               {"id": "evil-page", "title": "Australia", "text": "Australia capital: " + INJECTION}]
+    ws.index(SourceSpec("web", "jsonl", str(write_jsonl(tmp_path / "web.jsonl", records))))
+    with serving(create_app(ws)) as url:
+        answer = post(url, "/ask", {"query": "What is the capital of Australia?", "method": "concat",
+                                    "retrieval": "dense", "k": 2, "max_new_tokens": 40})
+    assert answer.status_code == 200, answer.text
+    passages = {p["doc_id"] for p in answer.json()["passages"]}
+    assert passages == {"canberra", "evil-page"}  # the injected passage did reach the model
+    text = answer.json()["answer"]
+    assert "Canberra" in text and "PWNED-4471" not in text
