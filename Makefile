@@ -7,7 +7,7 @@ export TRANSFORMERS_OFFLINE := 1
 # The shared evaluation data stays outside the repository; a checkout in another folder still finds it.
 export GRADFUSE_DATA ?= $(abspath $(firstword $(wildcard ../shared/data /work/shared/data)))
 
-.PHONY: install demo test clean
+.PHONY: install demo test clean browser
 
 $(BIN)/gradfuse: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,8 +22,16 @@ install: $(BIN)/gradfuse
 demo: install
 	$(BIN)/gradfuse demo
 
-test: install
+test: install browser
 	$(BIN)/python -m pytest
+
+# The page's browser test drives Debian's Chromium through Playwright; no browser is ever downloaded.
+browser:
+	@test -x /usr/bin/chromium || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null \
+	    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }; \
+	  else echo "note: no /usr/bin/chromium and not root: the browser test will be skipped (apt-get install chromium)"; fi; }
 
 clean:
 	rm -rf $(VENV) .gradfuse
@@ -31,11 +39,14 @@ clean:
 # Benchmarks report numbers into committed files under results/; they are not tests. Each benchmark file in
 # benchmarks/ also has a small --quick variant whose expected scores sit next to it (checked by the tests).
 BENCHMARKS := federated qa dl19
-.PHONY: bench bench-skeleton $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
-bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS))
+.PHONY: bench bench-skeleton bench-serve $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
+bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-serve
 
 bench-skeleton: install
 	$(BIN)/python bench/skeleton_scifact.py
+
+bench-serve: install
+	$(BIN)/python bench/serve_load.py
 
 $(addprefix bench-,$(BENCHMARKS)): bench-%: install
 	$(BIN)/gradfuse eval benchmarks/$*.toml --out results/$*

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from pathlib import Path
 
 import httpx
 import pytest
@@ -17,6 +22,7 @@ from test_generation import INJECTION
 from gradfuse import SourceSpec, Workspace
 from gradfuse.config import Config
 from gradfuse.server import API_KEY_ENV, ServerSettings, create_app
+from gradfuse.sources.base import current_version
 
 
 class Hanging:
@@ -269,3 +275,39 @@ def test_a_passage_that_gives_orders_is_answered_as_data_over_http(tmp_path):
     assert passages == {"canberra", "evil-page"}  # the injected passage did reach the model
     text = answer.json()["answer"]
     assert "Canberra" in text and "PWNED-4471" not in text
+
+
+def test_kill_9_mid_rebuild_keeps_the_previous_index_served_and_the_next_run_completes(tmp_path):
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    corpus = write_jsonl(tmp_path / "notes.jsonl", ASTRONOMY)
+    ws.index(SourceSpec("notes", "jsonl", str(corpus)))
+    source_dir = ws.root / "sources" / "notes"
+    published = current_version(source_dir)
+    # A rebuild long enough to be caught in the middle: embedding 1,500 new passages takes many seconds here.
+    bigger = ASTRONOMY + [{"id": f"log-{i}", "text": f"Observation log {i}: the telescope tracked comet {i * 7} "
+                           f"through {i % 12} degrees of sky while the {i % 5}th filter recorded its tail."}
+                          for i in range(1500)]
+    write_jsonl(corpus, bigger)
+    command = [str(Path(sys.executable).parent / "gradfuse"), "index", "jsonl", str(corpus), "-s", "notes",
+               "-w", str(ws.root)]
+    with serving(create_app(ws)) as url:
+        rebuild = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while not any((p / "bm25").is_dir() for p in source_dir.glob("build-*")):  # embedding has begun
+            assert rebuild.poll() is None, "the rebuild ended before it could be interrupted"
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        os.kill(rebuild.pid, signal.SIGKILL)
+        rebuild.wait()
+        assert rebuild.returncode == -signal.SIGKILL
+        assert current_version(source_dir) == published and list(source_dir.glob("build-*"))
+        body = {"query": "comet telescope observation", "method": "rrf", "retrieval": "bm25"}
+        before = post(url, "/search", body)
+        assert before.status_code == 200 and before.json()["candidates"] == []  # the old index, intact
+        assert post(url, "/search", {**body, "query": "Phobos"}).json()["candidates"][0]["doc_id"] == "mars"
+
+        finished = subprocess.run(command, capture_output=True, text=True, timeout=600)
+        assert finished.returncode == 0, finished.stdout + finished.stderr
+        assert current_version(source_dir) != published and not list(source_dir.glob("build-*"))
+        after = post(url, "/search", body).json()["candidates"]
+        assert after and after[0]["doc_id"].startswith("log-")  # served from the new version, no restart

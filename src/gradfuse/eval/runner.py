@@ -104,8 +104,8 @@ def run_benchmark(bench: Benchmark, *, progress: bool = True) -> Evaluation:
         qa_metrics(evaluation, bench.qa, bench.lm_options.get("model", "smollm2"),
                    bench.lm_options.get("doc_tokens", 128), progress)
     evaluation.wall_seconds = time.perf_counter() - started
-    evaluation.machine = _machine()
-    evaluation.commit = _commit()
+    evaluation.machine = machine_description()
+    evaluation.commit = commit_id()
     return evaluation
 
 
@@ -294,7 +294,7 @@ class _LMCache:
             handle.write(json.dumps({"fingerprint": self.fingerprint, "query_id": query_id, **asdict(outcome)}) + "\n")
 
 
-def _machine() -> str:
+def machine_description() -> str:
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -302,7 +302,7 @@ def _machine() -> str:
             f"{device}, Python {platform.python_version()}")
 
 
-def _commit() -> str:
+def commit_id() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip()

@@ -1,0 +1,77 @@
+"""The web page end to end in a real headless browser: Debian's Chromium driven by Playwright."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from live_server import gradfuse_serve
+
+from gradfuse.server import API_KEY_ENV
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARTIFACTS = Path(os.environ.get("GRADFUSE_ARTIFACTS", Path(__file__).resolve().parents[1] / "artifacts"))
+# Without these, Chromium spends its start reaching Google's hosts, which this machine's closed network refuses.
+QUIET_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+               "--disable-component-update", "--disable-sync"]
+
+if not Path(CHROMIUM).is_file():
+    if os.environ.get("GRADFUSE_REQUIRE_BROWSER"):
+        raise RuntimeError(f"GRADFUSE_REQUIRE_BROWSER is set but there is no Chromium at {CHROMIUM} "
+                           "(apt-get install chromium)")
+    pytest.skip("no Chromium on this machine (make test installs Debian's chromium where it can)",
+                allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=QUIET_FLAGS)
+        yield browser
+        browser.close()
+
+
+@pytest.mark.slow
+def test_ask_on_the_page_then_open_the_cited_passage(workspace, browser):
+    from playwright.sync_api import expect
+
+    with gradfuse_serve(workspace.root, env={API_KEY_ENV: ""}) as url:
+        page = browser.new_page(viewport={"width": 1200, "height": 1000})
+        outside: list[str] = []
+        page.on("request", lambda request: None if request.url.startswith(url) else outside.append(request.url))
+        page.goto(url)
+        expect(page.locator("input[name=source]")).to_have_count(2)  # /sources listed both
+        page.fill("#question", "Which planet has the moons Phobos and Deimos?")
+        page.select_option("#method", "gro")
+        page.fill("#k", "3")
+        page.click("#ask")
+
+        citation = page.locator("#answer a.citation").first
+        expect(citation).to_be_visible(timeout=240_000)
+        expect(page.locator("#stage1 tbody tr.chosen")).not_to_have_count(0)
+        expect(page.locator("#score-chart rect.bar[data-series='prior']")).not_to_have_count(0)
+        expect(page.locator("#score-chart rect.bar[data-series='rerank:gate']")).not_to_have_count(0)
+        expect(page.locator("#timings")).to_contain_text("gradient pass")
+        expect(page.locator("#timings")).to_contain_text("generation")
+
+        number = int(citation.get_attribute("data-n"))
+        citation.click()
+        dialog = page.locator("#passage-view")
+        expect(dialog).to_be_visible()
+        cited_text = page.locator(f"#passage-{number}").inner_text()
+        shown = page.locator("#passage-view-text").inner_text()
+        assert shown[:40] in cited_text  # the dialog shows the passage the citation points at
+        expect(page.locator("#passage-view-provenance")).to_contain_text("rank")
+
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "page-cited-passage.png"), full_page=True)
+        page.keyboard.press("Escape")
+        page.screenshot(path=str(ARTIFACTS / "page-answer.png"), full_page=True)
+
+        page.goto(url + "/docs")  # the API docs render from files this server serves
+        expect(page.locator(".swagger-ui .info .title")).to_contain_text("gradfuse", timeout=30_000)
+        assert outside == []
