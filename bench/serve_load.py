@@ -40,6 +40,7 @@ class Level:
     ok: int
     refused: int  # 503 from the LM line
     errors: int  # anything else
+    error_examples: list[str]
     seconds: float
     requests_per_s: float
     p50_ms: float
@@ -58,11 +59,14 @@ def queries_of(bench) -> list[str]:
 def run_level(url: str, method: str, concurrency: int, queries: list[str]) -> Level:
     client = httpx.Client(timeout=600)
 
+    errors: list[str] = []
+
     def one(query: str) -> tuple[int, float]:
         started = time.perf_counter()
-        status = client.post(url + "/search", json={"query": query, "method": method, "k": 10,
-                                                     "retrieval": "bm25"}).status_code
-        return status, time.perf_counter() - started
+        response = client.post(url + "/search", json={"query": query, "method": method, "k": 10, "retrieval": "bm25"})
+        if response.status_code not in (200, 503):
+            errors.append(f"{response.status_code}: {response.text[:200]}")
+        return response.status_code, time.perf_counter() - started
 
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
@@ -71,8 +75,7 @@ def run_level(url: str, method: str, concurrency: int, queries: list[str]) -> Le
     served = np.array([s for status, s in outcomes if status == 200]) * 1000
     refused = sum(status == 503 for status, _ in outcomes)
     percentile = (lambda p: float(np.percentile(served, p))) if len(served) else (lambda p: float("nan"))
-    return Level(method, concurrency, len(queries), len(served), refused, len(queries) - len(served) - refused,
-                 seconds, len(served) / seconds, percentile(50), percentile(95),
+    return Level(method, concurrency, len(queries), len(served), refused, len(errors), errors[:3], seconds, len(served) / seconds, percentile(50), percentile(95),
                  float(served.max()) if len(served) else float("nan"))
 
 

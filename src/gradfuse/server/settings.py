@@ -15,7 +15,7 @@ class ServerSettings:
     api_key: str | None = None  # prefer the environment variable GRADFUSE_API_KEY to a key in a committed file
     cors_origins: tuple[str, ...] = ()  # CORS is off unless origins are listed
     max_body_bytes: int = 64 * 1024
-    max_query_chars: int = 2000
+    max_query_chars: int = 8000  # ArguAna's queries (whole arguments) run to 5,500 characters
     max_k: int = 100
     max_n: int = 50  # candidates in one stage-2 LM pass
     max_depth: int = 500  # candidates asked of each source
