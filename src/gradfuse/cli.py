@@ -29,6 +29,10 @@ ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="Works
 WorkspaceOpt = Annotated[Optional[Path], typer.Option("--workspace", "-w", help="Index folder (overrides the config)")]
 SourceName = Annotated[str, typer.Option("--source", "-s", help="Name of the source to create or rebuild")]
 SkipMalformed = Annotated[bool, typer.Option(help="Skip and count malformed JSONL lines instead of failing")]
+Into = Annotated[Optional[str], typer.Option(help="Load into a PostgreSQL table instead (postgresql://... URL); "
+                                                  "the table is registered in the workspace as the source")]
+TableName = Annotated[Optional[str], typer.Option(help="Table for --into (default: the source name)")]
+Language = Annotated[Optional[str], typer.Option(help="Text search configuration for --into (default english)")]
 
 
 def _workspace(config: Path | None, workspace: Path | None) -> Workspace:
@@ -52,6 +56,11 @@ def _run_guarded(action):
 
 
 def _print_build(report: BuildReport) -> None:
+    if report.written is not None and report.status == "built":
+        console.print(f"[green]{report.name}[/]: {report.documents} documents in the table: {report.written} "
+                      f"written, {report.deleted} deleted, {report.embedded_now} embedded now "
+                      f"({report.seconds:.1f} s)")
+        return
     if report.status == "unchanged":
         console.print(f"[green]{report.name}[/]: unchanged ({report.documents} documents), nothing rebuilt")
         return
@@ -64,16 +73,18 @@ def _print_build(report: BuildReport) -> None:
         console.print(f"  [yellow]ingest:[/] {problems}")
 
 
-def _index(config, workspace, spec: SourceSpec) -> None:
+def _index(config, workspace, spec: SourceSpec, into=None, table=None, language=None) -> None:
     ws = _workspace(config, workspace)
-    _print_build(_run_guarded(lambda: ws.index(spec, progress=True)))
+    _print_build(_run_guarded(lambda: ws.index(spec, into=into, table=table, language=language, progress=True)))
 
 
 @index_app.command("beir")
-def index_beir(folder: Path, source: SourceName, skip_malformed: SkipMalformed = False,
-               config: ConfigOpt = None, workspace: WorkspaceOpt = None):
+def index_beir(folder: Path, source: SourceName, skip_malformed: SkipMalformed = False, into: Into = None,
+               table: TableName = None, language: Language = None, config: ConfigOpt = None,
+               workspace: WorkspaceOpt = None):
     """A BEIR-style folder (corpus.jsonl with id/title/text)."""
-    _index(config, workspace, SourceSpec(source, "beir", str(folder), {"skip_malformed": skip_malformed}))
+    _index(config, workspace, SourceSpec(source, "beir", str(folder), {"skip_malformed": skip_malformed}), into,
+           table, language)
 
 
 @index_app.command("jsonl")
@@ -85,6 +96,9 @@ def index_jsonl(
     title_field: str = "title",
     chunk_words: Annotated[int, typer.Option(help="Cut records into chunks of this many words (0: keep whole)")] = 0,
     skip_malformed: SkipMalformed = False,
+    into: Into = None,
+    table: TableName = None,
+    language: Language = None,
     config: ConfigOpt = None,
     workspace: WorkspaceOpt = None,
 ):
@@ -93,7 +107,7 @@ def index_jsonl(
                "skip_malformed": skip_malformed}
     if chunk_words:
         options["chunk_words"] = chunk_words
-    _index(config, workspace, SourceSpec(source, "jsonl", str(file), options))
+    _index(config, workspace, SourceSpec(source, "jsonl", str(file), options), into, table, language)
 
 
 @index_app.command("files")
@@ -102,12 +116,15 @@ def index_files(
     source: SourceName,
     chunk_words: int = 200,
     chunk_overlap: int = 40,
+    into: Into = None,
+    table: TableName = None,
+    language: Language = None,
     config: ConfigOpt = None,
     workspace: WorkspaceOpt = None,
 ):
     """A folder of .txt/.md/.html files, cut into overlapping chunks."""
     options = {"chunk_words": chunk_words, "chunk_overlap": chunk_overlap}
-    _index(config, workspace, SourceSpec(source, "files", str(folder), options))
+    _index(config, workspace, SourceSpec(source, "files", str(folder), options), into, table, language)
 
 
 @index_app.command("run")

@@ -39,6 +39,12 @@ Example (every key optional)::
     weight = 1.0
     timeout_s = 5.0
     retrieval = "bm25"
+    [sources.tickets]                # a table in PostgreSQL (gradfuse.sources.postgres.PostgresSettings)
+    kind = "postgres"
+    url_env = "TICKETS_DB_URL"       # or url = "postgresql://user@host/db" (never a password in this file)
+    table = "tickets"                # plus id_column, text_column, title_column, tsv_column, embedding_column,
+    language = "english"             # distance (ip | cosine), ef_search, exact, pool_size
+    timeout_s = 2.0                  # also the statement timeout of its queries
 
 CLI flags override the file; the file overrides the built-in defaults.
 """
@@ -54,6 +60,7 @@ from gradfuse.rerank import RerankSettings
 from gradfuse.selection import SelectionSettings
 from gradfuse.server.settings import ServerSettings
 from gradfuse.sources.base import SourceSpec
+from gradfuse.sources.postgres import PostgresSettings
 
 DEFAULT_CONFIG_NAME = "gradfuse.toml"
 _SOURCE_SETTINGS = {"weight", "timeout_s", "retrieval", "enabled"}
@@ -71,6 +78,7 @@ class SourceSettings:
     retrieval: str | None = None
     enabled: bool = True
     spec: SourceSpec | None = None  # present when the file says how to build the source
+    postgres: PostgresSettings | None = None  # present for a source that is a PostgreSQL table
 
 
 @dataclass
@@ -159,7 +167,14 @@ def _source_settings(name: str, table: dict[str, Any], base: Path, path: Path) -
         retrieval=table.pop("retrieval", None),
         enabled=bool(table.pop("enabled", True)),
     )
-    if "kind" in table or "path" in table:
+    if table.get("kind") == "postgres":
+        table.pop("kind")
+        table.setdefault("table", name.replace("-", "_"))
+        try:
+            settings.postgres = PostgresSettings(**table)
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"{path} [sources.{name}]: {error}") from error
+    elif "kind" in table or "path" in table:
         missing = _SOURCE_BUILD - set(table)
         if missing:
             raise ConfigError(f"{path} [sources.{name}]: missing {sorted(missing)}")

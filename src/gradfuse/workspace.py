@@ -28,8 +28,10 @@ from gradfuse.sources import (
     open_source,
 )
 from gradfuse.sources.base import current_version
+from gradfuse.sources.postgres import PostgresSettings, PostgresSource, PostgresTable, register, registered, safe_url
+from gradfuse.sources.postgres_load import load_into_postgres
 from gradfuse.sources.encoder import EmbeddingCache, embedding_text, load_encoder
-from gradfuse.sources.federated import FederatedResult, SourceFailure, query_sources
+from gradfuse.sources.federated import AllSourcesFailed, FederatedResult, SourceFailure, query_sources
 
 
 @dataclass
@@ -68,7 +70,9 @@ class Workspace:
     def __init__(self, config: Config):
         self.config = config
         self.root = config.workspace
-        self._sources: dict[tuple[str, str], tuple[Path, Source]] = {}  # (name, mode) → (version, opened)
+        # (name, mode) → (what it was opened at: a version folder or a table's settings, the opened source)
+        self._sources: dict[tuple[str, str], tuple[object, Source]] = {}
+        self._tables: dict[str, PostgresTable] = {}  # one connection pool per database table
         self._lock = threading.Lock()
         self._embeddings: EmbeddingCache | None = None
 
@@ -78,8 +82,19 @@ class Workspace:
 
     # --- building
 
-    def index(self, spec: SourceSpec, *, progress: bool = False) -> BuildReport:
-        return build_source(self.root, spec, encoder=self.config.encoder, progress=progress)
+    def index(self, spec: SourceSpec, *, into: str | None = None, table: str | None = None,
+              language: str | None = None, progress: bool = False) -> BuildReport:
+        """Build `spec` into the workspace folder, or with `into` (a PostgreSQL URL) load it into a table there
+        (default: the source's name) and register that table in the workspace as the source."""
+        if into is None:
+            return build_source(self.root, spec, encoder=self.config.encoder, progress=progress)
+        if spec.kind == "run":
+            raise ValueError("a TREC run source answers only its own queries and cannot be loaded into a database")
+        settings = PostgresSettings(table=table or spec.name.replace("-", "_"), url=safe_url(into),
+                                    **({"language": language} if language else {}))
+        report = load_into_postgres(self.root, spec, settings, into, encoder=self.config.encoder, progress=progress)
+        register(self.root / "sources" / spec.name, settings)
+        return report
 
     def build_configured(self, *, progress: bool = False) -> list[BuildReport]:
         specs = [s.spec for s in self.config.sources.values() if s.spec is not None]
@@ -90,19 +105,36 @@ class Workspace:
     # --- reading
 
     def source_names(self) -> list[str]:
-        return [n for n in built_source_names(self.root) if self.config.settings(n).enabled]
+        configured = [n for n, s in self.config.sources.items() if s.postgres is not None]
+        names = sorted(set(built_source_names(self.root)) | set(configured))
+        return [n for n in names if self.config.settings(n).enabled]
 
     def source(self, name: str, retrieval: str | None = None) -> Source:
         """The opened source, reopened when a build (in this or another process) has published a new version,
         so a long-running server answers from the latest index without a restart."""
         mode = retrieval or self.config.settings(name).retrieval or self.config.retrieval
-        version = current_version(self.root / "sources" / name)
+        postgres = self.config.settings(name).postgres or registered(self.root / "sources" / name)
+        version = postgres or current_version(self.root / "sources" / name)
         with self._lock:
             opened = self._sources.get((name, mode))
-            if opened is None or opened[0] != version:
-                opened = (version, open_source(self.root, name, mode=mode))
+        if opened is None or opened[0] != version:
+            # Opened outside the lock: connecting to a database may take its timeout, and must not hold up the
+            # other sources of the same request.
+            source = self._open_postgres(name, postgres, mode) if postgres else open_source(self.root, name, mode=mode)
+            opened = (version, source)
+            with self._lock:
                 self._sources[(name, mode)] = opened
-            return opened[1]
+        return opened[1]
+
+    def _open_postgres(self, name: str, settings: PostgresSettings, mode: str) -> Source:
+        with self._lock:
+            table = self._tables.get(name)
+        if table is None or table.settings != settings:
+            timeout = self.config.settings(name).timeout_s or self.config.timeout_s
+            table = PostgresTable(name, settings, timeout_s=timeout)
+            with self._lock:
+                self._tables[name] = table
+        return PostgresSource(table, mode=mode, encoder=self.config.encoder)
 
     def stats(self) -> list[SourceStats]:
         return [self.source(name).stats() for name in self.source_names()]
@@ -147,8 +179,20 @@ class Workspace:
             raise ValueError("the query is empty")
         names = self._resolve_sources(sources)
         timeouts = {n: timeout_s or self.config.settings(n).timeout_s or self.config.timeout_s for n in names}
-        return query_sources([self.source(n, retrieval) for n in names], query, depth or self.config.depth,
-                             timeouts)
+        opened, unopened = [], []
+        for name in names:
+            try:
+                opened.append(self.source(name, retrieval))
+            except SourceError as error:  # e.g. a database that refuses connections: one failed source
+                unopened.append(SourceFailure(name, "error", str(error)))
+        if not opened:
+            raise AllSourcesFailed(unopened)
+        try:
+            result = query_sources(opened, query, depth or self.config.depth, timeouts)
+        except AllSourcesFailed as error:
+            raise AllSourcesFailed(unopened + error.failures) from None
+        result.failures[:0] = unopened
+        return result
 
     def rank(
         self,

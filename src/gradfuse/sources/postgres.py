@@ -1,0 +1,282 @@
+"""A source that lives in PostgreSQL: full-text search (tsvector + GIN, ranked by ts_rank_cd) and pgvector
+(HNSW or exact), with the same retrieval modes as the embedded store, so a benchmark can swap one for the other.
+
+The table (created by `gradfuse index ... --into postgres://...`, or a team's own with the columns named in the
+config) holds one row per passage: id, title, text, chunk provenance, a content hash (what makes reloading
+idempotent), a generated `tsv` column and the encoder's `embedding`. A metadata table `gradfuse_sources` records
+which encoder, dimension, language and distance each table was built with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gradfuse.candidate import Candidate
+from gradfuse.sources.base import SourceError, SourceStats
+from gradfuse.sources.embedded import HYBRID_RRF_K, RETRIEVAL_MODES
+
+DISTANCES = {"ip": ("<#>", "vector_ip_ops"), "cosine": ("<=>", "vector_cosine_ops")}
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TOKEN = re.compile(r"\w+", flags=re.UNICODE)
+
+
+class PostgresError(SourceError):
+    """A postgres source cannot be reached or used; the message says which part (URL, table, extension)."""
+
+
+@dataclass(frozen=True)
+class PostgresSettings:
+    """How to reach and read one table. Either `url` (no password in it: use ~/.pgpass or PGPASSWORD) or
+    `url_env`, the name of an environment variable that holds the URL."""
+
+    table: str
+    url: str | None = None
+    url_env: str | None = None
+    id_column: str = "doc_id"
+    text_column: str = "text"
+    title_column: str = "title"
+    tsv_column: str = "tsv"  # "" to compute to_tsvector on the fly (a table without one; slow without an index)
+    embedding_column: str = "embedding"
+    language: str = "english"  # the text search configuration
+    distance: str = "ip"  # ip (MiniLM vectors are normalised) | cosine
+    ef_search: int = 64  # HNSW candidates per query: higher is slower and closer to exact
+    exact: bool = False  # exact nearest neighbours (a sequential scan) instead of the HNSW index
+    pool_size: int = 4
+
+    def __post_init__(self):
+        for name in ("table", "id_column", "text_column", "title_column", "embedding_column"):
+            if not _IDENTIFIER.match(getattr(self, name)):
+                raise ValueError(f"postgres {name} {getattr(self, name)!r} must be a plain SQL identifier")
+        if self.tsv_column and not _IDENTIFIER.match(self.tsv_column):
+            raise ValueError(f"postgres tsv_column {self.tsv_column!r} must be a plain SQL identifier")
+        if self.distance not in DISTANCES:
+            raise ValueError(f"postgres distance {self.distance!r}: choose from {', '.join(DISTANCES)}")
+        if not _IDENTIFIER.match(self.language):
+            raise ValueError(f"postgres language {self.language!r} must be a text search configuration name")
+        if self.url and password_in(self.url):
+            raise ValueError("a postgres url must not carry a password (it would end up in a file): use url_env, "
+                             "PGPASSWORD or ~/.pgpass")
+
+    def conninfo(self) -> str:
+        if self.url_env:
+            value = os.environ.get(self.url_env)
+            if not value:
+                raise PostgresError(f"environment variable {self.url_env} (the postgres URL) is not set")
+            return value
+        if not self.url:
+            raise PostgresError("a postgres source needs url or url_env")
+        return self.url
+
+
+def password_in(url: str) -> bool:
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        return "password" in conninfo_to_dict(url)
+    except Exception:  # an unparsable URL is reported when it is used
+        return False
+
+
+def safe_url(url: str) -> str:
+    """The URL without its password, for messages and files."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    try:
+        parts = conninfo_to_dict(url)
+    except Exception:
+        return "<unparsable postgres URL>"
+    parts.pop("password", None)
+    return make_conninfo(**parts)
+
+
+class PostgresTable:
+    """One pooled connection set per table, shared by every retrieval mode of the source."""
+
+    def __init__(self, name: str, settings: PostgresSettings, *, timeout_s: float):
+        from psycopg_pool import ConnectionPool
+
+        self.name, self.settings, self.timeout_s = name, settings, timeout_s
+        url = settings.conninfo()
+        self.where = f"{safe_url(url)} table {settings.table}"
+        _probe(url, name)  # a wrong URL fails here, by name, instead of as a pool timeout later
+        self.pool = ConnectionPool(url, min_size=1, max_size=settings.pool_size, open=True, timeout=timeout_s,
+                                   kwargs={"connect_timeout": max(1, int(timeout_s))},
+                                   check=ConnectionPool.check_connection, name=f"gradfuse-{name}")
+        self.columns, self.metadata = self._inspect()
+
+    def _inspect(self) -> tuple[set[str], dict[str, Any]]:
+        s = self.settings
+        with self.pool.connection() as conn:
+            exists = conn.execute("SELECT to_regclass(%s)", (s.table,)).fetchone()[0]
+            if exists is None:
+                database = conn.info.dbname
+                raise PostgresError(f"postgres source {self.name!r}: table {s.table!r} does not exist in database "
+                                    f"{database!r}; load it with `gradfuse index ... --into URL --source "
+                                    f"{self.name}`")
+            columns = {row[0] for row in conn.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = %s AND "
+                "table_schema = ANY(current_schemas(false))", (s.table,))}
+            missing = [c for c in (s.id_column, s.text_column) if c not in columns]
+            if missing:
+                raise PostgresError(f"postgres source {self.name!r}: table {s.table!r} has no column "
+                                    f"{', '.join(missing)} (columns: {', '.join(sorted(columns))})")
+            metadata = {}
+            if conn.execute("SELECT to_regclass('gradfuse_sources')").fetchone()[0] is not None:
+                row = conn.execute("SELECT encoder, dimension, language, distance, input, built_at FROM "
+                                   "gradfuse_sources WHERE table_name = %s", (s.table,)).fetchone()
+                if row:
+                    metadata = dict(zip(("encoder", "dimension", "language", "distance", "input", "built_at"), row))
+        return columns, metadata
+
+    def has_vector_extension(self) -> bool:
+        with self.pool.connection() as conn:
+            return conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone() is not None
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def _probe(url: str, name: str) -> None:
+    import psycopg
+
+    try:
+        psycopg.connect(url, connect_timeout=5).close()
+    except psycopg.Error as error:
+        raise PostgresError(f"postgres source {name!r}: cannot connect to {safe_url(url)}: "
+                            f"{str(error).strip().splitlines()[0]}") from error
+
+
+class PostgresSource:
+    """`search(query, k)` over a PostgreSQL table, by `bm25` (full-text search; the name is the embedded store's,
+    the ranking is ts_rank_cd), `dense` (pgvector) or `hybrid` (RRF of both inside the source)."""
+
+    def __init__(self, table: PostgresTable, *, mode: str = "hybrid", encoder: str):
+        if mode not in RETRIEVAL_MODES:
+            raise ValueError(f"retrieval mode {mode!r} is not one of {', '.join(RETRIEVAL_MODES)}")
+        self.name, self.mode, self._table, self._encoder = table.name, mode, table, encoder
+        if mode != "bm25":
+            self._check_dense()
+
+    def _check_dense(self) -> None:
+        table, s = self._table, self._table.settings
+        if not table.has_vector_extension():
+            raise PostgresError(f"postgres source {self.name!r}: the pgvector extension is not installed in "
+                                f"{table.where.split(' table ')[0]} (CREATE EXTENSION vector) — dense and hybrid "
+                                "retrieval need it; bm25 does not")
+        if s.embedding_column not in table.columns:
+            raise PostgresError(f"postgres source {self.name!r}: table {s.table!r} has no {s.embedding_column!r} "
+                                "column for dense retrieval")
+        built_with = table.metadata.get("encoder")
+        if built_with and built_with != self._encoder:
+            raise PostgresError(f"postgres source {self.name!r}: its vectors come from {built_with!r}, the "
+                                f"workspace encoder is {self._encoder!r}")
+
+    def search(self, query: str, k: int) -> list[Candidate]:
+        if self.mode == "bm25":
+            rows = self._lexical(query, k)
+        elif self.mode == "dense":
+            rows = self._dense(query, k)
+        else:
+            rows = self._hybrid(query, k)
+        return [self._candidate(row, rank) for rank, row in enumerate(rows, start=1)]
+
+    def _select_list(self) -> str:
+        s, columns = self._table.settings, self._table.columns
+        title = s.title_column if s.title_column in columns else "''"
+        provenance = ("parent_id, span_start, span_end" if {"parent_id", "span_start", "span_end"} <= columns
+                      else "NULL, NULL, NULL")
+        return f"{s.id_column}::text, coalesce({title}, ''), {s.text_column}, {provenance}"
+
+    def _tsvector(self) -> str:
+        s, columns = self._table.settings, self._table.columns
+        if s.tsv_column and s.tsv_column in columns:
+            return s.tsv_column
+        title = f"coalesce({s.title_column}, '') || ' ' || " if s.title_column in columns else ""
+        return f"to_tsvector('{s.language}', {title}coalesce({s.text_column}, ''))"
+
+    def _run(self, sql: str, params: dict, settings: list[str]) -> list[tuple]:
+        with self._table.pool.connection() as conn, conn.transaction():
+            conn.execute(f"SET LOCAL statement_timeout = {int(self._table.timeout_s * 1000)}")
+            for statement in settings:
+                conn.execute(statement)
+            return conn.execute(sql, params).fetchall()
+
+    def _lexical(self, query: str, k: int) -> list[tuple]:
+        # Any of the query's words (OR), like BM25: plainto_tsquery would demand all of them.
+        terms = _TOKEN.findall(query)
+        if not terms:
+            return []
+        s = self._table.settings
+        sql = (f"SELECT {self._select_list()}, ts_rank_cd({self._tsvector()}, q) AS score "
+               f"FROM {s.table}, to_tsquery(%(language)s::regconfig, %(terms)s) AS q "
+               f"WHERE {self._tsvector()} @@ q ORDER BY score DESC, {s.id_column} LIMIT %(k)s")
+        return self._run(sql, {"language": s.language, "terms": " | ".join(terms), "k": k}, [])
+
+    def _dense(self, query: str, k: int) -> list[tuple]:
+        from gradfuse.sources.encoder import load_encoder
+
+        s = self._table.settings
+        operator, _ = DISTANCES[s.distance]
+        vector = vector_literal(load_encoder(self._encoder).encode_query(query))
+        # Score as a similarity, like the embedded store: inner product, or 1 - cosine distance.
+        score = f"-({s.embedding_column} {operator} %(v)s::vector)" if s.distance == "ip" else \
+            f"1 - ({s.embedding_column} {operator} %(v)s::vector)"
+        sql = (f"SELECT {self._select_list()}, {score} AS score FROM {s.table} "
+               f"ORDER BY {s.embedding_column} {operator} %(v)s::vector LIMIT %(k)s")
+        settings = (["SET LOCAL enable_indexscan = off"] if s.exact
+                    else [f"SET LOCAL hnsw.ef_search = {int(s.ef_search)}"])
+        return self._run(sql, {"v": vector, "k": k}, settings)
+
+    def _hybrid(self, query: str, k: int) -> list[tuple]:
+        depth = max(k, 50)
+        fused: dict[str, float] = {}
+        rows: dict[str, tuple] = {}
+        for ranking in (self._lexical(query, depth), self._dense(query, depth)):
+            for rank, row in enumerate(ranking, start=1):
+                fused[row[0]] = fused.get(row[0], 0.0) + 1.0 / (HYBRID_RRF_K + rank)
+                rows.setdefault(row[0], row)
+        best = sorted(fused, key=lambda doc_id: (-fused[doc_id], doc_id))[:k]
+        return [(*rows[doc_id][:-1], fused[doc_id]) for doc_id in best]
+
+    def _candidate(self, row: tuple, rank: int) -> Candidate:
+        doc_id, title, text, parent_id, start, end, score = row
+        return Candidate(source=self.name, doc_id=doc_id, text=text, title=title, native_score=float(score),
+                         native_rank=rank, parent_id=parent_id, span=(start, end) if start is not None else None)
+
+    def stats(self) -> SourceStats:
+        s, metadata = self._table.settings, self._table.metadata
+        with self._table.pool.connection() as conn:
+            documents = conn.execute(f"SELECT count(*) FROM {s.table}").fetchone()[0]
+            size = conn.execute("SELECT pg_total_relation_size(%s::regclass)", (s.table,)).fetchone()[0]
+        built = metadata.get("built_at")
+        return SourceStats(name=self.name, kind="postgres", documents=documents, index_bytes=size,
+                           encoder=metadata.get("encoder"), built_at=built.isoformat(timespec="seconds")
+                           if built else "-", input=self._table.where, retrieval=self.mode)
+
+
+def vector_literal(vector: np.ndarray) -> str:
+    return "[" + ",".join(f"{x:.7g}" for x in vector.tolist()) + "]"
+
+
+# --- a table loaded with `--into` is registered in the workspace, so it is a source like the built ones.
+
+REGISTRATION = "postgres.json"
+
+
+def register(source_dir: Path, settings: PostgresSettings) -> None:
+    source_dir.mkdir(parents=True, exist_ok=True)
+    staging = source_dir / (REGISTRATION + ".tmp")
+    staging.write_text(json.dumps(asdict(settings), indent=2, sort_keys=True))
+    os.replace(staging, source_dir / REGISTRATION)
+
+
+def registered(source_dir: Path) -> PostgresSettings | None:
+    path = source_dir / REGISTRATION
+    return PostgresSettings(**json.loads(path.read_text())) if path.is_file() else None
