@@ -39,14 +39,17 @@ clean:
 # Benchmarks report numbers into committed files under results/; they are not tests. Each benchmark file in
 # benchmarks/ also has a small --quick variant whose expected scores sit next to it (checked by the tests).
 BENCHMARKS := federated qa dl19
-.PHONY: bench bench-skeleton bench-serve $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
-bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-serve
+.PHONY: bench bench-skeleton bench-serve bench-postgres $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
+bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-serve bench-postgres
 
 bench-skeleton: install
 	$(BIN)/python bench/skeleton_scifact.py
 
 bench-serve: install
 	$(BIN)/python bench/serve_load.py
+
+bench-postgres: install
+	$(BIN)/python bench/postgres_vs_embedded.py
 
 $(addprefix bench-,$(BENCHMARKS)): bench-%: install
 	$(BIN)/gradfuse eval benchmarks/$*.toml --out results/$*

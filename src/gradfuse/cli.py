@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -13,7 +12,7 @@ from rich.table import Table
 
 from gradfuse.config import ConfigError
 from gradfuse.fusion import UnknownMethod
-from gradfuse.schemas import answer_record, search_record
+from gradfuse.schemas import answer_record, search_record, source_record
 from gradfuse.sources import BuildReport, IngestError, SourceError, SourceSpec
 from gradfuse.sources.federated import AllSourcesFailed, SourceFailure
 from gradfuse.workspace import Answer, SearchResult, Workspace
@@ -154,17 +153,20 @@ def build(config: ConfigOpt = None, workspace: WorkspaceOpt = None):
 @app.command()
 def sources(config: ConfigOpt = None, workspace: WorkspaceOpt = None,
             as_json: Annotated[bool, typer.Option("--json")] = False):
-    """Each built source: kind, documents, index size, encoder, when it was built."""
+    """Each built source: kind, documents, index size, encoder, when it was built (or why it cannot be read)."""
     ws = _workspace(config, workspace)
-    stats = _run_guarded(ws.stats)
+    health = _run_guarded(ws.source_health)
     if as_json:
-        print(json.dumps([asdict(s) for s in stats], indent=2))
+        print(json.dumps([source_record(*entry).model_dump() for entry in health], indent=2))
         return
     table = Table("source", "kind", "documents", "index", "encoder", "retrieval", "built (UTC)", "input")
-    for s in stats:
-        table.add_row(s.name, s.kind, str(s.documents), f"{s.index_bytes / 1e6:.1f} MB", s.encoder or "-",
-                      s.retrieval, s.built_at, s.input)
-    console.print(table if stats else f"no sources built in {ws.root}")
+    for name, s, error in health:
+        if s is None:
+            table.add_row(name, "[red]unreadable[/]", "-", "-", "-", "-", "-", error)
+        else:
+            table.add_row(s.name, s.kind, str(s.documents), f"{s.index_bytes / 1e6:.1f} MB", s.encoder or "-",
+                          s.retrieval, s.built_at, s.input)
+    console.print(table if health else f"no sources built in {ws.root}")
 
 
 Method = Annotated[Optional[str], typer.Option("--method", "-m", "--fusion",

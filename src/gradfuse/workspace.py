@@ -139,6 +139,16 @@ class Workspace:
     def stats(self) -> list[SourceStats]:
         return [self.source(name).stats() for name in self.source_names()]
 
+    def source_health(self) -> list[tuple[str, SourceStats | None, str | None]]:
+        """(name, stats, None) for each source that opens and answers its stats, (name, None, why) for the rest."""
+        health = []
+        for name in self.source_names():
+            try:
+                health.append((name, self.source(name).stats(), None))
+            except Exception as error:  # one unreadable index or unreachable database must not hide the others
+                health.append((name, None, f"{type(error).__name__}: {error}"))
+        return health
+
     def search(
         self,
         query: str,

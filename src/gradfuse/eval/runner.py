@@ -75,7 +75,7 @@ def run_benchmark(bench: Benchmark, *, progress: bool = True) -> Evaluation:
     started = time.perf_counter()
     ws = Workspace(Config(workspace=bench.workspace, depth=bench.depth, k=bench.k, retrieval=bench.retrieval))
     builds = [asdict(ws.index(spec, progress=progress)) for spec in bench.sources.values()]
-    queries, qrels, origins = _queries_and_qrels(bench)
+    queries, qrels, origins = queries_and_qrels(bench)
     evaluation = Evaluation(bench, queries, qrels, origins, {}, {}, {}, {}, builds)
     methods = bench.expand_methods()
     cheap = [m for m in methods if not is_lm_method(m) and m not in EVALUATION_METHODS and m != "select"]
@@ -109,7 +109,8 @@ def run_benchmark(bench: Benchmark, *, progress: bool = True) -> Evaluation:
     return evaluation
 
 
-def _queries_and_qrels(bench: Benchmark):
+def queries_and_qrels(bench: Benchmark):
+    """The sampled queries (test and dev) with a relevant document in reach, their judged keys and origins."""
     queries, qrels, origins = [], {}, {}
     for query_set in bench.query_sets.values():
         judged = read_qrels(query_set)
@@ -146,7 +147,8 @@ def _judged_key(bench: Benchmark, candidate: Candidate) -> str:
     return candidate.doc_id if bench.shared_collection else candidate.key
 
 
-def _outcome(bench: Benchmark, result: SearchResult) -> Outcome:
+def outcome_of(bench: Benchmark, result: SearchResult) -> Outcome:
+    """The judged ranking of one ranked result (document keys as the qrels name them)."""
     if result.selection is not None:
         chosen = result.selection.sources
     else:
@@ -162,7 +164,7 @@ def _outcome(bench: Benchmark, result: SearchResult) -> Outcome:
 
 
 def _record(evaluation: Evaluation, method: str, query: EvalQuery, result: SearchResult | Outcome) -> None:
-    outcome = result if isinstance(result, Outcome) else _outcome(evaluation.bench, result)
+    outcome = result if isinstance(result, Outcome) else outcome_of(evaluation.bench, result)
     evaluation.outcomes.setdefault(method, {})[query.query_id] = outcome
 
 
@@ -206,7 +208,7 @@ def _run_evaluation_methods(evaluation, ws, retrieved, profiles, groups, methods
         """What `select` ranks when stage 1 chooses `sources`: RRF over them (memoised for the grid)."""
         if (query_id, sources) not in memo:
             subset = _restricted(retrieved[query_id], sources)
-            memo[query_id, sources] = _outcome(bench, _rank(ws, bench, by_id[query_id], subset, "rrf"))
+            memo[query_id, sources] = outcome_of(bench, _rank(ws, bench, by_id[query_id], subset, "rrf"))
         return memo[query_id, sources]
 
     selections = []
@@ -251,7 +253,7 @@ def _run_lm_method(evaluation, ws, retrieved, method, groups, selections, progre
             if outcome is None:
                 result = _rank(ws, bench, query, retrieved[query.query_id], base, selection=selection,
                                gold=query.answers[0] if query.answers else None, **options)
-                outcome = _outcome(bench, result)
+                outcome = outcome_of(bench, result)
                 outcome.target, outcome.loss = result.rerank.target, result.rerank.loss
                 outcome.head = [{"key": _judged_key(bench, c), **c.scores} for c in result.rerank.ranked]
                 cache.put(query.query_id, outcome)

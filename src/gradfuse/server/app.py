@@ -167,14 +167,10 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
         """Each enabled source: whether its index opens, its size, encoder and last build, and what the last
         requests saw of it."""
         records = []
-        for name in workspace.source_names():
-            try:
-                base = source_record(name, workspace.source(name).stats())
-            except Exception as error:  # an unreadable index is reported, not raised: the others are still fine
-                base = source_record(name, None, f"{type(error).__name__}: {error}")
+        for name, stats, error in workspace.source_health():
             failure = health.last_failure.get(name)
             records.append(SourceHealthRecord(
-                **base.model_dump(), last_answered_at=health.last_ok.get(name),
+                **source_record(name, stats, error).model_dump(), last_answered_at=health.last_ok.get(name),
                 last_failure_at=failure[0] if failure else None,
                 last_failure=f"{failure[1].reason}: {failure[1].detail}" if failure else None,
             ))
