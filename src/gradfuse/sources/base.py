@@ -52,6 +52,19 @@ class SourceStats:
     retrieval: str
 
 
+# Extra candidates fetched before the cut, so that equal scores at the cut are settled by doc id, not by how a
+# store happens to lay rows out: the same data then ranks the same in every store (embedded, PostgreSQL).
+TIE_SLACK = 16
+
+
+def rank_by_score(candidates: list[Candidate], k: int) -> list[Candidate]:
+    """Best native score first, equal scores by doc id; cut to k and ranked 1..k."""
+    ranked = sorted(candidates, key=lambda c: (-c.native_score, c.doc_id))[:k]
+    for rank, candidate in enumerate(ranked, start=1):
+        candidate.native_rank = rank
+    return ranked
+
+
 @runtime_checkable
 class Source(Protocol):
     name: str

@@ -15,7 +15,7 @@ import numpy as np
 import tantivy
 
 from gradfuse.candidate import Candidate
-from gradfuse.sources.base import SourceStats, read_manifest, stats_from_manifest
+from gradfuse.sources.base import TIE_SLACK, SourceStats, rank_by_score, read_manifest, stats_from_manifest
 from gradfuse.sources.docstore import DocStore
 from gradfuse.sources.documents import Document
 from gradfuse.sources.encoder import EmbeddingCache, embedding_text, load_encoder
@@ -61,14 +61,14 @@ class EmbeddedSource:
         self._vectors = np.load(version / "embeddings.npy", mmap_mode="r")
 
     def search(self, query: str, k: int, *, mode: str | None = None) -> list[Candidate]:
-        mode = mode or self.mode
+        mode, deeper = mode or self.mode, k + TIE_SLACK
         if mode == "bm25":
-            rows, scores = self._bm25(query, k)
+            rows, scores = self._bm25(query, deeper)
         elif mode == "dense":
-            rows, scores = self._dense(query, k)
+            rows, scores = self._dense(query, deeper)
         else:
-            rows, scores = self._hybrid(query, k)
-        return self._docs.candidates(self.name, rows, scores)
+            rows, scores = self._hybrid(query, deeper)
+        return rank_by_score(self._docs.candidates(self.name, rows, scores), k)
 
     def _bm25(self, query: str, k: int) -> tuple[list[int], list[float]]:
         terms = _TOKEN.findall(query)  # free text, never query syntax: a stray quote must not fail the search

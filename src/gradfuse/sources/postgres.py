@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from gradfuse.candidate import Candidate
-from gradfuse.sources.base import SourceError, SourceStats
+from gradfuse.sources.base import TIE_SLACK, SourceError, SourceStats, rank_by_score
 from gradfuse.sources.embedded import HYBRID_RRF_K, RETRIEVAL_MODES
 
 DISTANCES = {"ip": ("<#>", "vector_ip_ops"), "cosine": ("<=>", "vector_cosine_ops")}
@@ -46,7 +46,7 @@ class PostgresSettings:
     embedding_column: str = "embedding"
     language: str = "english"  # the text search configuration
     distance: str = "ip"  # ip (MiniLM vectors are normalised) | cosine
-    ef_search: int = 64  # HNSW candidates per query: higher is slower and closer to exact
+    ef_search: int = 64  # HNSW candidates per query (raised to the depth asked): higher is slower, closer to exact
     exact: bool = False  # exact nearest neighbours (a sequential scan) instead of the HNSW index
     pool_size: int = 4
 
@@ -179,13 +179,14 @@ class PostgresSource:
                                 f"workspace encoder is {self._encoder!r}")
 
     def search(self, query: str, k: int) -> list[Candidate]:
+        deeper = k + TIE_SLACK
         if self.mode == "bm25":
-            rows = self._lexical(query, k)
+            rows = self._lexical(query, deeper)
         elif self.mode == "dense":
-            rows = self._dense(query, k)
+            rows = self._dense(query, deeper)
         else:
-            rows = self._hybrid(query, k)
-        return [self._candidate(row, rank) for rank, row in enumerate(rows, start=1)]
+            rows = self._hybrid(query, deeper)
+        return rank_by_score([self._candidate(row, rank) for rank, row in enumerate(rows, start=1)], k)
 
     def _select_list(self) -> str:
         s, columns = self._table.settings, self._table.columns
@@ -209,8 +210,9 @@ class PostgresSource:
             return conn.execute(sql, params).fetchall()
 
     def _lexical(self, query: str, k: int) -> list[tuple]:
-        # Any of the query's words (OR), like BM25: plainto_tsquery would demand all of them.
-        terms = _TOKEN.findall(query)
+        # Any of the query's words (OR), like BM25: plainto_tsquery would demand all of them. Each word once:
+        # ts_rank_cd's cost grows with the query's length, and a pasted argument repeats its words a lot.
+        terms = list(dict.fromkeys(word.lower() for word in _TOKEN.findall(query)))
         if not terms:
             return []
         s = self._table.settings
@@ -230,8 +232,9 @@ class PostgresSource:
             f"1 - ({s.embedding_column} {operator} %(v)s::vector)"
         sql = (f"SELECT {self._select_list()}, {score} AS score FROM {s.table} "
                f"ORDER BY {s.embedding_column} {operator} %(v)s::vector LIMIT %(k)s")
+        # An HNSW scan returns at most ef_search rows: below k it would silently cut the list short.
         settings = (["SET LOCAL enable_indexscan = off"] if s.exact
-                    else [f"SET LOCAL hnsw.ef_search = {int(s.ef_search)}"])
+                    else [f"SET LOCAL hnsw.ef_search = {max(int(s.ef_search), k)}"])
         return self._run(sql, {"v": vector, "k": k}, settings)
 
     def _hybrid(self, query: str, k: int) -> list[tuple]:
