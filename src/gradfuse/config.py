@@ -60,7 +60,7 @@ from gradfuse.rerank import RerankSettings
 from gradfuse.selection import SelectionSettings
 from gradfuse.server.settings import ServerSettings
 from gradfuse.sources.base import SourceSpec
-from gradfuse.sources.postgres import PostgresSettings
+from gradfuse.sources.postgres import PostgresSettings, default_table
 
 DEFAULT_CONFIG_NAME = "gradfuse.toml"
 _SOURCE_SETTINGS = {"weight", "timeout_s", "retrieval", "enabled"}
@@ -169,7 +169,7 @@ def _source_settings(name: str, table: dict[str, Any], base: Path, path: Path) -
     )
     if table.get("kind") == "postgres":
         table.pop("kind")
-        table.setdefault("table", name.replace("-", "_"))
+        table.setdefault("table", default_table(name))
         try:
             settings.postgres = PostgresSettings(**table)
         except (TypeError, ValueError) as error:

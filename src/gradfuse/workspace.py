@@ -28,7 +28,15 @@ from gradfuse.sources import (
     open_source,
 )
 from gradfuse.sources.base import current_version
-from gradfuse.sources.postgres import PostgresSettings, PostgresSource, PostgresTable, register, registered, safe_url
+from gradfuse.sources.postgres import (
+    PostgresSettings,
+    PostgresSource,
+    PostgresTable,
+    default_table,
+    register,
+    registered,
+    safe_url,
+)
 from gradfuse.sources.postgres_load import load_into_postgres
 from gradfuse.sources.encoder import EmbeddingCache, embedding_text, load_encoder
 from gradfuse.sources.federated import AllSourcesFailed, FederatedResult, SourceFailure, query_sources
@@ -90,7 +98,7 @@ class Workspace:
             return build_source(self.root, spec, encoder=self.config.encoder, progress=progress)
         if spec.kind == "run":
             raise ValueError("a TREC run source answers only its own queries and cannot be loaded into a database")
-        settings = PostgresSettings(table=table or spec.name.replace("-", "_"), url=safe_url(into),
+        settings = PostgresSettings(table=table or default_table(spec.name), url=safe_url(into),
                                     **({"language": language} if language else {}))
         report = load_into_postgres(self.root, spec, settings, into, encoder=self.config.encoder, progress=progress)
         register(self.root / "sources" / spec.name, settings)
@@ -135,9 +143,6 @@ class Workspace:
             with self._lock:
                 self._tables[name] = table
         return PostgresSource(table, mode=mode, encoder=self.config.encoder)
-
-    def stats(self) -> list[SourceStats]:
-        return [self.source(name).stats() for name in self.source_names()]
 
     def source_health(self) -> list[tuple[str, SourceStats | None, str | None]]:
         """(name, stats, None) for each source that opens and answers its stats, (name, None, why) for the rest."""

@@ -22,6 +22,21 @@ from gradfuse.sources.encoder import EmbeddingCache, embedding_text, load_encode
 
 RETRIEVAL_MODES = ("bm25", "dense", "hybrid")
 HYBRID_RRF_K = 60
+HYBRID_MIN_DEPTH = 50  # each of a hybrid search's two rankings is at least this deep before they are fused
+
+
+def hybrid_depth(k: int) -> int:
+    return max(k, HYBRID_MIN_DEPTH)
+
+
+def rrf_in_source(rankings: list[list], k: int) -> list[tuple]:
+    """RRF of one source's own rankings (lexical and dense) by document key; equal sums by key. Shared by every
+    store, so `hybrid` means the same thing wherever a source lives."""
+    fused: dict = {}
+    for ranking in rankings:
+        for rank, key in enumerate(ranking, start=1):
+            fused[key] = fused.get(key, 0.0) + 1.0 / (HYBRID_RRF_K + rank)
+    return sorted(fused.items(), key=lambda item: (-item[1], item[0]))[:k]
 _TOKEN = re.compile(r"\w+", flags=re.UNICODE)
 
 
@@ -88,12 +103,8 @@ class EmbeddedSource:
         return top.tolist(), similarities[top].tolist()
 
     def _hybrid(self, query: str, k: int) -> tuple[list[int], list[float]]:
-        depth = max(k, 50)
-        fused: dict[int, float] = {}
-        for rows, _ in (self._bm25(query, depth), self._dense(query, depth)):
-            for rank, row in enumerate(rows, start=1):
-                fused[row] = fused.get(row, 0.0) + 1.0 / (HYBRID_RRF_K + rank)
-        best = sorted(fused.items(), key=lambda item: (-item[1], item[0]))[:k]
+        depth = hybrid_depth(k)
+        best = rrf_in_source([self._bm25(query, depth)[0], self._dense(query, depth)[0]], k)
         return [row for row, _ in best], [score for _, score in best]
 
     def stats(self) -> SourceStats:

@@ -20,7 +20,7 @@ import numpy as np
 
 from gradfuse.candidate import Candidate
 from gradfuse.sources.base import TIE_SLACK, SourceError, SourceStats, rank_by_score
-from gradfuse.sources.embedded import HYBRID_RRF_K, RETRIEVAL_MODES
+from gradfuse.sources.embedded import RETRIEVAL_MODES, hybrid_depth, rrf_in_source
 
 DISTANCES = {"ip": ("<#>", "vector_ip_ops"), "cosine": ("<=>", "vector_cosine_ops")}
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -73,6 +73,11 @@ class PostgresSettings:
         if not self.url:
             raise PostgresError("a postgres source needs url or url_env")
         return self.url
+
+
+def default_table(source: str) -> str:
+    """A source's table when none is named: its name as an SQL identifier."""
+    return source.replace("-", "_")
 
 
 def password_in(url: str) -> bool:
@@ -238,15 +243,11 @@ class PostgresSource:
         return self._run(sql, {"v": vector, "k": k}, settings)
 
     def _hybrid(self, query: str, k: int) -> list[tuple]:
-        depth = max(k, 50)
-        fused: dict[str, float] = {}
-        rows: dict[str, tuple] = {}
-        for ranking in (self._lexical(query, depth), self._dense(query, depth)):
-            for rank, row in enumerate(ranking, start=1):
-                fused[row[0]] = fused.get(row[0], 0.0) + 1.0 / (HYBRID_RRF_K + rank)
-                rows.setdefault(row[0], row)
-        best = sorted(fused, key=lambda doc_id: (-fused[doc_id], doc_id))[:k]
-        return [(*rows[doc_id][:-1], fused[doc_id]) for doc_id in best]
+        depth = hybrid_depth(k)
+        rankings = [self._lexical(query, depth), self._dense(query, depth)]
+        rows = {row[0]: row for ranking in rankings for row in ranking}  # by doc id; the score column is replaced
+        best = rrf_in_source([[row[0] for row in ranking] for ranking in rankings], k)
+        return [(*rows[doc_id][:-1], score) for doc_id, score in best]
 
     def _candidate(self, row: tuple, rank: int) -> Candidate:
         doc_id, title, text, parent_id, start, end, score = row
