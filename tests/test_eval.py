@@ -132,7 +132,28 @@ def test_the_prior_mix_reorders_only_the_scored_head():
     head = [{"key": "a", "prior": 0.9, "rerank:gate": -1.0}, {"key": "b", "prior": 0.5, "rerank:gate": 2.0},
             {"key": "c", "prior": 0.1, "rerank:gate": 0.5}]
     outcome = Outcome([("b", 5.0), ("c", 4.0), ("a", 3.0), ("tail1", 2.0), ("tail2", 1.0)], ["s"], 0.1, head)
-    by_gradient = [key for key, _ in mix_prior(outcome, 0.0, "rerank:gate").ranking]
-    by_prior = [key for key, _ in mix_prior(outcome, 100.0, "rerank:gate").ranking]
+    by_gradient = [key for key, _ in mix_prior(outcome, "rerank:gate", "prior", "zsum", 0.0).ranking]
+    by_prior = [key for key, _ in mix_prior(outcome, "rerank:gate", "prior", "zsum", 100.0).ranking]
+    within_two = [key for key, _ in mix_prior(outcome, "rerank:gate", "prior", "within", 2).ranking]
+    prior_alone = [key for key, _ in mix_prior(outcome, "rerank:gate", "prior", "within", 0).ranking]
     assert by_gradient == ["b", "c", "a", "tail1", "tail2"]
-    assert by_prior == ["a", "b", "c", "tail1", "tail2"]
+    assert by_prior == prior_alone == ["a", "b", "c", "tail1", "tail2"]
+    assert within_two == ["b", "a", "c", "tail1", "tail2"]  # only the prior's first two are reordered
+
+
+def test_the_mix_is_chosen_on_dev_and_a_useless_score_leaves_the_prior(tmp_path):
+    """A score that ranks the relevant document last: the dev choice must fall back to the prior's order."""
+    from gradfuse.eval.runner import Outcome
+    from gradfuse.eval.tuning import best_mix, mix_prior
+
+    qrels, outcomes = {}, {}
+    for q in range(6):
+        head = [{"key": f"{q}-rel", "prior": 0.9, "rerank:upr": -5.0},
+                {"key": f"{q}-x", "prior": 0.5, "rerank:upr": 1.0}, {"key": f"{q}-y", "prior": 0.1, "rerank:upr": 2.0}]
+        qrels[str(q)] = {f"{q}-rel": 1}
+        outcomes[str(q)] = Outcome([(row["key"], 3.0 - i) for i, row in enumerate(head)], ["s"], 0.1, head,
+                                   score_key="rerank:upr")
+    point, score, grid = best_mix(qrels, outcomes, list(outcomes), "rerank:upr", ["prior"], "ndcg@10")
+    assert score == pytest.approx(1.0) and len(grid) == 10
+    assert [k for k, _ in mix_prior(outcomes["0"], "rerank:upr", "prior", point["mix"], point["value"]).ranking][0] \
+        == "0-rel"

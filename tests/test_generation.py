@@ -108,3 +108,24 @@ def test_openai_compatible_endpoint_by_url(smollm2):
 def test_unknown_generator_spec_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="is not 'smollm2', an http"):
         make_generator(str(tmp_path / "no-model-here"))
+
+
+@pytest.mark.slow
+def test_the_bundled_model_answers_through_llama_cpp_and_streams_the_same_text(smollm2):
+    assert smollm2.llamacpp is not None and smollm2.model is None  # no transformers copy just to generate
+    messages = build_messages("What is the capital of Australia?", PASSAGES)
+    whole = smollm2.generate(messages, max_new_tokens=24, passages=len(PASSAGES))
+    pieces = list(smollm2.stream(messages, max_new_tokens=24, passages=len(PASSAGES)))
+    assert whole.startswith("According to passage [") and whole[len("According to passage [")] in "123"
+    assert "".join(pieces).strip() == whole and len(pieces) > 3
+
+
+@pytest.mark.slow
+def test_llama_cpp_stops_generating_when_the_reader_stops(smollm2):
+    """What a streamed /ask relies on when its client leaves: no more tokens once the consumer says stop."""
+    prompt = "<|im_start|>user\nTell a long story about a fox.<|im_end|>\n<|im_start|>assistant\n"
+    full = smollm2.llamacpp.complete(prompt, max_new_tokens=60)
+    seen = []
+    stopped = smollm2.llamacpp.complete(prompt, max_new_tokens=60, on_piece=lambda p: seen.append(p) or len(seen) >= 3)
+    assert len(seen) == 3 and stopped == "".join(seen).strip()
+    assert full.startswith(stopped) and len(stopped) < len(full)

@@ -5,7 +5,7 @@ import pytest
 from gradfuse import SourceSpec, Workspace
 from gradfuse.candidate import Candidate
 from gradfuse.config import Config
-from gradfuse.rerank import RerankSettings, gradient_rerank, load_scorer, loo_rerank
+from gradfuse.rerank import RerankSettings, make_scorer, rerank
 from gradfuse.selection import SelectionSettings, select_sources
 from gradfuse.sources.encoder import load_encoder
 
@@ -51,28 +51,53 @@ def candidates(texts):
             enumerate(texts)]
 
 
-@pytest.fixture(scope="module")
-def scorer():
-    return load_scorer("smollm2")
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("estimator", ["gate", "grad_x_input"])
-def test_stage2_puts_the_planted_fact_on_top_with_the_gold_target(scorer, estimator):
+@pytest.mark.parametrize("estimator", ["gate", "reader_gate", "grad_x_input"])
+def test_stage2_puts_the_planted_fact_on_top_with_the_gold_target(estimator):
     texts = DISTRACTORS[:3] + [PLANTED] + DISTRACTORS[3:]
     settings = RerankSettings(estimator=estimator, target="gold", prior_weight=0.0)  # the gradient alone
-    outcome = gradient_rerank(scorer, QUESTION, candidates(texts), settings, gold="4817")
+    outcome = rerank(make_scorer("gro", settings), QUESTION, candidates(texts), settings, gold="4817")
     assert outcome.ranked[0].text == PLANTED, [(c.doc_id, c.scores) for c in outcome.ranked]
-    assert outcome.target == "4817"
-    assert all({"rerank:gate", "rerank:grad_x_input", "rerank:final"} <= set(c.scores) for c in outcome.ranked)
+    assert outcome.target == "4817" and outcome.score_key == f"rerank:{estimator}"
+    assert all({outcome.score_key, "rerank:final"} <= set(c.scores) for c in outcome.ranked)
 
 
 @pytest.mark.slow
-def test_leave_one_out_agrees_that_the_planted_fact_matters_most(scorer):
+def test_leave_one_out_agrees_that_the_planted_fact_matters_most():
     texts = DISTRACTORS[:2] + [PLANTED] + DISTRACTORS[2:4]
-    outcome = loo_rerank(scorer, QUESTION, candidates(texts), RerankSettings(target="gold"),
-                         gold="4817")
+    settings = RerankSettings(target="gold")
+    outcome = rerank(make_scorer("loo", settings), QUESTION, candidates(texts), settings, gold="4817")
     assert outcome.ranked[0].text == PLANTED and outcome.ranked[0].scores["rerank:loo"] > 0
+
+
+@pytest.mark.slow
+def test_upr_puts_the_planted_fact_on_top_and_the_relevance_prompt_ranks_by_its_score():
+    texts = DISTRACTORS[:3] + [PLANTED] + DISTRACTORS[3:]
+    settings = RerankSettings(prior_weight=0.0)
+    outcome = rerank(make_scorer("upr", settings), QUESTION, candidates(texts), settings)
+    assert outcome.ranked[0].text == PLANTED, [(c.doc_id, c.scores) for c in outcome.ranked]
+    assert outcome.score_key == "rerank:upr" and outcome.scorer == "upr" and outcome.target == QUESTION
+    # The 135M model's yes/no judgement does not find the planted fact here (it prefers a passage about March):
+    # only the mechanics are asserted; benchmarks measure its quality.
+    outcome = rerank(make_scorer("relevance", settings), QUESTION, candidates(texts), settings)
+    values = [c.scores["rerank:relevance"] for c in outcome.ranked]
+    assert values == sorted(values, reverse=True) and outcome.target is None and outcome.loss is None
+
+
+@pytest.mark.slow
+def test_the_draft_shares_the_documents_cache_with_the_reader_gate_pass():
+    """A draft made from the documents' cache, and the pass reusing that cache, give what separate passes give."""
+    from gradfuse.rerank import load_scorer
+
+    lm = load_scorer("smollm2", 64)
+    docs = DISTRACTORS[:2] + [PLANTED]
+    documents = lm.encode_documents(lm.packer.pack(docs, question=QUESTION, target=None))
+    shared_draft = lm.draft(docs, QUESTION, max_new_tokens=12, documents=documents)
+    assert shared_draft == lm.draft(docs, QUESTION, max_new_tokens=12)
+    packed = lm.pack(docs, QUESTION, shared_draft)
+    shared_loss, shared_gate = lm.attribute_reader(packed, documents)
+    loss, gate = lm.attribute_reader(packed)
+    assert shared_loss == pytest.approx(loss, rel=1e-5) and shared_gate == pytest.approx(gate, rel=1e-4, abs=1e-6)
 
 
 @pytest.mark.slow
@@ -88,6 +113,8 @@ def test_gro_end_to_end_over_sources_with_explanation(tmp_path):
     assert {c.source for c in result.candidates} <= set(result.selection.sources) and "lm_pass" in result.timings
     for candidate in result.candidates:
         assert {"prior", "rerank:gate", "rerank:final"} <= set(candidate.scores)
+    fused = ws.search(QUESTION, method="upr", retrieval="dense", n=4, pool="rrf")
+    assert fused.rerank.scorer == "upr" and all("fusion:rrf" in c.scores for c in fused.candidates)
     dense = ws.search(QUESTION, method="dense", retrieval="dense")
     assert [c.scores["prior"] for c in dense.candidates] == sorted((c.scores["prior"] for c in dense.candidates),
                                                                    reverse=True)

@@ -104,3 +104,44 @@ def test_query_target_packs_the_question_as_what_is_scored(scorer):
     assert scorer.tokenizer.decode(packed.input_ids[start:end]) == QUESTION
     assert QUESTION not in scorer.tokenizer.decode(packed.input_ids[:start])
     assert len(packed.doc_spans) == len(DOCS)
+
+
+def reader_loss_with(scorer, packed, log_alpha):
+    """L with the gate only on the attention of the positions after the last document (the reader gate)."""
+    split = packed.doc_spans[-1][1]
+    with torch.no_grad():
+        embeddings = scorer.model.get_input_embeddings()(packed.input_ids)[None]
+        gated = scorer._gated_causal_mask(packed.length, packed.doc_spans, log_alpha, torch.float64)
+        plain = scorer._gated_causal_mask(packed.length, packed.doc_spans, torch.zeros_like(log_alpha), torch.float64)
+        mask = torch.cat([plain[:, :, :split], gated[:, :, split:]], dim=2)
+        return float(scorer._target_loss(embeddings, mask, packed))
+
+
+def test_reader_gate_matches_finite_differences_of_the_readers_log_alpha(scorer):
+    packed = scorer.pack(DOCS, QUESTION, TARGET)
+    loss, gate = scorer.attribute_reader(packed)
+    assert loss == pytest.approx(loss_with(scorer, packed), rel=1e-10)
+    for i in range(len(DOCS)):
+        shift = torch.zeros(len(DOCS), dtype=torch.float64)
+        shift[i] = EPSILON
+        derivative = (reader_loss_with(scorer, packed, shift) - reader_loss_with(scorer, packed, -shift)) / (
+            2 * EPSILON)
+        assert -derivative == pytest.approx(gate[i], rel=RELATIVE_TOLERANCE, abs=1e-9)
+    # It differs from the full gate, which also turns down what later documents read of document i.
+    assert not scorer.attribute(packed).gate == pytest.approx(gate, rel=1e-3)
+
+
+def test_upr_and_relevance_passes_score_each_passage_alone(scorer):
+    from gradfuse.rerank.relevance import RelevancePromptScorer
+    from gradfuse.rerank.upr import UPRScorer
+
+    upr = UPRScorer(scorer).values(QUESTION, DOCS)
+    alone = [-loss_with(scorer, scorer.pack([doc], QUESTION, QUESTION, target_is_query=True)) for doc in DOCS]
+    assert upr == pytest.approx(alone, rel=1e-9)
+    relevance = RelevancePromptScorer(scorer)
+    with torch.no_grad():
+        prompt = scorer.packer.relevance_prompt(DOCS[0], QUESTION)
+        log_probs = torch.log_softmax(scorer.model(input_ids=prompt[None]).logits[0, -1], -1)
+    expected = float(torch.logsumexp(log_probs[relevance.answers[0]], 0) - torch.logsumexp(log_probs[relevance.answers[1]], 0))
+    assert relevance.score(QUESTION, DOCS[:1], None).values["relevance"][0] == pytest.approx(expected, rel=1e-9)
+    assert scorer.tokenizer.decode(prompt).count(DOCS[0]) == 1

@@ -171,12 +171,12 @@ def sources(config: ConfigOpt = None, workspace: WorkspaceOpt = None,
 
 Method = Annotated[Optional[str], typer.Option("--method", "-m", "--fusion",
                    help="concat | rrf | combsum[-z] | combmnz[-z] | single:<source> | dense | select | gradient | "
-                        "gro | loo | loo-greedy")]
+                        "gro | upr | relevance | cross-encoder | loo | loo-greedy")]
 Sources = Annotated[Optional[list[str]], typer.Option("--source", "-s", help="Query only these sources")]
 Retrieval = Annotated[Optional[str], typer.Option(help="bm25 | dense | hybrid (within each source)")]
 Timeout = Annotated[Optional[float], typer.Option("--timeout", help="Seconds each source may take")]
 Target = Annotated[Optional[str], typer.Option(help="Stage-2 target: draft | gold | query")]
-Estimator = Annotated[Optional[str], typer.Option(help="Stage-2 estimator: gate | grad_x_input")]
+Estimator = Annotated[Optional[str], typer.Option(help="Stage-2 estimator: gate | reader_gate | grad_x_input")]
 Pool = Annotated[Optional[int], typer.Option("--n", help="Candidates entering the stage-2 LM pass")]
 Gold = Annotated[Optional[str], typer.Option(help="Reference answer (needed by --target gold)")]
 Explain = Annotated[bool, typer.Option(help="Show stage 1's decision and each document's prior, gradient, final score")]
@@ -244,9 +244,13 @@ def print_explanation(result: SearchResult) -> None:
                           f" − {step.penalty:.3f}")
         for name, why in decision.dropped.items():
             console.print(f"  [yellow]dropped[/] {name}: {why}")
-    if result.rerank is not None:
-        console.print(f"[bold]Stage 2[/]: target {result.rerank.target!r}, L(full context) = {result.rerank.loss:.3f}")
-    names = ["prior", "rerank:gate", "rerank:grad_x_input", "rerank:loo", "rerank:final"]
+    outcome = result.rerank
+    if outcome is not None:
+        loss = f", L(full context) = {outcome.loss:.3f}" if outcome.loss is not None else ""
+        target = f", target {outcome.target!r}" if outcome.target is not None else ""
+        console.print(f"[bold]Stage 2[/]: {outcome.scorer}{target}{loss}")
+    names = ["prior:pool", "prior", *sorted({n for c in result.candidates for n in c.scores
+                                            if n.startswith("rerank:") and n != "rerank:final"}), "rerank:final"]
     shown = [n for n in names if any(n in c.scores for c in result.candidates)]
     if shown:
         table = Table("#", "source/doc id", *shown, title="per-document scores")

@@ -1,10 +1,11 @@
 """Every ranking method by name, over one federated result: the uniform baselines and the per-query method.
 
 - concat, rrf, combsum[-z], combmnz[-z], single:<source>: uniform fusion (`gradfuse.fusion`);
-- dense: all sources' candidates pooled, deduplicated and ranked by encoder cosine to the query (the prior);
-- select: stage 1 (`gradfuse.selection`) chooses the sources, then RRF over them;
-- gradient: stage 2 (`gradfuse.rerank`) over the pooled candidates of every source;
-- gro: stage 1, then stage 2 over the chosen sources' candidates (the full method);
+- dense: all sources' candidates pooled, deduplicated and ranked by encoder cosine to the query;
+- select: stage 1 (`gradfuse.selection`) chooses the sources, then one fusion of them (`[selection] fusion`);
+- gradient: stage 2 (`gradfuse.rerank`) over a pool of every source's candidates;
+- gro: stage 1, then stage 2 over the chosen sources' pool (the full method);
+- upr, relevance, cross-encoder: stage 1, then the same pool re-ranked by an LM baseline instead of the gradient;
 - loo, loo-greedy: exact leave-one-out and greedy loss-minimising selection, the references stage 2 approximates.
 """
 
@@ -16,13 +17,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gradfuse.candidate import Candidate, merge_duplicates
+from gradfuse.candidate import Candidate
 from gradfuse.fusion import FUSION_METHODS, UnknownMethod, check_fusion, fuse
-from gradfuse.rerank import RerankOutcome, RerankSettings, gradient_rerank, load_scorer, loo_greedy_rerank, loo_rerank
+from gradfuse.rerank import RerankOutcome, RerankSettings, make_scorer, rerank
+from gradfuse.rerank.pools import ordered_pool
 from gradfuse.selection import SelectionDecision, SelectionSettings, select_sources
 
-PIPELINE_METHODS = ("dense", "select", "gradient", "gro", "loo", "loo-greedy")
-LM_METHODS = ("gradient", "gro", "loo", "loo-greedy")  # the ones that run the scoring LM
+STAGE2_METHODS = ("gradient", "gro", "loo", "loo-greedy", "upr", "relevance", "cross-encoder")
+PIPELINE_METHODS = ("dense", "select", *STAGE2_METHODS)
+LM_METHODS = STAGE2_METHODS  # the ones that run a model per query (the server's admission line counts them)
+TARGET_METHODS = ("gradient", "gro", "loo", "loo-greedy")  # the ones that score a target's likelihood
+STAGE1_METHODS = ("select", "gro", "upr", "relevance", "cross-encoder")
 METHODS: tuple[str, ...] = (*FUSION_METHODS, *PIPELINE_METHODS)
 
 
@@ -70,38 +75,23 @@ def run_method(
     assert context is not None, "pipeline methods need a MethodContext"
     decision, seconds = None, {}
     started = time.perf_counter()
-    if method in ("select", "gro"):
+    if method in STAGE1_METHODS:
         vectors = {s: context.embed(c[: context.selection.candidates]) for s, c in ranked_lists.items()}
         decision = select_sources(context.query_vector, vectors, context.selection)
         ranked_lists = {s: ranked_lists[s] for s in decision.sources}
         seconds["selection"] = time.perf_counter() - started
-        if method == "select":
-            return MethodResult(fuse("rrf", ranked_lists, weights=weights), selection=decision, seconds=seconds)
     started = time.perf_counter()
-    pooled = _pool_by_prior(ranked_lists, context)
+    if method == "select" and context.selection.fusion != "dense":
+        return MethodResult(fuse(context.selection.fusion, ranked_lists, weights=weights), selection=decision,
+                            seconds=seconds)
+    pool_kind = "cosine" if method in ("dense", "select") else context.rerank.pool
+    pooled = ordered_pool(ranked_lists, pool_kind, query_vector=context.query_vector, embed=context.embed,
+                          weights=weights)
     seconds["prior"] = time.perf_counter() - started
-    if method == "dense":
-        return MethodResult(pooled, seconds=seconds)
-    scorer = load_scorer(context.rerank.model, context.rerank.doc_tokens)
-    if method == "loo":
-        outcome = loo_rerank(scorer, context.question, pooled, context.rerank, gold=context.gold)
-    elif method == "loo-greedy":
-        outcome = loo_greedy_rerank(scorer, context.question, pooled, context.rerank, k=context.k,
-                                    gold=context.gold)
-    else:
-        outcome = gradient_rerank(scorer, context.question, pooled, context.rerank, gold=context.gold)
+    if method in ("dense", "select"):
+        return MethodResult(pooled, selection=decision, seconds=seconds)
+    outcome = rerank(make_scorer(method, context.rerank), context.question, pooled, context.rerank,
+                     gold=context.gold, k=context.k)
     rest = pooled[context.rerank.n :]
     seconds.update(target=outcome.target_seconds, lm_pass=outcome.seconds - outcome.target_seconds)
     return MethodResult(outcome.ranked + rest, selection=decision, rerank=outcome, seconds=seconds)
-
-
-def _pool_by_prior(ranked_lists: dict[str, list[Candidate]], context: MethodContext) -> list[Candidate]:
-    """Deduplicated candidates of the given sources, ranked by cosine to the query (their prior)."""
-    primaries, _ = merge_duplicates(ranked_lists)
-    pool = list(primaries.values())
-    if not pool:
-        return []
-    priors = context.embed(pool) @ context.query_vector
-    for candidate, prior in zip(pool, priors):
-        candidate.scores["prior"] = float(prior)
-    return sorted(pool, key=lambda c: (-c.scores["prior"], c.native_rank, c.key))

@@ -64,8 +64,10 @@ class SelectionRecord(BaseModel):
 
 
 class RerankRecord(BaseModel):
-    target: str = Field(description="the text whose likelihood was scored")
-    loss: float = Field(description="loss of the target given the full packed context")
+    scorer: str = Field(description="gradient, loo, loo-greedy, upr, relevance or cross-encoder")
+    score_key: str = Field(description="the candidate score it ranks by, before the mix with the prior")
+    target: str | None = Field(description="the text whose likelihood was scored (LM target scorers)")
+    loss: float | None = Field(description="loss of the target given the full packed context, where computed")
     seconds: float
     target_seconds: float
 
@@ -146,8 +148,8 @@ def _rerank(result: SearchResult) -> RerankRecord | None:
     outcome = result.rerank
     if outcome is None:
         return None
-    return RerankRecord(target=outcome.target, loss=outcome.loss, seconds=outcome.seconds,
-                        target_seconds=outcome.target_seconds)
+    return RerankRecord(scorer=outcome.scorer, score_key=outcome.score_key, target=outcome.target, loss=outcome.loss,
+                        seconds=outcome.seconds, target_seconds=outcome.target_seconds)
 
 
 def search_record(result: SearchResult) -> SearchRecord:

@@ -13,7 +13,7 @@ import numpy as np
 from gradfuse.candidate import Candidate
 from gradfuse.config import Config, load_config
 from gradfuse.generate import Citation, build_messages, make_generator, parse_citations
-from gradfuse.methods import LM_METHODS, PIPELINE_METHODS, MethodContext, check_method, run_method
+from gradfuse.methods import PIPELINE_METHODS, TARGET_METHODS, MethodContext, check_method, run_method
 from gradfuse.rerank import RerankOutcome
 from gradfuse.selection import SelectionDecision, SelectionSettings
 from gradfuse.sources import (
@@ -51,7 +51,7 @@ class SearchResult:
     failures: list[SourceFailure]
     timings: dict[str, float] = field(default_factory=dict)  # seconds: retrieval, ranking, source:<name>
     selection: SelectionDecision | None = None  # stage 1's decision (select, gro)
-    rerank: RerankOutcome | None = None  # stage 2's pass (gradient, gro, loo, loo-greedy)
+    rerank: RerankOutcome | None = None  # stage 2's pass (gradient, gro, the LM baselines, the oracles)
 
 
 @dataclass
@@ -230,7 +230,7 @@ class Workspace:
         context = None
         if method in PIPELINE_METHODS:  # only they need the encoder's and the scoring LM's view
             rerank = replace(self.config.rerank, **rerank_options)
-            if method in LM_METHODS and rerank.target == "gold" and not gold:
+            if method in TARGET_METHODS and rerank.target == "gold" and not gold:
                 raise ValueError(f"method {method!r} with target 'gold' needs a reference answer (gold)")
             context = MethodContext(
                 question=query, query_vector=self._encoder().encode_query(query), embed=self._embed,

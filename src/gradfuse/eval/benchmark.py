@@ -45,18 +45,20 @@ import json
 import os
 import random
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gradfuse.config import ConfigError
 from gradfuse.eval.qa import QASettings
-from gradfuse.methods import PIPELINE_METHODS, check_method
+from gradfuse.methods import STAGE2_METHODS, TARGET_METHODS, check_method
 from gradfuse.rerank import TARGETS
 from gradfuse.sources import SourceSpec
 
 EVALUATION_METHODS = ("static-best", "learned-fusion", "oracle-origin")
-LM_METHODS = ("gradient", "gro", "loo", "loo-greedy")
+LM_METHODS = STAGE2_METHODS
+MIXED_METHODS = ("gradient", "gro", "upr", "relevance", "cross-encoder")  # scores mixed with their pool's prior
 
 
 @dataclass(frozen=True)
@@ -130,12 +132,13 @@ class Benchmark:
 
 
 def base_method(method: str) -> str:
-    """`gro/query` → `gro`; plain methods are their own base."""
-    return method.split("/", 1)[0]
+    """`gro/query` → `gro`, `upr:prior` (a stage-2 method's pool order, see the runner) → `upr`; plain methods are
+    their own base."""
+    return method.split("/", 1)[0].removesuffix(":prior")
 
 
 def method_target(method: str) -> str | None:
-    return method.split("/", 1)[1] if "/" in method else None
+    return method.split("/", 1)[1].removesuffix(":prior") if "/" in method else None
 
 
 def is_lm_method(method: str) -> bool:
@@ -243,8 +246,8 @@ def _check_method(method: str, sources: list[str], path: Path) -> None:
         check_method(base, sources)
     except ValueError as error:
         raise ConfigError(f"{path}: {error}") from error
-    if target is not None and (base not in PIPELINE_METHODS or target not in TARGETS):
-        raise ConfigError(f"{path}: {method!r}: only {', '.join(LM_METHODS)} take a target "
+    if target is not None and (base not in TARGET_METHODS or target not in TARGETS):
+        raise ConfigError(f"{path}: {method!r}: only {', '.join(TARGET_METHODS)} take a target "
                           f"({', '.join(TARGETS)})")
 
 
@@ -286,15 +289,18 @@ def read_qrels(query_set: QuerySet) -> dict[str, dict[str, int]]:
     return judged
 
 
-def sample_queries(bench: Benchmark, query_set: QuerySet, judged: dict[str, dict[str, int]]) -> list[EvalQuery]:
-    """Shuffle the judged queries with the seed; the first `sample` are test queries, the next `dev` dev queries.
-    A set too small for both keeps the same test : dev proportion, so every set contributes to both."""
+def sample_queries(bench: Benchmark, query_set: QuerySet, judged: dict[str, dict[str, int]],
+                   usable: Callable[[str], bool] = lambda query_id: True) -> list[EvalQuery]:
+    """Shuffle the judged queries that are `usable` with the seed; the first `sample` are test queries, the next
+    `dev` dev queries. A set too small for both keeps the same test : dev proportion, so every set contributes to
+    both. Unusable queries are dropped before sampling, so the LM subsample and the folds keep their sizes."""
     records = []
     with open(query_set.path / query_set.queries_file, encoding="utf-8") as handle:
         for line in handle:
             if line.strip():
                 record = json.loads(line)
-                if str(record["id"]) in judged and all(record.get(k) == v for k, v in query_set.answer_filter.items()):
+                if str(record["id"]) in judged and usable(str(record["id"])) and \
+                        all(record.get(k) == v for k, v in query_set.answer_filter.items()):
                     records.append(record)
     random.Random(f"{bench.seed}/{query_set.name}").shuffle(records)
     if bench.folds:  # every query is a test query once; values are tuned on the other folds

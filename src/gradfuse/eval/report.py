@@ -11,7 +11,8 @@ from gradfuse.eval.benchmark import EVALUATION_METHODS, base_method, is_lm_metho
 from gradfuse.eval.runner import Evaluation
 from gradfuse.eval.stats import estimate, paired_p_value, per_query
 
-BASELINES = ("rrf", "static-best")  # every method is tested against these, paired, on the headline metric
+# Every method is tested against each of these that ran, paired, on the headline metric.
+BASELINES = ("dense", "rrf", "static-best", "upr", "relevance", "cross-encoder")
 LM_ONLY_METRICS = ("nll@", "em", "f1")  # measured on the scoring-LM subsample only
 
 
@@ -19,6 +20,7 @@ def summarise(evaluation: Evaluation) -> dict:
     """Two tables: every cheap method on all test queries, and every method on the LM subsample."""
     bench = evaluation.bench
     methods = [m for m in bench.expand_methods() if m in evaluation.outcomes]
+    methods += [m for m in evaluation.outcomes if m not in methods]  # derived rows: <method>:prior
     test = [q.query_id for q in evaluation.split("test")]
     lm_test = [q.query_id for q in evaluation.split("test", lm=True)]
     tables = [{"name": "all test queries", "queries": len(test),

@@ -14,7 +14,7 @@ import os
 import platform
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from tqdm import tqdm
 
@@ -26,12 +26,14 @@ from gradfuse.eval.benchmark import (
     EVALUATION_METHODS,
     Benchmark,
     EvalQuery,
+    MIXED_METHODS,
     base_method,
     is_lm_method,
     method_target,
     read_qrels,
     sample_queries,
 )
+from gradfuse.methods import STAGE1_METHODS, TARGET_METHODS
 from gradfuse.selection import SelectionSettings
 from gradfuse.sources.federated import FederatedResult
 from gradfuse.workspace import SearchResult, Workspace
@@ -47,6 +49,7 @@ class Outcome:
     head: list[dict] = field(default_factory=list)  # LM methods: the re-ranked candidates and their scores
     target: str | None = None  # LM methods: the text whose likelihood was scored
     loss: float | None = None
+    score_key: str | None = None  # LM methods: the score in `head` that ranks (rerank:gate, rerank:upr, ...)
 
 
 @dataclass
@@ -114,12 +117,15 @@ def queries_and_qrels(bench: Benchmark):
     queries, qrels, origins = [], {}, {}
     for query_set in bench.query_sets.values():
         judged = read_qrels(query_set)
-        for query in sample_queries(bench, query_set, judged):
-            keys, origin = _judged_keys(bench, query_set, judged[query.query_id.split("/", 1)[1]])
-            if not any(v > 0 for v in keys.values()):
-                continue  # nothing relevant is reachable: the query says nothing about any method
+        reachable = {query_id: _judged_keys(bench, query_set, judgements) for query_id, judgements in judged.items()}
+
+        def usable(query_id: str) -> bool:  # a query with nothing relevant in reach says nothing about any method
+            return any(v > 0 for v in reachable[query_id][0].values())
+
+        for query in sample_queries(bench, query_set, judged, usable):
+            qrels[query.query_id], origin = reachable[query.query_id.split("/", 1)[1]]
+            origins[query.query_id] = sorted(origin)
             queries.append(query)
-            qrels[query.query_id], origins[query.query_id] = keys, sorted(origin)
     return queries, qrels, origins
 
 
@@ -202,14 +208,14 @@ def _run_evaluation_methods(evaluation, ws, retrieved, profiles, groups, methods
         for query in evaluation.queries:
             subset = _restricted(retrieved[query.query_id], evaluation.origins[query.query_id])
             _record(evaluation, "oracle-origin", query, _rank(ws, bench, query, subset, "rrf"))
-    memo: dict[tuple[str, tuple[str, ...]], Outcome] = {}
+    memo: dict[tuple[str, tuple[str, ...], str], Outcome] = {}
 
-    def rrf_over(query_id: str, sources: tuple[str, ...]) -> Outcome:
-        """What `select` ranks when stage 1 chooses `sources`: RRF over them (memoised for the grid)."""
-        if (query_id, sources) not in memo:
+    def rank_over(query_id: str, sources: tuple[str, ...], fusion: str) -> Outcome:
+        """What `select` ranks when stage 1 chooses `sources` (memoised for the grid)."""
+        if (query_id, sources, fusion) not in memo:
             subset = _restricted(retrieved[query_id], sources)
-            memo[query_id, sources] = outcome_of(bench, _rank(ws, bench, by_id[query_id], subset, "rrf"))
-        return memo[query_id, sources]
+            memo[query_id, sources, fusion] = outcome_of(bench, _rank(ws, bench, by_id[query_id], subset, fusion))
+        return memo[query_id, sources, fusion]
 
     selections = []
     for group, (dev, apply_to) in enumerate(groups):
@@ -225,8 +231,8 @@ def _run_evaluation_methods(evaluation, ws, retrieved, profiles, groups, methods
                                                          "step": bench.fusion_step})
             evaluation.outcomes.setdefault("learned-fusion", {}).update(fused)
         settings = SelectionSettings()
-        if "select" in methods or any(base_method(m) == "gro" for m in methods):
-            settings, grid = tuning.selection_settings(evaluation.qrels, profiles, dev, rrf_over,
+        if "select" in methods or any(base_method(m) in STAGE1_METHODS for m in methods):
+            settings, grid = tuning.selection_settings(evaluation.qrels, profiles, dev, rank_over,
                                                         bench.tuning_metric)
             _tuned(evaluation, "selection", group, {"settings": asdict(settings), "dev_grid": grid})
         selections.append(settings)
@@ -238,37 +244,68 @@ def _run_evaluation_methods(evaluation, ws, retrieved, profiles, groups, methods
 
 
 def _run_lm_method(evaluation, ws, retrieved, method, groups, selections, progress) -> None:
+    """A stage-2 method on the LM subsample. Per tuning group: each pool in `[lm] pools` runs on the dev queries and
+    the best (after tuning its mix) is run on the group's queries; the mix of score and prior is tuned on dev too.
+    Besides the method, `<method>:prior` records the chosen pool's own order on the same queries (what the score
+    has to improve on)."""
     bench = evaluation.bench
     base, target = base_method(method), method_target(method) or "draft"
-    options = {**bench.lm_options, "target": target, "prior_weight": 0.0}
+    lm = dict(bench.lm_options)
+    pools, upr_prior = lm.pop("pools", [lm.get("pool", "cosine")]), lm.pop("upr_prior", False)
+    mixes = base in MIXED_METHODS
+    options = {**lm, "prior_weight": 0.0, "mix": "zsum", "prior": "upr" if upr_prior and mixes else "pool"}
+    if base in TARGET_METHODS:
+        options["target"] = target
     by_id = {q.query_id: q for q in evaluation.queries}
-    for (_, apply_to), selection in zip(groups, selections):
-        cache = _LMCache(bench, method, {**options, "selection": asdict(selection), "depth": bench.depth,
+    raw: dict[str, dict[str, Outcome]] = {}  # pool → query id → outcome at prior weight 0
+
+    def run(pool: str, selection, query_ids: list[str]) -> dict[str, Outcome]:
+        settings = {**options, "pool": pool}
+        cache = _LMCache(bench, method, {**settings, "selection": asdict(selection), "depth": bench.depth,
                                          "retrieval": bench.retrieval, "k": bench.k})
-        chosen = [by_id[q] for q in apply_to if by_id[q].lm]
-        for query in tqdm(chosen, desc=f"{bench.name}: {method}", disable=not progress):
-            if target == "gold" and not query.answers:
+        done = raw.setdefault(pool, {})
+        for query in tqdm([by_id[q] for q in query_ids if by_id[q].lm and q not in done],
+                          desc=f"{bench.name}: {method} ({pool} pool)", disable=not progress):
+            if target == "gold" and base in TARGET_METHODS and not query.answers:
                 raise ValueError(f"{method}: query {query.query_id} has no reference answer for the gold target")
             outcome = cache.get(query.query_id)
             if outcome is None:
                 result = _rank(ws, bench, query, retrieved[query.query_id], base, selection=selection,
-                               gold=query.answers[0] if query.answers else None, **options)
+                               gold=query.answers[0] if query.answers else None, **settings)
                 outcome = outcome_of(bench, result)
                 outcome.target, outcome.loss = result.rerank.target, result.rerank.loss
                 outcome.head = [{"key": _judged_key(bench, c), **c.scores} for c in result.rerank.ranked]
+                outcome.score_key = result.rerank.score_key
                 cache.put(query.query_id, outcome)
-            _record(evaluation, method, query, outcome)
-    if base not in ("gradient", "gro"):
-        return
-    # The gradient/prior mix, tuned per group on the LM subsample of its dev queries.
-    estimator = "rerank:" + options.get("estimator", "gate")
-    raw, mixed = evaluation.outcomes[method], {}
-    for group, (dev, apply_to) in enumerate(groups):
-        weight, grid = tuning.prior_weight(evaluation.qrels, raw, [q for q in dev if q in raw], estimator,
-                                           bench.tuning_metric)
-        _tuned(evaluation, f"{method} prior_weight", group, {"prior_weight": weight, "dev_grid": grid})
-        mixed.update({q: tuning.mix_prior(raw[q], weight, estimator) for q in apply_to if q in raw})
-    evaluation.outcomes[method] = mixed
+            done[query.query_id] = outcome
+        return {q: done[q] for q in query_ids if q in done}
+
+    priors = ["prior:pool", "prior"] if options["prior"] == "upr" else ["prior"]
+    for group, ((dev, apply_to), selection) in enumerate(zip(groups, selections)):
+        if not mixes:  # the oracles: their own order, as they rank it
+            evaluation.outcomes.setdefault(method, {}).update(run(pools[0], selection, apply_to))
+            continue
+        choices = {}
+        for pool in pools if len(pools) > 1 else pools[:1]:
+            outcomes = run(pool, selection, dev)
+            point, score, grid = tuning.best_mix(evaluation.qrels, outcomes, dev, _head_key(outcomes), priors,
+                                                 bench.tuning_metric)
+            choices[pool] = {"pool": pool, **point, f"dev_{bench.tuning_metric}": round(score, 4), "dev_grid": grid}
+        pool = max(choices, key=lambda p: (choices[p][f"dev_{bench.tuning_metric}"], -pools.index(p)))
+        chosen = choices[pool]
+        _tuned(evaluation, f"{method} stage 2", group, {"chosen": {k: v for k, v in chosen.items() if k != "dev_grid"},
+                                                        "pools": choices})
+        outcomes = run(pool, selection, apply_to)
+        key = _head_key(outcomes)
+        for query_id, outcome in outcomes.items():
+            evaluation.outcomes.setdefault(method, {})[query_id] = tuning.mix_prior(
+                outcome, key, chosen["prior"], chosen["mix"], chosen["value"])
+            evaluation.outcomes.setdefault(f"{method}:prior", {})[query_id] = replace(tuning.mix_prior(
+                outcome, key, chosen["prior"], "within", 0), seconds=None)
+
+
+def _head_key(outcomes: dict[str, Outcome]) -> str:
+    return next(iter(outcomes.values())).score_key if outcomes else "rerank:final"
 
 
 class _LMCache:

@@ -2,9 +2,10 @@
 
 - the best static source: the single source with the highest dev nDCG@10;
 - learned fusion: per-source weights from ranx's `optimize_fusion` (weighted CombSUM over normalised scores);
-- stage 1: redundancy weight lambda, gain threshold and source limit, by grid search (replaying the greedy choice
+- stage 1: redundancy weight lambda, gain threshold, source limit and select's fusion, by grid search (replaying the greedy choice
   on each dev query's stored relevance/redundancy values, so no query is re-embedded);
-- stage 2: the weight of the z-normalised prior in the final score, on the LM subsample's dev queries.
+- stage 2: the pool, the prior and how the score mixes with it (z-sum weight, or reordering within the prior's
+  top m), on the LM subsample's dev queries.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from itertools import product
 import numpy as np
 from ranx import Qrels, Run, evaluate, fuse, optimize_fusion
 
-from gradfuse.selection import SelectionSettings, choose_sources
+from gradfuse.rerank.base import combine
+from gradfuse.selection import SELECT_FUSIONS, SelectionSettings, choose_sources
 
 REDUNDANCY_WEIGHTS = (0.0, 0.25, 0.5, 1.0)
 THRESHOLDS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
-MAX_SOURCES = (1, 2, 3)
+MAX_SOURCES = (1, 2, 3, 99)  # 99: no limit (complementary sources, such as several runs of one collection)
 PRIOR_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
+WITHIN_M = (1, 2, 3, 5)  # mix "within": how many of the prior's first candidates the score may reorder
 
 
 @lru_cache(maxsize=None)
@@ -91,55 +94,62 @@ def learned_fusion(qrels, singles: dict[str, dict], dev: list[str], apply_to: li
 def selection_settings(
     qrels, profiles: dict[str, tuple[dict, dict]], dev: list[str], rank_sources: Callable, metric: str
 ) -> tuple[SelectionSettings, list[dict]]:
-    """Grid search of stage 1 on the dev queries; `rank_sources(query_id, sources)` ranks with those sources."""
+    """Grid search of stage 1 and of select's fusion on the dev queries; `rank_sources(query_id, sources, fusion)`
+    ranks with those sources."""
     _need_dev(dev, "stage 1 (select, gro)")
     grid, best, best_score = [], SelectionSettings(), -1.0
-    for redundancy_weight, threshold, max_sources in product(REDUNDANCY_WEIGHTS, THRESHOLDS, MAX_SOURCES):
+    for fusion, redundancy_weight, threshold, max_sources in product(SELECT_FUSIONS, REDUNDANCY_WEIGHTS, THRESHOLDS,
+                                                                     MAX_SOURCES):
         settings = replace(SelectionSettings(), redundancy_weight=redundancy_weight, threshold=threshold,
-                           max_sources=max_sources)
+                           max_sources=max_sources, fusion=fusion)
         outcomes = {}
         for query_id in dev:
             relevance, redundancy = profiles[query_id]
             chosen = tuple(choose_sources(relevance, redundancy, settings).sources)
-            outcomes[query_id] = rank_sources(query_id, chosen)
+            outcomes[query_id] = rank_sources(query_id, chosen, fusion)
         score = mean_score(qrels, outcomes, dev, metric)
-        grid.append({"redundancy_weight": redundancy_weight, "threshold": threshold, "max_sources": max_sources,
-                     metric: round(score, 4)})
+        grid.append({"fusion": fusion, "redundancy_weight": redundancy_weight, "threshold": threshold,
+                     "max_sources": max_sources, metric: round(score, 4)})
         if score > best_score + 1e-12:  # ties keep the earlier, simpler point (smaller lambda, lower threshold)
             best, best_score = settings, score
     return best, grid
 
 
-def _z(values: np.ndarray) -> np.ndarray:
-    spread = values.std()
-    return (values - values.mean()) / spread if spread > 0 else np.zeros_like(values)
-
-
-def mix_prior(outcome, weight: float, estimator_key: str):
-    """The outcome re-ranked by z(gradient) + weight * z(prior) over its scored head; the tail keeps its order."""
+def mix_prior(outcome, score_key: str, prior_key: str, mix: str, value: float):
+    """The outcome re-ranked over its scored head by `combine` (mix "zsum" with prior weight `value`, or "within"
+    the prior's top `value`); the tail keeps its order."""
     from gradfuse.eval.runner import Outcome
 
     if not outcome.head:
         return outcome
-    gradient = np.array([row[estimator_key] for row in outcome.head])
-    prior = np.array([row["prior"] for row in outcome.head])
-    final = _z(gradient) + weight * _z(prior)
+    score = np.array([row[score_key] for row in outcome.head])
+    prior = np.array([row[prior_key] for row in outcome.head])
+    final = combine(score, prior, mix=mix, prior_weight=value, within_m=int(value))
     order = np.argsort(-final, kind="stable")
     head_keys = [outcome.head[i]["key"] for i in order]
     head = set(head_keys)
     tail = [key for key, _ in outcome.ranking if key not in head]
     keys = head_keys + tail
     ranking = [(key, float(len(keys) - i)) for i, key in enumerate(keys)]
-    return Outcome(ranking, outcome.chosen, outcome.seconds, outcome.head, outcome.target, outcome.loss)
+    return replace(outcome, ranking=ranking)
 
 
-def prior_weight(qrels, outcomes: dict, dev: list[str], estimator_key: str, metric: str) -> tuple[float, list[dict]]:
-    _need_dev([q for q in dev if q in outcomes], "the gradient/prior mix")
-    grid, best, best_score = [], 0.0, -1.0
-    for weight in PRIOR_WEIGHTS:
-        mixed = {q: mix_prior(outcomes[q], weight, estimator_key) for q in dev if q in outcomes}
-        score = mean_score(qrels, mixed, list(mixed), metric)
-        grid.append({"prior_weight": weight, metric: round(score, 4)})
+def mix_grid(prior_keys: list[str]) -> list[dict]:
+    """Every (prior, mix, value) point: the score alone first, so that ties keep the simplest choice."""
+    return [{"prior": p, "mix": "zsum", "value": w} for p in prior_keys for w in PRIOR_WEIGHTS] + \
+        [{"prior": p, "mix": "within", "value": m} for p in prior_keys for m in WITHIN_M]
+
+
+def best_mix(qrels, outcomes: dict, dev: list[str], score_key: str, prior_keys: list[str], metric: str,
+             ) -> tuple[dict, float, list[dict]]:
+    """(chosen point, its dev score, every point's dev score) of the score/prior mix on the dev queries."""
+    dev = [q for q in dev if q in outcomes]
+    _need_dev(dev, "the score/prior mix")
+    grid, best, best_score = [], None, -1.0
+    for point in mix_grid(prior_keys):
+        mixed = {q: mix_prior(outcomes[q], score_key, point["prior"], point["mix"], point["value"]) for q in dev}
+        score = mean_score(qrels, mixed, dev, metric)
+        grid.append({**point, metric: round(score, 4)})
         if score > best_score + 1e-12:
-            best, best_score = weight, score
-    return best, grid
+            best, best_score = point, score
+    return best, best_score, grid

@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 
+from gradfuse.generate.llamacpp import LlamaCppUnavailable, load_llamacpp
+
 BUNDLED_GENERATOR = "smollm2"
 _BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -21,19 +23,45 @@ def bundled_gguf() -> Path:
     return Path(spec.submodule_search_locations[0]) / _BUNDLED_GGUF
 
 
-def _load(spec: str):
+def gguf_file(spec: str) -> Path | None:
+    """The GGUF file behind a model spec, if it is one (llama.cpp can run it)."""
+    if spec == BUNDLED_GENERATOR:
+        return bundled_gguf()
+    path = Path(spec)
+    return path if path.suffix == ".gguf" and path.is_file() else None
+
+
+_loading = threading.RLock()  # one load of each model at a time; a generator load takes it again inside
+
+
+@lru_cache(maxsize=2)
+def _cached_transformers(spec: str):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if spec == BUNDLED_GENERATOR:
-        return _load_gguf(bundled_gguf())
+    gguf = gguf_file(spec)
+    if gguf is not None:
+        return _load_gguf(gguf)
     path = Path(spec)
-    if path.suffix == ".gguf" and path.is_file():
-        return _load_gguf(path)
     if not (path / "config.json").is_file():
         raise ValueError(f"generator {spec!r} is not {BUNDLED_GENERATOR!r}, an http(s) URL, a .gguf file, "
                          "or a folder with a transformers config.json")
     return AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
+
+
+def load_transformers(spec: str):
+    """(tokenizer, model) of a local spec in transformers, loaded once per process: concurrent first requests wait
+    for the one load instead of each loading a copy."""
+    with _loading:
+        return _cached_transformers(spec)
+
+
+@lru_cache(maxsize=2)
+def load_tokenizer(spec: str):
+    from transformers import AutoTokenizer
+
+    gguf = gguf_file(spec)
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name) if gguf else AutoTokenizer.from_pretrained(spec)
 
 
 def _load_gguf(path: Path):
@@ -61,17 +89,31 @@ class LocalGenerator:
     """Greedy decoding; parameters frozen. One generation at a time per loaded model (a lock): torch already
     uses every core for one request, so running two at once would only slow both."""
 
-    def __init__(self, spec: str = BUNDLED_GENERATOR):
+    def __init__(self, spec: str = BUNDLED_GENERATOR, *, engine: str = "auto"):
+        """`engine`: "llama.cpp" (GGUF files only), "transformers", or "auto" (llama.cpp where it can run it)."""
         import torch
 
         self.name = spec
-        self.tokenizer, self.model = _load(spec)
+        self.llamacpp = None
+        gguf = gguf_file(spec)
+        if engine in ("auto", "llama.cpp") and gguf is not None:
+            try:
+                self.llamacpp = load_llamacpp(str(gguf))
+            except LlamaCppUnavailable:
+                if engine == "llama.cpp":
+                    raise
+        elif engine == "llama.cpp":
+            raise ValueError(f"llama.cpp runs GGUF files; {spec!r} is not one")
+        self._lock = threading.Lock()
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.llamacpp is not None:  # transformers is only needed for the chat template
+            self.tokenizer, self.model = load_tokenizer(spec), None
+            return
+        self.tokenizer, self.model = load_transformers(spec)
         self.model.eval()
         self.model.requires_grad_(False)
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        if self.device != "cpu":  # the GGUF loader leaves it on the CPU already; .to("cpu") trips on it
+        if self.device != "cpu" and self.model.device.type == "cpu":  # .to("cpu") trips on the GGUF loader's model
             self.model.to(self.device)
-        self._lock = threading.Lock()
 
     def generate(self, messages: list[dict[str, str]], *, max_new_tokens: int = 128, passages: int = 0) -> str:
         """Greedy answer. With `passages` > 0 the reply starts by naming one passage, its number constrained to
@@ -79,6 +121,9 @@ class LocalGenerator:
         made to choose the passage it finds most likely; that choice says nothing about faithfulness."""
         import torch
 
+        if self.llamacpp is not None:
+            prompt, prefix = self._llamacpp_prompt(messages, passages)
+            return (prefix + self.llamacpp.complete(prompt, max_new_tokens=max_new_tokens)).strip()
         prefix, arguments = self._arguments(messages, max_new_tokens, passages)
         prompt_length = arguments["input_ids"].shape[1]
         with self._lock, torch.inference_mode():
@@ -88,6 +133,9 @@ class LocalGenerator:
 
     def stream(self, messages: list[dict[str, str]], *, max_new_tokens: int = 128, passages: int = 0) -> Iterator[str]:
         """The same greedy answer as `generate`, piece by piece as it is decoded (for server-sent events)."""
+        if self.llamacpp is not None:
+            yield from self._stream_llamacpp(messages, max_new_tokens, passages)
+            return
         import torch
         from transformers import TextIteratorStreamer
 
@@ -108,6 +156,48 @@ class LocalGenerator:
         if prefix:
             yield prefix
         yield from streamer
+        worker.join()
+        if failure:
+            raise failure[0]
+
+    def _llamacpp_prompt(self, messages, passages: int) -> tuple[str, str]:
+        """(prompt text, what the reply starts with): with `passages`, the passage number the model finds most
+        likely among 1..passages is chosen first (the same constraint as `_FirstTokenAmong`)."""
+        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        if not passages:
+            return prompt, ""
+        numbers = [str(n) for n in range(1, min(passages, 9) + 1)]
+        prefix = CITE_FIRST_PREFIX + self.llamacpp.next_token_among(prompt + CITE_FIRST_PREFIX, numbers)
+        return prompt + prefix, prefix
+
+    def _stream_llamacpp(self, messages, max_new_tokens: int, passages: int) -> Iterator[str]:
+        """llama.cpp decodes in its own thread; pieces come through a queue. When the consumer stops reading (a
+        client that left), generation is stopped at the next piece instead of running to max_new_tokens."""
+        import queue
+
+        prompt, prefix = self._llamacpp_prompt(messages, passages)
+        pieces: queue.Queue = queue.Queue()
+        stop = threading.Event()
+        failure: list[BaseException] = []
+
+        def run():
+            try:
+                self.llamacpp.complete(prompt, max_new_tokens=max_new_tokens,
+                                       on_piece=lambda piece: pieces.put(piece) or stop.is_set())
+            except BaseException as error:  # re-raised in the consumer's thread below
+                failure.append(error)
+            finally:
+                pieces.put(None)
+
+        worker = threading.Thread(target=run, name="gradfuse-generate", daemon=True)
+        worker.start()
+        try:
+            if prefix:
+                yield prefix
+            while (piece := pieces.get()) is not None:
+                yield piece
+        finally:
+            stop.set()
         worker.join()
         if failure:
             raise failure[0]
@@ -156,5 +246,10 @@ class _FirstTokenAmong:
 
 
 @lru_cache(maxsize=2)
-def load_local_generator(spec: str = BUNDLED_GENERATOR) -> LocalGenerator:
+def _cached_generator(spec: str) -> LocalGenerator:
     return LocalGenerator(spec)
+
+
+def load_local_generator(spec: str = BUNDLED_GENERATOR) -> LocalGenerator:
+    with _loading:
+        return _cached_generator(spec)

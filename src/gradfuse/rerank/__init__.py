@@ -1,158 +1,104 @@
-"""Stage 2: which documents, by what the generator needs, plus the exact leave-one-out references.
+"""Stage 2: which documents, by what the generator needs, next to the LM baselines and the exact references.
 
-Candidates arrive ordered by their prior (cosine to the query); the first n are packed into one context, a
-single forward + backward pass scores all of them, and they are re-ranked by that score (optionally mixed with
-the z-normalised prior). Every score is written into `Candidate.scores`, so `--explain` can show each step.
+One interface (`Stage2Scorer`, base.py), one file per scorer, one factory (`make_scorer`):
+
+- gradient.py: the GRO-RAG estimate from one forward + backward pass (gate, reader gate, grad x input);
+- loo.py: exact leave-one-out and greedy loss-minimising selection (the oracles the gradient approximates);
+- upr.py: query likelihood per passage; relevance.py: a yes/no relevance prompt (the same scoring LM);
+- cross_encoder.py: a sentence-transformers cross-encoder from a local folder.
+
+`rerank` takes the first n candidates of a pool (pools.py), asks the scorer for a value per document, combines it
+with the prior (base.combine) and writes every value into `Candidate.scores`, so `--explain` can show each step.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
 from gradfuse.candidate import Candidate
+from gradfuse.rerank.base import (
+    DTYPES,
+    ESTIMATORS,
+    MIXES,
+    POOLS,
+    PRIORS,
+    TARGETS,
+    RerankOutcome,
+    RerankSettings,
+    Scored,
+    Stage2Scorer,
+    combine,
+    passage_text,
+)
+from gradfuse.rerank.cross_encoder import CrossEncoderMissing, CrossEncoderScorer
+from gradfuse.rerank.gradient import GradientScorer
 from gradfuse.rerank.lm_scorer import LMScorer
+from gradfuse.rerank.loo import GreedyLossScorer, LeaveOneOutScorer
+from gradfuse.rerank.relevance import RelevancePromptScorer
+from gradfuse.rerank.upr import UPRScorer
 
-ESTIMATORS = ("gate", "grad_x_input")
-TARGETS = ("draft", "gold", "query")
+__all__ = ["DTYPES", "ESTIMATORS", "MIXES", "POOLS", "PRIORS", "SCORERS", "TARGETS", "CrossEncoderMissing",
+           "LMScorer", "RerankOutcome", "RerankSettings", "Scored", "Stage2Scorer", "load_scorer", "make_scorer",
+           "passage_text", "rerank"]
 
-
-@dataclass(frozen=True)
-class RerankSettings:
-    model: str = "smollm2"  # the white-box scoring LM: bundled SmolLM2, a local HF folder or a .gguf file
-    n: int = 10  # candidates that enter the gradient pass
-    doc_tokens: int = 128  # token budget per document
-    estimator: str = "gate"
-    target: str = "draft"
-    length_normalise: bool = False
-    both_orders: bool = False  # average the scores of the prior order and its reverse (position bias)
-    # final = z(gradient) + prior_weight * z(prior); 0 ranks by the gradient alone. 4.0 was the dev choice for the
-    # draft target on benchmarks/federated.toml (dev nDCG@10 0.320 at 0, 0.503 at 2, 0.519 at 4; 2.0 for the query
-    # target): with the 135M scorer the gradient is best used to reorder what the prior already ranks well.
-    prior_weight: float = 4.0
-
-    def __post_init__(self):
-        if self.estimator not in ESTIMATORS:
-            raise ValueError(f"unknown estimator {self.estimator!r} (choose from {', '.join(ESTIMATORS)})")
-        if self.target not in TARGETS:
-            raise ValueError(f"unknown target {self.target!r} (choose from {', '.join(TARGETS)})")
+# method name → the scorer it runs (gradient and gro share one: gro only adds stage 1 before it)
+SCORERS = {"gradient": GradientScorer, "gro": GradientScorer, "loo": LeaveOneOutScorer,
+           "loo-greedy": GreedyLossScorer, "upr": UPRScorer, "relevance": RelevancePromptScorer,
+           "cross-encoder": CrossEncoderScorer}
+_loading = threading.Lock()
 
 
-@dataclass
-class RerankOutcome:
-    ranked: list[Candidate]  # the n scored candidates, best first
-    target: str  # the text whose likelihood was scored
-    loss: float  # L of the full packed context
-    seconds: float  # all of it, target_seconds included
-    target_seconds: float = 0.0  # making the target (the draft answer for target 'draft')
-
-
-@lru_cache(maxsize=2)
-def load_scorer(spec: str = "smollm2", doc_tokens: int = 128) -> LMScorer:
-    """The scoring LM shares a loaded local generator's weights (one copy in memory)."""
-    from gradfuse.generate.local import load_local_generator
-
+def load_scorer(spec: str = "smollm2", doc_tokens: int = 128, dtype: str = "float32") -> LMScorer:
+    """The scoring LM, loaded once per process (shares a loaded transformers model's weights where the precision
+    is the same). Drafts stay in transformers: they share the documents' cache with the reader-gate pass, and
+    llama.cpp's prompt processing (about 270 tokens/s here, its wheel built without AVX-512) is slower than
+    transformers' (about 600) on the long packed contexts."""
     if spec.startswith(("http://", "https://")):
         raise ValueError("the re-ranking LM must run locally (gradients are needed): set [rerank] model to "
                          "'smollm2', a transformers folder or a .gguf file")
-    generator = load_local_generator(spec)
-    return LMScorer(generator.model, generator.tokenizer, doc_tokens=doc_tokens)
+    with _loading:
+        return _cached_scorer(spec, doc_tokens, dtype)
 
 
-def passage_text(candidate: Candidate) -> str:
-    return f"{candidate.title}: {candidate.text}" if candidate.title else candidate.text
+@lru_cache(maxsize=4)
+def _cached_scorer(spec: str, doc_tokens: int, dtype: str) -> LMScorer:
+    from gradfuse.generate.local import load_transformers
+
+    tokenizer, model = load_transformers(spec)
+    return LMScorer(model, tokenizer, doc_tokens=doc_tokens, dtype=dtype)
 
 
-def resolve_target(scorer: LMScorer, kind: str, question: str, docs: list[str], gold: str | None) -> str:
-    if kind == "gold":
-        if not gold:
-            raise ValueError("target 'gold' needs a reference answer for this question")
-        return gold
-    if kind == "query":
-        return question
-    return scorer.draft(docs, question)
+def make_scorer(method: str, settings: RerankSettings) -> Stage2Scorer:
+    if method == "cross-encoder":
+        return CrossEncoderScorer(settings.cross_encoder)
+    return SCORERS[method](load_scorer(settings.model, settings.doc_tokens, settings.dtype))
 
 
-@dataclass
-class _Prepared:
-    pool: list[Candidate]  # the first n candidates
-    docs: list[str]  # their texts as the LM sees them
-    target: str
-    target_seconds: float
-
-
-def _prepare(scorer, question, candidates, settings: RerankSettings, gold) -> _Prepared:
+def rerank(scorer: Stage2Scorer, question: str, candidates: list[Candidate], settings: RerankSettings, *,
+           gold: str | None = None, k: int = 10) -> RerankOutcome:
+    """Score the first `settings.n` candidates (ordered by their prior) and re-rank them."""
+    started = time.perf_counter()
     pool = candidates[: settings.n]
     docs = [passage_text(c) for c in pool]
-    started = time.perf_counter()
-    target = resolve_target(scorer, settings.target, question, docs, gold)
-    return _Prepared(pool, docs, target, time.perf_counter() - started)
-
-
-def _z(values: np.ndarray) -> np.ndarray:
-    spread = values.std()
-    return (values - values.mean()) / spread if spread > 0 else np.zeros_like(values)
-
-
-def gradient_rerank(
-    scorer: LMScorer, question: str, candidates: list[Candidate], settings: RerankSettings, *, gold: str | None = None
-) -> RerankOutcome:
-    started = time.perf_counter()
-    prepared = _prepare(scorer, question, candidates, settings, gold)
-    pool, docs, target = prepared.pool, prepared.docs, prepared.target
-    query_target = settings.target == "query"
-    orders = [list(range(len(pool)))] + ([list(reversed(range(len(pool))))] if settings.both_orders else [])
-    totals = {name: np.zeros(len(pool)) for name in ESTIMATORS}
-    loss = 0.0
-    for order in orders:
-        packed = scorer.pack([docs[i] for i in order], question, target, target_is_query=query_target)
-        attribution = scorer.attribute(packed)
-        loss += attribution.loss / len(orders)
-        for name in ESTIMATORS:
-            values = getattr(attribution, name)
-            if settings.length_normalise:
-                values = values / attribution.doc_lengths
-            totals[name][order] += values / len(orders)
+    scored = scorer.score(question, docs, settings, gold=gold, k=k)
     prior = np.array([c.scores["prior"] for c in pool])
-    final = _z(totals[settings.estimator]) + settings.prior_weight * _z(prior)
+    if scored.mixes and settings.prior == "upr":
+        upr = scored.values["upr"] if "upr" in scored.values else UPRScorer(
+            load_scorer(settings.model, settings.doc_tokens, settings.dtype)).values(question, docs)
+        for candidate, value in zip(pool, upr):
+            candidate.scores["prior:pool"], candidate.scores["prior"] = candidate.scores["prior"], float(value)
+        prior = np.asarray(upr, dtype=float)
+    main = scored.values[scored.main]
+    final = combine(main, prior, mix=settings.mix, prior_weight=settings.prior_weight,
+                    within_m=settings.within_m) if scored.mixes else main
     for i, candidate in enumerate(pool):
-        for name in ESTIMATORS:
-            candidate.scores[f"rerank:{name}"] = float(totals[name][i])
+        for name, values in scored.values.items():
+            candidate.scores[f"rerank:{name}"] = float(values[i])
         candidate.scores["rerank:final"] = float(final[i])
     ranked = [pool[i] for i in np.argsort(-final, kind="stable")]
-    return RerankOutcome(ranked, target, loss, time.perf_counter() - started, prepared.target_seconds)
-
-
-def loo_rerank(
-    scorer: LMScorer, question: str, candidates: list[Candidate], settings: RerankSettings, *, gold: str | None = None
-) -> RerankOutcome:
-    """Exact leave-one-out: L(C without i) - L(C) for each document, n + 1 forward passes."""
-    started = time.perf_counter()
-    prepared = _prepare(scorer, question, candidates, settings, gold)
-    pool = prepared.pool
-    loss, deltas = scorer.leave_one_out(prepared.docs, question, prepared.target,
-                                        target_is_query=settings.target == "query")
-    for candidate, delta in zip(pool, deltas):
-        candidate.scores["rerank:loo"] = float(delta)
-        candidate.scores["rerank:final"] = float(delta)
-    ranked = [pool[i] for i in np.argsort(-deltas, kind="stable")]
-    return RerankOutcome(ranked, prepared.target, loss, time.perf_counter() - started, prepared.target_seconds)
-
-
-def loo_greedy_rerank(
-    scorer: LMScorer, question: str, candidates: list[Candidate], settings: RerankSettings, *, k: int,
-    gold: str | None = None,
-) -> RerankOutcome:
-    """Greedy forward selection of k documents minimising L (the expensive oracle); the rest follow by prior."""
-    started = time.perf_counter()
-    prepared = _prepare(scorer, question, candidates, settings, gold)
-    pool = prepared.pool
-    chosen, loss = scorer.greedy_selection(prepared.docs, question, prepared.target, k)
-    order = chosen + [i for i in range(len(pool)) if i not in chosen]
-    for position, i in enumerate(order):
-        pool[i].scores["rerank:final"] = float(len(order) - position)
-    return RerankOutcome([pool[i] for i in order], prepared.target, loss, time.perf_counter() - started,
-                         prepared.target_seconds)
+    return RerankOutcome(ranked, scored.target, scored.loss, time.perf_counter() - started, scored.target_seconds,
+                         scorer.name, f"rerank:{scored.main}")

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
 INSTRUCTION = "Answer the question using the numbered documents."
 QUERY_INSTRUCTION = "Write the question that the numbered documents answer."
+RELEVANCE_QUESTION = "Is the document relevant to the question? Answer yes or no."
 _SENTINEL = "\x00GRADFUSE{}\x00"
 _SPLIT = re.compile("\x00GRADFUSE(\\w+)\x00")
 
@@ -33,6 +35,8 @@ class ContextPacker:
 
     def __init__(self, tokenizer, *, doc_tokens: int = 128):
         self.tokenizer, self.doc_tokens = tokenizer, doc_tokens
+        # A passage is tokenised once however many contexts it enters (leave-one-out packs it n times).
+        self._ids = lru_cache(maxsize=4096)(self._encode)
 
     def _template(self, n_docs: int, question: str | None, with_target: bool) -> list[tuple[str, str]]:
         """The prompt as alternating ('text', str) and ('slot', name) pieces."""
@@ -41,7 +45,9 @@ class ContextPacker:
             user = f"{QUERY_INSTRUCTION}\nDocuments:\n{docs}"
         else:
             user = f"{INSTRUCTION}\nDocuments:\n{docs}Question: {question}"
-        assistant = _SENTINEL.format("target") if with_target else None
+        return self._render(user, _SENTINEL.format("target") if with_target else None)
+
+    def _render(self, user: str, assistant: str | None) -> list[tuple[str, str]]:
         if self.tokenizer.chat_template:
             messages = [{"role": "user", "content": user}]
             if assistant is not None:
@@ -59,12 +65,12 @@ class ContextPacker:
         pieces.append(("text", rendered[position:]))
         return pieces
 
-    def _ids(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False) if text else []
+    def _encode(self, text: str) -> tuple[int, ...]:
+        return tuple(self.tokenizer.encode(text, add_special_tokens=False)) if text else ()
 
     def document_ids(self, number: int, text: str) -> list[int]:
-        body = self._ids(text)[: self.doc_tokens]
-        return self._ids(f"[{number}] ") + body + self._ids("\n")
+        body = list(self._ids(text)[: self.doc_tokens])
+        return list(self._ids(f"[{number}] ")) + body + list(self._ids("\n"))
 
     def pack(self, docs: list[str], *, question: str | None, target: str | None) -> PackedContext:
         """`question=None` packs for the query target; `target=None` packs a generation prompt."""
@@ -75,7 +81,7 @@ class ContextPacker:
             if kind == "text":
                 ids += self._ids(value)
             elif value == "target":
-                target_ids = self._ids(target)
+                target_ids = list(self._ids(target))
                 target_span = (len(ids), len(ids) + len(target_ids))
                 ids += target_ids
             else:
@@ -84,3 +90,11 @@ class ContextPacker:
                 spans.append((len(ids), len(ids) + len(piece)))
                 ids += piece
         return PackedContext(torch.tensor(ids, dtype=torch.long), spans, target_span)
+
+    def relevance_prompt(self, doc: str, question: str) -> torch.Tensor:
+        """A pointwise judgement prompt, ending where the model says yes or no."""
+        ids: list[int] = []
+        user = f"Document: {_SENTINEL.format('doc0')}\nQuestion: {question}\n{RELEVANCE_QUESTION}"
+        for kind, value in self._render(user, None):
+            ids += self._ids(value) if kind == "text" else list(self._ids(doc)[: self.doc_tokens])
+        return torch.tensor(ids, dtype=torch.long)

@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+SELECT_FUSIONS = ("rrf", "combsum-z", "concat", "dense")
+
+
 @dataclass(frozen=True)
 class SelectionSettings:
     # Chosen by grid search on the dev queries of benchmarks/federated.toml (192 queries from 8 folders, disjoint
@@ -31,6 +34,13 @@ class SelectionSettings:
     max_sources: int = 2
     top: int = 3  # documents per source that define its relevance
     candidates: int = 20  # m: a source's first m candidates stand for it (relevance and redundancy)
+    # How `select` ranks the chosen sources' candidates: a fusion method, or "dense" (encoder cosine). On multi-hop
+    # QA, RRF over the chosen sources pulled the right one down; benchmarks choose it on dev.
+    fusion: str = "rrf"
+
+    def __post_init__(self):
+        if self.fusion not in SELECT_FUSIONS:
+            raise ValueError(f"unknown fusion {self.fusion!r} for select (choose from {', '.join(SELECT_FUSIONS)})")
 
 
 @dataclass

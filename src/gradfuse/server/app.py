@@ -90,7 +90,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
         if preload_lm:
             from gradfuse.rerank import load_scorer
 
-            load_scorer(config.rerank.model, config.rerank.doc_tokens)
+            load_scorer(config.rerank.model, config.rerank.doc_tokens, config.rerank.dtype)
         yield
 
     app = FastAPIOffline(title="gradfuse", version=__version__, lifespan=lifespan,

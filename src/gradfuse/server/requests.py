@@ -26,7 +26,7 @@ class SearchRequest(BaseModel):
     timeout_s: float | None = Field(None, gt=0, description="seconds each source may take")
     depth: int | None = Field(None, ge=1, description="candidates asked of each source")
     target: Literal["draft", "gold", "query"] | None = Field(None, description="stage-2 target")
-    estimator: Literal["gate", "grad_x_input"] | None = Field(None, description="stage-2 estimator")
+    estimator: Literal["gate", "reader_gate", "grad_x_input"] | None = Field(None, description="stage-2 estimator")
     n: int | None = Field(None, ge=1, description="candidates entering the stage-2 LM pass")
     gold: str | None = Field(None, description="reference answer (needed by target 'gold')")
 

@@ -135,7 +135,7 @@ function showSearch(search) {
   $("status").textContent = "generating…";
   showFailures(search.failures);
   showStage1(search);
-  showChart(search.candidates, search.method);
+  showChart(search.candidates, search.method, search.rerank);
   showPassages(search.candidates, []);
   showTimings(search.timings);
 }
@@ -144,7 +144,7 @@ function showAnswer(answer) {
   shown.passages = answer.passages;
   showFailures(answer.failures);
   showStage1(answer);
-  showChart(answer.passages, answer.method);
+  showChart(answer.passages, answer.method, answer.rerank);
   showPassages(answer.passages, answer.citations.map((c) => c.number));
   showTimings(answer.timings);
   $("answer").innerHTML = linkCitations(answer.answer, answer.passages.length);
@@ -195,8 +195,9 @@ function showStage1(result) {
   section.hidden = false;
 }
 
-function showChart(candidates, method) {
-  const gradientName = `rerank:${shown.estimator}`;
+function showChart(candidates, method, rerank) {
+  // The stage-2 score the method ranked by (rerank:gate, rerank:upr, ...), else the estimator asked for.
+  const gradientName = rerank?.score_key ?? `rerank:${shown.estimator}`;
   const scored = candidates.filter((c) => "prior" in c.scores);
   const section = $("chart-section");
   section.hidden = false;
@@ -206,8 +207,8 @@ function showChart(candidates, method) {
     return;
   }
   const hasGradient = scored.some((c) => gradientName in c.scores);
-  $("chart-note").innerHTML = `<span class="swatch" style="background:var(--prior)"></span>prior (cosine to the query) ` +
-    (hasGradient ? `<span class="swatch" style="background:var(--grad)"></span>gradient score (${escapeHtml(gradientName)}); bars are scaled to each series' largest magnitude, labels give the raw values.`
+  $("chart-note").innerHTML = `<span class="swatch" style="background:var(--prior)"></span>prior (the pool's order: cosine to the query or the sources' fusion) ` +
+    (hasGradient ? `<span class="swatch" style="background:var(--grad)"></span>stage-2 score (${escapeHtml(gradientName)}); bars are scaled to each series' largest magnitude, labels give the raw values.`
                  : `— method ${escapeHtml(method)} makes no gradient pass.`);
   const series = [["prior", "var(--prior)"]].concat(hasGradient ? [[gradientName, "var(--grad)"]] : []);
   const scale = Object.fromEntries(series.map(([name]) =>

@@ -1,0 +1,47 @@
+"""The gradient scorer (GRO-RAG stage 2): one forward + backward pass over the packed pool estimates, for every
+document at once, how much the loss of the target would rise without it (see lm_scorer.py for the estimators)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from gradfuse.rerank.base import RerankSettings, Scored
+from gradfuse.rerank.lm_scorer import LMScorer, make_target
+
+
+class GradientScorer:
+    name = "gradient"
+
+    def __init__(self, lm: LMScorer):
+        self.lm = lm
+
+    def score(self, question: str, docs: list[str], settings: RerankSettings, *, gold: str | None = None,
+              k: int = 10) -> Scored:
+        started = time.perf_counter()
+        query_target = settings.target == "query"
+        documents = None
+        if settings.estimator == "reader_gate" and settings.target == "draft" and not settings.both_orders:
+            # The draft and the pass read the same documents: they are encoded once, for both.
+            documents = self.lm.encode_documents(self.lm.packer.pack(docs, question=question, target=None))
+        target = make_target(self.lm, settings.target, question, docs, gold, settings.draft_tokens, documents)
+        target_seconds = time.perf_counter() - started
+        orders = [list(range(len(docs)))] + ([list(reversed(range(len(docs))))] if settings.both_orders else [])
+        names = ("reader_gate",) if settings.estimator == "reader_gate" else ("gate", "grad_x_input")
+        totals = {name: np.zeros(len(docs)) for name in names}
+        loss = 0.0
+        for order in orders:
+            packed = self.lm.pack([docs[i] for i in order], question, target, target_is_query=query_target)
+            if settings.estimator == "reader_gate":
+                pass_loss, gate = self.lm.attribute_reader(packed, documents)
+                values = {"reader_gate": gate}
+                lengths = np.array([e - s for s, e in packed.doc_spans])
+            else:
+                attribution = self.lm.attribute(packed)
+                pass_loss, lengths = attribution.loss, attribution.doc_lengths
+                values = {"gate": attribution.gate, "grad_x_input": attribution.grad_x_input}
+            loss += pass_loss / len(orders)
+            for name, value in values.items():
+                totals[name][order] += (value / lengths if settings.length_normalise else value) / len(orders)
+        return Scored(totals, settings.estimator, target, loss, target_seconds)
