@@ -39,8 +39,8 @@ clean:
 # Benchmarks report numbers into committed files under results/; they are not tests. Each benchmark file in
 # benchmarks/ also has a small --quick variant whose expected scores sit next to it (checked by the tests).
 BENCHMARKS := federated qa dl19
-.PHONY: bench bench-skeleton bench-serve bench-postgres $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
-bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-serve bench-postgres
+.PHONY: bench bench-skeleton bench-serve bench-postgres bench-stage2 $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
+bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-stage2 bench-serve bench-postgres
 
 bench-skeleton: install
 	$(BIN)/python bench/skeleton_scifact.py
@@ -50,6 +50,9 @@ bench-serve: install
 
 bench-postgres: install
 	$(BIN)/python bench/postgres_vs_embedded.py
+
+bench-stage2: install
+	$(BIN)/python bench/stage2_passes.py
 
 $(addprefix bench-,$(BENCHMARKS)): bench-%: install
 	$(BIN)/gradfuse eval benchmarks/$*.toml --out results/$*

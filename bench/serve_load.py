@@ -26,15 +26,17 @@ from gradfuse.config import Config  # noqa: E402
 from gradfuse.eval.benchmark import load_benchmark, read_qrels, sample_queries  # noqa: E402
 from gradfuse.eval.runner import commit_id, machine_description  # noqa: E402
 
-# (method, concurrent clients, requests): rrf at the load the issue asks for and below it; gro at the LM line's
-# sizes (one runs at a time; lm_queue = 8 admits eight) and one burst above it, where refusals are expected.
-PLAN = [("rrf", 1, 200), ("rrf", 8, 400), ("rrf", 50, 500),
-        ("gro", 1, 12), ("gro", 4, 16), ("gro", 16, 16)]
+# (method, stage-2 target, concurrent clients, requests): rrf at the load the issue asks for and below it; gro
+# alone with each honest target (n = 10 passages of up to 128 tokens, the defaults), then at the LM line's sizes
+# (one runs at a time; lm_queue = 8 admits eight) and one burst above it, where refusals are expected.
+PLAN = [("rrf", None, 1, 200), ("rrf", None, 8, 400), ("rrf", None, 50, 500),
+        ("gro", "query", 1, 20), ("gro", "draft", 1, 20), ("gro", "draft", 4, 16), ("gro", "draft", 16, 24)]
 
 
 @dataclass
 class Level:
     method: str
+    target: str | None
     concurrency: int
     requests: int
     ok: int
@@ -56,14 +58,15 @@ def queries_of(bench) -> list[str]:
     return [texts[i] for i in rng.permutation(len(texts))]
 
 
-def run_level(url: str, method: str, concurrency: int, queries: list[str]) -> Level:
+def run_level(url: str, method: str, target: str | None, concurrency: int, queries: list[str]) -> Level:
     client = httpx.Client(timeout=600)
 
     errors: list[str] = []
+    body = {"method": method, "k": 10, "retrieval": "bm25", **({"target": target} if target else {})}
 
     def one(query: str) -> tuple[int, float]:
         started = time.perf_counter()
-        response = client.post(url + "/search", json={"query": query, "method": method, "k": 10, "retrieval": "bm25"})
+        response = client.post(url + "/search", json={"query": query, **body})
         if response.status_code not in (200, 503):
             errors.append(f"{response.status_code}: {response.text[:200]}")
         return response.status_code, time.perf_counter() - started
@@ -75,7 +78,7 @@ def run_level(url: str, method: str, concurrency: int, queries: list[str]) -> Le
     served = np.array([s for status, s in outcomes if status == 200]) * 1000
     refused = sum(status == 503 for status, _ in outcomes)
     percentile = (lambda p: float(np.percentile(served, p))) if len(served) else (lambda p: float("nan"))
-    return Level(method, concurrency, len(queries), len(served), refused, len(errors), errors[:3], seconds, len(served) / seconds, percentile(50), percentile(95),
+    return Level(method, target, concurrency, len(queries), len(served), refused, len(errors), errors[:3], seconds, len(served) / seconds, percentile(50), percentile(95),
                  float(served.max()) if len(served) else float("nan"))
 
 
@@ -87,14 +90,14 @@ def main() -> None:
     queries = queries_of(bench)
     levels = []
     with gradfuse_serve(bench.workspace, "--preload-lm", env={"GRADFUSE_API_KEY": ""}) as url:
-        run_level(url, "rrf", 4, queries[:40])  # warm-up: page cache, encoder, first requests
-        run_level(url, "gro", 1, queries[:1])
+        run_level(url, "rrf", None, 4, queries[:40])  # warm-up: page cache, encoder, first requests
+        run_level(url, "gro", "draft", 1, queries[:2])
         offset = 40
-        for method, concurrency, count in PLAN:
+        for method, target, concurrency, count in PLAN:
             batch = (queries * 2)[offset:offset + count]
             offset += count
-            level = run_level(url, method, concurrency, batch)
-            print(f"{method} x{concurrency}: {level.requests_per_s:.1f} req/s, p50 {level.p50_ms:.0f} ms, "
+            level = run_level(url, method, target, concurrency, batch)
+            print(f"{method}/{target} x{concurrency}: {level.requests_per_s:.1f} req/s, p50 {level.p50_ms:.0f} ms, "
                   f"p95 {level.p95_ms:.0f} ms, {level.refused} refused, {level.errors} errors", flush=True)
             levels.append(level)
     write_results(levels, ROOT / "results" / "serve", len(bench.sources))
@@ -106,7 +109,7 @@ def write_results(levels: list[Level], out: Path, sources: int) -> None:
     (out / "results.json").write_text(json.dumps({"commit": commit, "machine": machine,
                                                   "levels": [asdict(level) for level in levels]}, indent=2))
     rows = "\n".join(
-        f"| {lv.method} | {lv.concurrency} | {lv.requests} | {lv.ok} | {lv.refused} | {lv.errors} | "
+        f"| {lv.method}{'/' + lv.target if lv.target else ''} | {lv.concurrency} | {lv.requests} | {lv.ok} | {lv.refused} | {lv.errors} | "
         f"{lv.requests_per_s:.2f} | {lv.p50_ms:.0f} | {lv.p95_ms:.0f} | {lv.max_ms:.0f} |" for lv in levels)
     (out / "results.md").write_text(f"""# gradfuse serve under load
 
@@ -114,14 +117,17 @@ Command: `make bench-serve` (`python bench/serve_load.py`), commit {commit}, {ma
 Server: `gradfuse serve --preload-lm` on loopback over the {sources} sources of benchmarks/federated.toml
 (BM25 per source, depth 20, k 10); requests are that benchmark's real queries, each `POST /search` with
 `retrieval: bm25`. The client is a thread pool in the benchmark process on the same two cores as the server.
-Latency is per request, from send to full response, over the requests served (200).
+Latency is per request, from send to full response, over the requests served (200). Stage 2 runs with the
+library's defaults (n = 10 passages of up to 128 tokens, the reader-gate estimator, fp32); `gro/draft` first
+drafts an answer of up to 32 tokens from the documents' cache, which the gradient pass then reuses.
 
 | method | concurrent | requests | served | refused (503) | errors | requests/s | p50 ms | p95 ms | max ms |
 |---|---|---|---|---|---|---|---|---|---|
 {rows}
 
 How the model is shared: one process, the encoder and the scoring LM loaded once; fusion requests run in
-parallel threads; a request that needs the LM (gradient, gro, loo, loo-greedy, and /ask with the local generator)
+parallel threads; a request that needs a model per query (gradient, gro, the LM baselines, loo, loo-greedy, and /ask
+with the local generator)
 takes a place in a line of `lm_queue` = 8 (running or waiting), and its LM passes run one at a time under the
 model's lock, since torch already uses every core for one pass. A request beyond the line is refused at once
 with 503 and Retry-After, so the line never grows into minutes and fusion requests never wait behind it.

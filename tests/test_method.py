@@ -112,7 +112,7 @@ def test_gro_end_to_end_over_sources_with_explanation(tmp_path):
     assert result.rerank is not None and result.rerank.target == QUESTION
     assert {c.source for c in result.candidates} <= set(result.selection.sources) and "lm_pass" in result.timings
     for candidate in result.candidates:
-        assert {"prior", "rerank:gate", "rerank:final"} <= set(candidate.scores)
+        assert {"prior", "rerank:reader_gate", "rerank:final"} <= set(candidate.scores)
     fused = ws.search(QUESTION, method="upr", retrieval="dense", n=4, pool="rrf")
     assert fused.rerank.scorer == "upr" and all("fusion:rrf" in c.scores for c in fused.candidates)
     dense = ws.search(QUESTION, method="dense", retrieval="dense")

@@ -54,7 +54,7 @@ def test_ask_on_the_page_then_open_the_cited_passage(workspace, browser):
         expect(citation).to_be_visible(timeout=240_000)
         expect(page.locator("#stage1 tbody tr.chosen")).not_to_have_count(0)
         expect(page.locator("#score-chart rect.bar[data-series='prior']")).not_to_have_count(0)
-        expect(page.locator("#score-chart rect.bar[data-series='rerank:gate']")).not_to_have_count(0)
+        expect(page.locator("#score-chart rect.bar[data-series='rerank:reader_gate']")).not_to_have_count(0)
         expect(page.locator("#timings")).to_contain_text("gradient pass")
         expect(page.locator("#timings")).to_contain_text("generation")
 

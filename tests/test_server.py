@@ -240,7 +240,8 @@ def test_ask_streams_search_then_tokens_then_the_answer(workspace):
     names = [name for name, _ in events]
     assert names[0] == "search" and names[-1] == "answer" and set(names[1:-1]) == {"token"}
     search, answer = events[0][1], events[-1][1]
-    assert search["selection"]["chosen"] and "rerank:gate" in search["candidates"][0]["scores"]
+    assert search["selection"]["chosen"] and "rerank:reader_gate" in search["candidates"][0]["scores"]
+    assert search["rerank"]["score_key"] == "rerank:reader_gate" and search["rerank"]["scorer"] == "gradient"
     assert "".join(data["text"] for name, data in events if name == "token").strip() == answer["answer"]
     assert answer["answer"] == plain["answer"]  # greedy decoding: streamed or not, the same answer
     assert answer["citations"] and {"retrieval", "selection", "lm_pass", "generation"} <= set(answer["timings"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -178,12 +179,14 @@ Timeout = Annotated[Optional[float], typer.Option("--timeout", help="Seconds eac
 Target = Annotated[Optional[str], typer.Option(help="Stage-2 target: draft | gold | query")]
 Estimator = Annotated[Optional[str], typer.Option(help="Stage-2 estimator: gate | reader_gate | grad_x_input")]
 Pool = Annotated[Optional[int], typer.Option("--n", help="Candidates entering the stage-2 LM pass")]
+PoolOrder = Annotated[Optional[str], typer.Option("--pool", help="Stage-2 pool and prior: cosine | rrf | combsum-z")]
 Gold = Annotated[Optional[str], typer.Option(help="Reference answer (needed by --target gold)")]
 Explain = Annotated[bool, typer.Option(help="Show stage 1's decision and each document's prior, gradient, final score")]
 
 
-def _rerank_options(target, estimator, n) -> dict:
-    return {key: value for key, value in (("target", target), ("estimator", estimator), ("n", n)) if value}
+def _rerank_options(target, estimator, n, pool) -> dict:
+    return {key: value for key, value in (("target", target), ("estimator", estimator), ("n", n), ("pool", pool))
+            if value}
 
 
 @app.command()
@@ -197,6 +200,7 @@ def search(
     target: Target = None,
     estimator: Estimator = None,
     n: Pool = None,
+    pool: PoolOrder = None,
     gold: Gold = None,
     explain: Explain = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
@@ -206,7 +210,7 @@ def search(
     """Ranked list over many sources: every row shows its source, doc id, rank in source and scores."""
     ws = _workspace(config, workspace)
     result = _run_guarded(lambda: ws.search(query, method=method, k=k, sources=source, retrieval=retrieval,
-                                            timeout_s=timeout, gold=gold, **_rerank_options(target, estimator, n)))
+                                            timeout_s=timeout, gold=gold, **_rerank_options(target, estimator, n, pool)))
     if as_json:
         print(search_record(result).model_dump_json(indent=2))
         return
@@ -279,6 +283,7 @@ def ask(
     target: Target = None,
     estimator: Estimator = None,
     n: Pool = None,
+    pool: PoolOrder = None,
     gold: Gold = None,
     explain: Explain = False,
     generator: Annotated[Optional[str], typer.Option(help="smollm2 | HF folder | .gguf file | http(s) URL")] = None,
@@ -292,7 +297,7 @@ def ask(
     answer = _run_guarded(lambda: ws.ask(question, method=method, context_k=context_k, sources=source,
                                          retrieval=retrieval, timeout_s=timeout, generator=generator,
                                          max_new_tokens=max_new_tokens, gold=gold,
-                                         **_rerank_options(target, estimator, n)))
+                                         **_rerank_options(target, estimator, n, pool)))
     if as_json:
         print(answer_record(answer).model_dump_json(indent=2))
         return
@@ -324,13 +329,22 @@ def demo(workspace: Annotated[Path, typer.Option("--workspace", "-w")] = Path(".
     Dense retrieval with concatenation by cosine: one encoder for all sources makes those scores comparable,
     whereas rank fusion (RRF) puts every source's first hit on top whether or not that source is relevant."""
     from gradfuse.demo import QUESTIONS, demo_specs
+    from gradfuse.generate import describe_generator
 
     ws = Workspace.open(None, workspace=workspace)
     for spec in demo_specs(workspace / "inputs"):
         _print_build(ws.index(spec, progress=True))
     sources(None, workspace)
-    for question in QUESTIONS:
+    for question in QUESTIONS[:-1]:
         print_answer(ws.ask(question, method="concat", retrieval="dense", context_k=3, max_new_tokens=80))
+    # The last question goes through the full method: stage 1, then stage 2's pass with the draft target.
+    started = time.perf_counter()
+    answer = ws.ask(QUESTIONS[-1], method="gro", retrieval="dense", context_k=3, max_new_tokens=80)
+    print_answer(answer)
+    console.print(f"(gro: {time.perf_counter() - started:.1f} s from question to answer, models loaded)")
+    console.print(f"The answers come from {describe_generator(ws.config.generator)}. To ask your own questions over "
+                  f"these sources: gradfuse ask \"...\" --workspace {workspace} (add --method gro --explain to see "
+                  "both stages)")
 
 
 @app.command()

@@ -21,12 +21,18 @@ Example (every key optional)::
     redundancy_weight = 0.0          # lambda: raise it when sources mirror each other
     threshold = 0.5
     max_sources = 2
+    fusion = "rrf"                   # how select ranks the chosen sources: rrf | combsum-z | concat | dense
     [rerank]                         # stage 2 (gradfuse.rerank.RerankSettings)
     model = "smollm2"                # white-box scoring LM (local only: gradients are needed)
     n = 10
-    estimator = "gate"               # gate | grad_x_input
+    estimator = "reader_gate"        # reader_gate | gate | grad_x_input
     target = "draft"                 # draft | gold | query
-    prior_weight = 4.0               # final = z(gradient) + prior_weight * z(prior)
+    pool = "cosine"                  # cosine | rrf | combsum-z: which ranking picks the n and is their prior
+    mix = "zsum"                     # zsum: final = z(score) + prior_weight * z(prior); within: reorder the top m
+    prior_weight = 4.0
+    within_m = 3
+    dtype = "float32"                # of the passes: float32 | bfloat16
+    cross_encoder = ""               # a local CrossEncoder folder, for --method cross-encoder
     [server]                         # `gradfuse serve` (gradfuse.server.settings.ServerSettings)
     host = "127.0.0.1"
     port = 8321

@@ -70,6 +70,7 @@ class EvalQuery:
     answers: tuple[str, ...] = ()
     lm: bool = False  # in the subsample the scoring-LM methods run on
     fold: int | None = None  # with k-fold cross-fitting: the fold it is tested in
+    position: int = 0  # in its set's shuffled sample of its split (the LM subsample is the first positions)
 
 
 @dataclass
@@ -107,6 +108,7 @@ class Benchmark:
     folds: int = 0  # > 0: cross-fitting over k folds of the sample instead of a separate dev sample
     lm_sample: int = 10
     lm_dev_sample: int = 5
+    oracle_sample: int | None = None  # loo and loo-greedy on the first this many LM queries of each set (None: all)
     lm_options: dict[str, Any] = field(default_factory=dict)  # RerankSettings fields for every LM method
     shared_collection: bool = False  # sources rank one collection (runs of one corpus): judge by doc id alone
     fusion_step: float = 0.25  # ranx's weight grid for learned-fusion
@@ -187,6 +189,7 @@ def load_benchmark(path: Path, *, quick: bool = False) -> Benchmark:
         folds=int(split.pop("folds", 0)),
         lm_sample=int(lm.pop("sample", 10)),
         lm_dev_sample=int(lm.pop("dev_sample", 5)),
+        oracle_sample=int(lm["oracle_sample"]) if "oracle_sample" in lm else None,
         shared_collection=bool(raw.pop("shared_collection", False)),
         fusion_step=float(raw.pop("fusion_step", 0.25)),
         fusion_norm=raw.pop("fusion_norm", "zmuv"),
@@ -200,6 +203,7 @@ def load_benchmark(path: Path, *, quick: bool = False) -> Benchmark:
             bench.qa = QASettings(**raw.pop("qa"))
         except TypeError as error:
             raise ConfigError(f"{path} [qa]: {error}") from error
+    lm.pop("oracle_sample", None)
     bench.lm_options = lm
     for leftover, where in ((raw, ""), (split, " [split]")):
         if leftover:
@@ -317,6 +321,6 @@ def sample_queries(bench: Benchmark, query_set: QuerySet, judged: dict[str, dict
             queries.append(EvalQuery(
                 query_id=f"{query_set.name}/{record['id']}", text=record["text"], query_set=query_set.name,
                 split=split, answers=tuple(str(a) for a in (answers if isinstance(answers, list) else [answers])),
-                lm=position < lm_count, fold=position % bench.folds if bench.folds else None,
+                lm=position < lm_count, fold=position % bench.folds if bench.folds else None, position=position,
             ))
     return queries

@@ -264,7 +264,8 @@ def _run_lm_method(evaluation, ws, retrieved, method, groups, selections, progre
         cache = _LMCache(bench, method, {**settings, "selection": asdict(selection), "depth": bench.depth,
                                          "retrieval": bench.retrieval, "k": bench.k})
         done = raw.setdefault(pool, {})
-        for query in tqdm([by_id[q] for q in query_ids if by_id[q].lm and q not in done],
+        for query in tqdm([by_id[q] for q in query_ids if by_id[q].lm and q not in done and (
+                mixes or bench.oracle_sample is None or by_id[q].position < bench.oracle_sample)],
                           desc=f"{bench.name}: {method} ({pool} pool)", disable=not progress):
             if target == "gold" and base in TARGET_METHODS and not query.answers:
                 raise ValueError(f"{method}: query {query.query_id} has no reference answer for the gold target")

@@ -9,7 +9,8 @@ from gradfuse.generate.local import BUNDLED_GENERATOR, load_local_generator
 from gradfuse.generate.openai_http import OpenAICompatibleGenerator
 from gradfuse.generate.prompt import Citation, build_messages, parse_citations
 
-__all__ = ["BUNDLED_GENERATOR", "Citation", "Generator", "build_messages", "make_generator", "parse_citations"]
+__all__ = ["BUNDLED_GENERATOR", "Citation", "Generator", "build_messages", "describe_generator", "make_generator",
+           "parse_citations"]
 
 
 class Generator(Protocol):
@@ -27,3 +28,13 @@ def make_generator(spec: str = BUNDLED_GENERATOR, *, model: str = "default") -> 
     if spec.startswith(("http://", "https://")):
         return OpenAICompatibleGenerator(spec, model=model)
     return load_local_generator(spec)
+
+
+def describe_generator(spec: str) -> str:
+    """Who writes the answers, in words a newcomer can weigh them by."""
+    if spec == BUNDLED_GENERATOR:
+        return ("the bundled SmolLM2-135M-Instruct (135M parameters: fluent, often wrong); for real answers set "
+                "[generator] model to a local .gguf file or transformers folder, or an OpenAI-compatible URL")
+    if spec.startswith(("http://", "https://")):
+        return "an OpenAI-compatible endpoint"
+    return f"the local model {spec}"

@@ -29,7 +29,8 @@ class RerankSettings:
     model: str = "smollm2"  # the white-box scoring LM: bundled SmolLM2, a local HF folder or a .gguf file
     n: int = 10  # candidates that enter the pass
     doc_tokens: int = 128  # token budget per document
-    estimator: str = "gate"
+    # The reader gate: about 5 times cheaper than the full gate at n = 10 x 128 tokens on a CPU (results/stage2).
+    estimator: str = "reader_gate"
     target: str = "draft"
     length_normalise: bool = False
     both_orders: bool = False  # average the scores of the prior order and its reverse (position bias)

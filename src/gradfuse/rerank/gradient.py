@@ -3,30 +3,24 @@ document at once, how much the loss of the target would rise without it (see lm_
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from gradfuse.rerank.base import RerankSettings, Scored
-from gradfuse.rerank.lm_scorer import LMScorer, make_target
+from gradfuse.rerank.lm_scorer import TargetScorer
 
 
-class GradientScorer:
+class GradientScorer(TargetScorer):
     name = "gradient"
-
-    def __init__(self, lm: LMScorer):
-        self.lm = lm
 
     def score(self, question: str, docs: list[str], settings: RerankSettings, *, gold: str | None = None,
               k: int = 10) -> Scored:
-        started = time.perf_counter()
         query_target = settings.target == "query"
         documents = None
         if settings.estimator == "reader_gate" and settings.target == "draft" and not settings.both_orders:
-            # The draft and the pass read the same documents: they are encoded once, for both.
+            # The draft and the pass read the same documents: they are encoded once, for both (the encoding is
+            # counted in the pass's time, not the target's).
             documents = self.lm.encode_documents(self.lm.packer.pack(docs, question=question, target=None))
-        target = make_target(self.lm, settings.target, question, docs, gold, settings.draft_tokens, documents)
-        target_seconds = time.perf_counter() - started
+        target, target_seconds = self.target(settings, question, docs, gold, documents)
         orders = [list(range(len(docs)))] + ([list(reversed(range(len(docs))))] if settings.both_orders else [])
         names = ("reader_gate",) if settings.estimator == "reader_gate" else ("gate", "grad_x_input")
         totals = {name: np.zeros(len(docs)) for name in names}

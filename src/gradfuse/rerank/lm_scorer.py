@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -242,14 +243,21 @@ def _nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), targets)
 
 
-def make_target(lm: LMScorer, kind: str, question: str, docs: list[str], gold: str | None,
-                draft_tokens: int, documents=None) -> str:
-    """The text whose likelihood the LM scores: the reference answer, the question itself, or the LM's draft
-    (from `documents`, the documents' cache, when the caller has it)."""
-    if kind == "gold":
-        if not gold:
-            raise ValueError("target 'gold' needs a reference answer for this question")
-        return gold
-    if kind == "query":
-        return question
-    return lm.draft(docs, question, max_new_tokens=draft_tokens, documents=documents)
+class TargetScorer:
+    """The base of the scorers that score a target's likelihood under the LM (gradient, leave-one-out)."""
+
+    def __init__(self, lm: LMScorer):
+        self.lm = lm
+
+    def target(self, settings, question: str, docs: list[str], gold: str | None, documents=None) -> tuple[str, float]:
+        """(the text whose likelihood is scored, seconds spent making it): the reference answer, the question
+        itself, or the LM's draft (from `documents`, the documents' cache, when the caller has it)."""
+        started = time.perf_counter()
+        if settings.target == "gold":
+            if not gold:
+                raise ValueError("target 'gold' needs a reference answer for this question")
+            return gold, 0.0
+        if settings.target == "query":
+            return question, 0.0
+        draft = self.lm.draft(docs, question, max_new_tokens=settings.draft_tokens, documents=documents)
+        return draft, time.perf_counter() - started

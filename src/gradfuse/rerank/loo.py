@@ -3,44 +3,32 @@ passes) and greedy loss-minimising selection of k documents (about n k passes)."
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from gradfuse.rerank.base import RerankSettings, Scored
-from gradfuse.rerank.lm_scorer import LMScorer, make_target
+from gradfuse.rerank.lm_scorer import TargetScorer
 
 
-class LeaveOneOutScorer:
+class LeaveOneOutScorer(TargetScorer):
     """L(C without i) - L(C) for each document."""
 
     name = "loo"
 
-    def __init__(self, lm: LMScorer):
-        self.lm = lm
-
     def score(self, question: str, docs: list[str], settings: RerankSettings, *, gold: str | None = None,
               k: int = 10) -> Scored:
-        started = time.perf_counter()
-        target = make_target(self.lm, settings.target, question, docs, gold, settings.draft_tokens)
-        target_seconds = time.perf_counter() - started
+        target, target_seconds = self.target(settings, question, docs, gold)
         loss, deltas = self.lm.leave_one_out(docs, question, target, target_is_query=settings.target == "query")
         return Scored({"loo": deltas}, "loo", target, loss, target_seconds, mixes=False)
 
 
-class GreedyLossScorer:
+class GreedyLossScorer(TargetScorer):
     """Forward selection of k documents minimising L (the expensive oracle); the rest follow in pool order."""
 
     name = "loo-greedy"
 
-    def __init__(self, lm: LMScorer):
-        self.lm = lm
-
     def score(self, question: str, docs: list[str], settings: RerankSettings, *, gold: str | None = None,
               k: int = 10) -> Scored:
-        started = time.perf_counter()
-        target = make_target(self.lm, settings.target, question, docs, gold, settings.draft_tokens)
-        target_seconds = time.perf_counter() - started
+        target, target_seconds = self.target(settings, question, docs, gold)
         chosen, loss = self.lm.greedy_selection(docs, question, target, k,
                                                 target_is_query=settings.target == "query")
         order = chosen + [i for i in range(len(docs)) if i not in chosen]

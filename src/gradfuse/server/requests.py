@@ -19,7 +19,8 @@ class SearchRequest(BaseModel):
 
     query: str = Field(min_length=1, description="free text (no query syntax)")
     method: str | None = Field(None, description="concat | rrf | combsum[-z] | combmnz[-z] | single:<source> | "
-                                                 "dense | select | gradient | gro | loo | loo-greedy")
+                                                 "dense | select | gradient | gro | upr | relevance | "
+                                                 "cross-encoder | loo | loo-greedy")
     k: int | None = Field(None, ge=1, description="results returned (for /ask: passages given to the generator)")
     sources: list[str] | None = Field(None, min_length=1, description="query only these sources")
     retrieval: Literal["bm25", "dense", "hybrid"] | None = None
@@ -28,6 +29,7 @@ class SearchRequest(BaseModel):
     target: Literal["draft", "gold", "query"] | None = Field(None, description="stage-2 target")
     estimator: Literal["gate", "reader_gate", "grad_x_input"] | None = Field(None, description="stage-2 estimator")
     n: int | None = Field(None, ge=1, description="candidates entering the stage-2 LM pass")
+    pool: Literal["cosine", "rrf", "combsum-z"] | None = Field(None, description="stage-2 pool and prior")
     gold: str | None = Field(None, description="reference answer (needed by target 'gold')")
 
     def check_limits(self, limits: ServerSettings) -> None:
@@ -44,7 +46,7 @@ class SearchRequest(BaseModel):
 
     def search_options(self) -> dict:
         """Keyword arguments for `Workspace.search` (unset fields keep the workspace's defaults)."""
-        rerank = {key: getattr(self, key) for key in ("target", "estimator", "n") if getattr(self, key) is not None}
+        rerank = {key: getattr(self, key) for key in ("target", "estimator", "n", "pool") if getattr(self, key) is not None}
         return {"method": self.method, "sources": self.sources, "retrieval": self.retrieval,
                 "timeout_s": self.timeout_s, "depth": self.depth, "gold": self.gold, **rerank}
 
