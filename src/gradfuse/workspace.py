@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -295,10 +296,11 @@ class Workspace:
         yield result
         started = time.perf_counter()
         pieces = []
-        for piece in model.stream(messages, **options):
-            if piece:
-                pieces.append(piece)
-                yield piece
+        with closing(model.stream(messages, **options)) as stream:  # closed at once when our reader stops
+            for piece in stream:
+                if piece:
+                    pieces.append(piece)
+                    yield piece
         yield self._answer(question, "".join(pieces).strip(), result, model, time.perf_counter() - started)
 
     def _prepare_answer(self, question, generator, context_k, max_new_tokens, search_options):

@@ -58,6 +58,7 @@ from gradfuse.sources import SourceSpec
 
 EVALUATION_METHODS = ("static-best", "learned-fusion", "oracle-origin")
 LM_METHODS = STAGE2_METHODS
+DERIVED_ROWS = (":prior", ":alone")  # a stage-2 method's pool order, and its score without the prior
 MIXED_METHODS = ("gradient", "gro", "upr", "relevance", "cross-encoder")  # scores mixed with their pool's prior
 
 
@@ -134,13 +135,19 @@ class Benchmark:
 
 
 def base_method(method: str) -> str:
-    """`gro/query` → `gro`, `upr:prior` (a stage-2 method's pool order, see the runner) → `upr`; plain methods are
-    their own base."""
-    return method.split("/", 1)[0].removesuffix(":prior")
+    """`gro/query` → `gro`, `upr:prior` and `upr:alone` (a stage-2 method's pool order and its score alone, see the
+    runner) → `upr`; plain methods are their own base."""
+    return _underived(method.split("/", 1)[0])
 
 
 def method_target(method: str) -> str | None:
-    return method.split("/", 1)[1].removesuffix(":prior") if "/" in method else None
+    return _underived(method.split("/", 1)[1]) if "/" in method else None
+
+
+def _underived(name: str) -> str:
+    for suffix in DERIVED_ROWS:
+        name = name.removesuffix(suffix)
+    return name
 
 
 def is_lm_method(method: str) -> bool:

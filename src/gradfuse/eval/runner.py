@@ -247,7 +247,7 @@ def _run_lm_method(evaluation, ws, retrieved, method, groups, selections, progre
     """A stage-2 method on the LM subsample. Per tuning group: each pool in `[lm] pools` runs on the dev queries and
     the best (after tuning its mix) is run on the group's queries; the mix of score and prior is tuned on dev too.
     Besides the method, `<method>:prior` records the chosen pool's own order on the same queries (what the score
-    has to improve on)."""
+    has to improve on) and `<method>:alone` the score without the prior (what it says by itself)."""
     bench = evaluation.bench
     base, target = base_method(method), method_target(method) or "draft"
     lm = dict(bench.lm_options)
@@ -303,6 +303,8 @@ def _run_lm_method(evaluation, ws, retrieved, method, groups, selections, progre
                 outcome, key, chosen["prior"], chosen["mix"], chosen["value"])
             evaluation.outcomes.setdefault(f"{method}:prior", {})[query_id] = replace(tuning.mix_prior(
                 outcome, key, chosen["prior"], "within", 0), seconds=None)
+            evaluation.outcomes.setdefault(f"{method}:alone", {})[query_id] = tuning.mix_prior(
+                outcome, key, chosen["prior"], "zsum", 0.0)
 
 
 def _head_key(outcomes: dict[str, Outcome]) -> str:

@@ -218,6 +218,7 @@ def _event_stream(searched: SearchResult, events: Iterator, release) -> Iterator
         status = 503 if isinstance(error, Busy) else 500
         yield _event("error", {"status": status, "detail": f"{type(error).__name__}: {error}"})
     finally:
+        events.close()  # a client that left: the generator stops at its next piece instead of running on
         release()
 
 
