@@ -257,13 +257,16 @@ def _run_lm_method(evaluation, ws, retrieved, method, groups, selections, progre
     if base in TARGET_METHODS:
         options["target"] = target
     by_id = {q.query_id: q for q in evaluation.queries}
-    raw: dict[str, dict[str, Outcome]] = {}  # pool → query id → outcome at prior weight 0
+    raw: dict[str, dict[str, Outcome]] = {}  # run settings → query id → outcome at prior weight 0
 
     def run(pool: str, selection, query_ids: list[str]) -> dict[str, Outcome]:
+        """Outcomes with this pool and this group's stage-1 settings (a query tested in one fold and used as dev
+        in another runs once with each fold's settings: values tuned with it must not rank it)."""
         settings = {**options, "pool": pool}
-        cache = _LMCache(bench, method, {**settings, "selection": asdict(selection), "depth": bench.depth,
-                                         "retrieval": bench.retrieval, "k": bench.k})
-        done = raw.setdefault(pool, {})
+        fingerprint = {**settings, "selection": asdict(selection) if base in STAGE1_METHODS else None,
+                       "depth": bench.depth, "retrieval": bench.retrieval, "k": bench.k}
+        cache = _LMCache(bench, method, fingerprint)
+        done = raw.setdefault(cache.fingerprint, {})
         for query in tqdm([by_id[q] for q in query_ids if by_id[q].lm and q not in done and (
                 mixes or bench.oracle_sample is None or by_id[q].position < bench.oracle_sample)],
                           desc=f"{bench.name}: {method} ({pool} pool)", disable=not progress):
