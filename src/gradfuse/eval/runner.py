@@ -34,7 +34,7 @@ from gradfuse.eval.benchmark import (
     sample_queries,
 )
 from gradfuse.methods import STAGE1_METHODS, TARGET_METHODS
-from gradfuse.selection import SelectionSettings
+from gradfuse.selection import SelectionSettings, choose_sources
 from gradfuse.sources.federated import FederatedResult
 from gradfuse.workspace import SearchResult, Workspace
 
@@ -102,7 +102,7 @@ def run_benchmark(bench: Benchmark, *, progress: bool = True) -> Evaluation:
     groups = _tuning_groups(evaluation)
     selections = _run_evaluation_methods(evaluation, ws, retrieved, profiles, groups, methods)
     for method in [m for m in methods if is_lm_method(m)]:
-        _run_lm_method(evaluation, ws, retrieved, method, groups, selections, progress)
+        _run_lm_method(evaluation, ws, retrieved, profiles, method, groups, selections, progress)
     if bench.qa is not None:
         qa_metrics(evaluation, bench.qa, bench.lm_options.get("model", "smollm2"),
                    bench.lm_options.get("doc_tokens", 128), progress)
@@ -243,7 +243,7 @@ def _run_evaluation_methods(evaluation, ws, retrieved, profiles, groups, methods
     return selections
 
 
-def _run_lm_method(evaluation, ws, retrieved, method, groups, selections, progress) -> None:
+def _run_lm_method(evaluation, ws, retrieved, profiles, method, groups, selections, progress) -> None:
     """A stage-2 method on the LM subsample. Per tuning group: each pool in `[lm] pools` runs on the dev queries and
     the best (after tuning its mix) is run on the group's queries; the mix of score and prior is tuned on dev too.
     Besides the method, `<method>:prior` records the chosen pool's own order on the same queries (what the score
@@ -257,22 +257,29 @@ def _run_lm_method(evaluation, ws, retrieved, method, groups, selections, progre
     if base in TARGET_METHODS:
         options["target"] = target
     by_id = {q.query_id: q for q in evaluation.queries}
-    raw: dict[str, dict[str, Outcome]] = {}  # run settings → query id → outcome at prior weight 0
+    raw: dict[str, dict[str, Outcome]] = {}  # pool → run key (see below) → outcome at prior weight 0
 
     def run(pool: str, selection, query_ids: list[str]) -> dict[str, Outcome]:
-        """Outcomes with this pool and this group's stage-1 settings (a query tested in one fold and used as dev
-        in another runs once with each fold's settings: values tuned with it must not rank it)."""
+        """Outcomes with this pool and this group's stage-1 settings. An outcome is stored under the query and
+        the sources stage 1 chooses for it with those settings, so a query tested in one fold and used as dev in
+        another is ranked with each fold's own choice (values tuned with a query must not rank it), and runs
+        once when the choices agree."""
         settings = {**options, "pool": pool}
-        fingerprint = {**settings, "selection": asdict(selection) if base in STAGE1_METHODS else None,
-                       "depth": bench.depth, "retrieval": bench.retrieval, "k": bench.k}
-        cache = _LMCache(bench, method, fingerprint)
-        done = raw.setdefault(cache.fingerprint, {})
-        for query in tqdm([by_id[q] for q in query_ids if by_id[q].lm and q not in done and (
+        cache = _LMCache(bench, method, {**settings, "depth": bench.depth, "retrieval": bench.retrieval,
+                                         "k": bench.k})
+        done = raw.setdefault(pool, {})
+
+        def key(query_id: str) -> str:
+            if base not in STAGE1_METHODS:
+                return query_id
+            return f"{query_id} " + ",".join(sorted(choose_sources(*profiles[query_id], selection).sources))
+
+        for query in tqdm([by_id[q] for q in query_ids if by_id[q].lm and key(q) not in done and (
                 mixes or bench.oracle_sample is None or by_id[q].position < bench.oracle_sample)],
                           desc=f"{bench.name}: {method} ({pool} pool)", disable=not progress):
             if target == "gold" and base in TARGET_METHODS and not query.answers:
                 raise ValueError(f"{method}: query {query.query_id} has no reference answer for the gold target")
-            outcome = cache.get(query.query_id)
+            outcome = cache.get(key(query.query_id))
             if outcome is None:
                 result = _rank(ws, bench, query, retrieved[query.query_id], base, selection=selection,
                                gold=query.answers[0] if query.answers else None, **settings)
@@ -280,9 +287,9 @@ def _run_lm_method(evaluation, ws, retrieved, method, groups, selections, progre
                 outcome.target, outcome.loss = result.rerank.target, result.rerank.loss
                 outcome.head = [{"key": _judged_key(bench, c), **c.scores} for c in result.rerank.ranked]
                 outcome.score_key = result.rerank.score_key
-                cache.put(query.query_id, outcome)
-            done[query.query_id] = outcome
-        return {q: done[q] for q in query_ids if q in done}
+                cache.put(key(query.query_id), outcome)
+            done[key(query.query_id)] = outcome
+        return {q: done[key(q)] for q in query_ids if key(q) in done}
 
     priors = ["prior:pool", "prior"] if options["prior"] == "upr" else ["prior"]
     for group, ((dev, apply_to), selection) in enumerate(zip(groups, selections)):
@@ -315,7 +322,8 @@ def _head_key(outcomes: dict[str, Outcome]) -> str:
 
 
 class _LMCache:
-    """One JSON line per query and method, keyed by everything that changes the outcome: a rerun resumes."""
+    """One JSON line per run key (the query, and for stage-1 methods the sources chosen) and method, under a
+    fingerprint of every setting that changes the outcome: a rerun resumes."""
 
     def __init__(self, bench: Benchmark, method: str, settings: dict):
         folder = bench.workspace / "eval-cache" / bench.name
