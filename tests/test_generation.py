@@ -129,3 +129,19 @@ def test_llama_cpp_stops_generating_when_the_reader_stops(smollm2):
     stopped = smollm2.llamacpp.complete(prompt, max_new_tokens=60, on_piece=lambda p: seen.append(p) or len(seen) >= 3)
     assert len(seen) == 3 and stopped == "".join(seen).strip()
     assert full.startswith(stopped) and len(stopped) < len(full)
+
+
+@pytest.mark.slow
+def test_a_gguf_is_converted_once_and_the_saved_copy_gives_the_same_model(tmp_path, monkeypatch):
+    import torch
+
+    from gradfuse.generate.local import _load_gguf, bundled_gguf, converted_folder, load_tokenizer
+
+    monkeypatch.setenv("GRADFUSE_CACHE", str(tmp_path))
+    _, converted = _load_gguf(bundled_gguf())
+    assert (converted_folder(bundled_gguf()) / "config.json").is_file()
+    tokenizer, reloaded = _load_gguf(bundled_gguf())  # from the saved copy this time
+    first, second = converted.state_dict(), reloaded.state_dict()
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+    assert reloaded.lm_head.weight.data_ptr() == reloaded.get_input_embeddings().weight.data_ptr()  # still tied
+    assert tokenizer.encode("Canberra, 1913") == load_tokenizer("smollm2").encode("Canberra, 1913")

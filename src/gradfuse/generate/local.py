@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import threading
@@ -64,7 +65,41 @@ def load_tokenizer(spec: str):
     return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name) if gguf else AutoTokenizer.from_pretrained(spec)
 
 
+def converted_folder(path: Path) -> Path:
+    """Where the de-quantised copy of a GGUF file is kept: transformers takes about 17 s to de-quantise SmolLM2's
+    GGUF on this project's CPU, and about a second to open the saved safetensors. Keyed by the file's name, size
+    and modification time; GRADFUSE_CACHE (default ~/.cache/gradfuse) sets the folder."""
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    root = Path(os.environ.get("GRADFUSE_CACHE") or Path.home() / ".cache" / "gradfuse")
+    return root / "models" / f"{path.stem}-{key}"
+
+
 def _load_gguf(path: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = converted_folder(path)
+    if (folder / "config.json").is_file():
+        try:
+            return AutoTokenizer.from_pretrained(folder), AutoModelForCausalLM.from_pretrained(folder)
+        except (OSError, ValueError):
+            pass  # a damaged copy: convert again below
+    tokenizer, model = _dequantise_gguf(path)
+    try:
+        staging = folder.with_name(f"{folder.name}.{os.getpid()}.tmp")
+        # The weights are plain float32 tensors once loaded; the GGUF marker only stops save_pretrained.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        os.replace(staging, folder)  # published whole, so a crash mid-save leaves no half copy in use
+    except OSError:
+        pass  # a read-only home: the next load converts again
+    return tokenizer, model
+
+
+def _dequantise_gguf(path: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
 
