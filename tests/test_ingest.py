@@ -87,7 +87,8 @@ def test_non_utf8_and_empty_files_are_read_or_skipped_and_counted(ws, tmp_path):
     (notes / "blank.txt").write_text("   \n\n")
     report = ws.index(SourceSpec("legacy", "files", str(notes)))
     assert report.documents == 1
-    assert report.ingest == {"skipped_empty": 2, "skipped_malformed": 0, "decoded_with_fallback": 1}
+    assert report.ingest == {"skipped_empty": 2, "skipped_malformed": 0, "decoded_with_fallback": 1,
+                             "skipped_links_outside": 0}
     assert ws.source("legacy", "bm25").search("recipes wiki", 1)[0].text.startswith("Café crème")
 
 
@@ -134,3 +135,23 @@ def test_crashed_build_leaves_the_previous_version_in_use(ws, tmp_path):
     ws.index(SourceSpec("c", "jsonl", str(corpus)))
     leftovers = [p.name for p in (ws.root / "sources" / "c").iterdir() if p.name.startswith("build-")]
     assert leftovers == []
+
+
+def test_links_that_lead_out_of_the_folder_are_skipped_and_reported_unless_allowed(ws, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "passwd.txt").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    notes = tmp_path / "notes"
+    (notes / "sub").mkdir(parents=True)
+    (notes / "own.txt").write_text("Our notes about the vault rotation schedule.")
+    (notes / "sub" / "also-own.txt").write_text("The rotation happens every Monday.")
+    (notes / "linked-inside.txt").symlink_to(notes / "own.txt")  # a link that stays inside is fine
+    (notes / "passwd.txt").symlink_to(outside / "passwd.txt")
+    (notes / "elsewhere").symlink_to(outside, target_is_directory=True)
+    report = ws.index(SourceSpec("notes", "files", str(notes)))
+    assert report.ingest["skipped_links_outside"] == 1 and report.documents == 3
+    hits = ws.source("notes", "bm25").search("root bin bash", 10)
+    assert all("root:x" not in hit.text for hit in hits)
+    allowed = ws.index(SourceSpec("notes-all", "files", str(notes), {"links_outside": True}))
+    assert allowed.ingest["skipped_links_outside"] == 0 and allowed.documents == 4
+    assert any("root:x" in hit.text for hit in ws.source("notes-all", "bm25").search("root bin bash", 10))

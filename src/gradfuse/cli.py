@@ -118,6 +118,8 @@ def index_files(
     source: SourceName,
     chunk_words: int = 200,
     chunk_overlap: int = 40,
+    links_outside: Annotated[bool, typer.Option(help="Also index files behind links that lead out of the folder "
+                                                     "(skipped and reported by default)")] = False,
     into: Into = None,
     table: TableName = None,
     language: Language = None,
@@ -125,7 +127,8 @@ def index_files(
     workspace: WorkspaceOpt = None,
 ):
     """A folder of .txt/.md/.html files, cut into overlapping chunks."""
-    options = {"chunk_words": chunk_words, "chunk_overlap": chunk_overlap}
+    options = {"chunk_words": chunk_words, "chunk_overlap": chunk_overlap, **({"links_outside": True} if links_outside
+                                                                              else {})}
     _index(config, workspace, SourceSpec(source, "files", str(folder), options), into, table, language)
 
 

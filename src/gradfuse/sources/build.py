@@ -63,7 +63,7 @@ def read_documents(spec: SourceSpec, report: IngestReport) -> list[Document]:
         fields = {k: options[k] for k in ("id_field", "text_field", "title_field") if k in options}
         documents = read_jsonl(path, report, skip_malformed=skip, **fields)
     elif spec.kind == "files":
-        documents = read_files(path, report)
+        documents = read_files(path, report, links_outside=bool(options.get("links_outside", False)))
     else:
         # A run source keeps only the corpus documents its run ranks: the rest could never be returned.
         wanted = run_doc_ids(path)

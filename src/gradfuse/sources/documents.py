@@ -31,12 +31,14 @@ class IngestReport:
     skipped_empty: list[str] = field(default_factory=list)
     skipped_malformed: list[str] = field(default_factory=list)
     decoded_with_fallback: list[str] = field(default_factory=list)
+    skipped_links_outside: list[str] = field(default_factory=list)  # links that lead out of the indexed folder
 
     def summary(self) -> dict[str, int]:
         return {
             "skipped_empty": len(self.skipped_empty),
             "skipped_malformed": len(self.skipped_malformed),
             "decoded_with_fallback": len(self.decoded_with_fallback),
+            "skipped_links_outside": len(self.skipped_links_outside),
         }
 
 
@@ -118,12 +120,18 @@ def chunk_documents(documents: Iterator[Document], *, words: int, overlap: int) 
             )
 
 
-def read_files(folder: Path, report: IngestReport) -> Iterator[Document]:
-    """Every .txt/.md/.html file under `folder` as one document named by its relative path."""
+def read_files(folder: Path, report: IngestReport, *, links_outside: bool = False) -> Iterator[Document]:
+    """Every .txt/.md/.html file under `folder` as one document named by its relative path. A symbolic link that
+    resolves outside the folder is skipped and reported (a link to /etc/passwd must not end up served by search)
+    unless `links_outside` allows it."""
     if not folder.is_dir():
         raise IngestError(f"{folder} is not a folder")
+    root = folder.resolve()
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in FILE_SUFFIXES):
         relative = path.relative_to(folder).as_posix()
+        if not links_outside and not path.resolve().is_relative_to(root):
+            report.skipped_links_outside.append(relative)
+            continue
         title, text = _read_text_file(path, relative, report)
         if not text.strip():
             report.skipped_empty.append(relative)
