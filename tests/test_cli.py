@@ -54,3 +54,19 @@ def test_cli_errors_are_one_clear_line(tmp_path):
     assert skipped.exit_code == 0 and "skipped_malformed" in skipped.output
     unknown = runner.invoke(app, ["search", "ok", "--method", "magic", *ws])
     assert unknown.exit_code == 2 and "unknown method 'magic'" in unknown.output
+
+
+def test_document_text_and_help_texts_are_printed_as_written(tmp_path):
+    ws = ["--workspace", str(tmp_path / "ws")]
+    write_jsonl(tmp_path / "odd.jsonl", [
+        {"id": "passwd", "text": "root:x:0:0:root:/root:/bin/bash is the first line of the file"},
+        {"id": "markup", "text": "Use [bold]loud[/bold] text and :smile: codes in the chat client"},
+    ])
+    assert runner.invoke(app, ["index", "jsonl", str(tmp_path / "odd.jsonl"), "-s", "odd", *ws]).exit_code == 0
+    shown = runner.invoke(app, ["search", "root line file loud text smile", "--method", "concat", "--retrieval",
+                                "bm25", *ws])
+    assert shown.exit_code == 0, shown.output
+    cells = "".join(line.strip("│ ") for line in shown.output.splitlines())  # table cells wrap over lines
+    assert "root:x:0:0" in cells and "[bold]loud[/bold]" in cells and ":smile:" in cells, shown.output
+    assert "❌" not in shown.output and "😄" not in shown.output
+    assert "[server]" in " ".join(runner.invoke(app, ["serve", "--help"], env={"COLUMNS": "200"}).output.split())

@@ -20,12 +20,16 @@ from gradfuse.sources import BuildReport, IngestError, SourceError, SourceSpec
 from gradfuse.sources.federated import AllSourcesFailed, SourceFailure
 from gradfuse.workspace import Answer, SearchResult, Workspace
 
-app = typer.Typer(help="Retrieval-augmented generation over many sources at once.", no_args_is_help=True)
-index_app = typer.Typer(help="Build a source from an input (re-running on unchanged input is a no-op).")
+# Help texts are printed as written: with Rich markup on, "[server]" in a help string vanished.
+app = typer.Typer(help="Retrieval-augmented generation over many sources at once.", no_args_is_help=True,
+                  rich_markup_mode=None)
+index_app = typer.Typer(help="Build a source from an input (re-running on unchanged input is a no-op).",
+                        rich_markup_mode=None)
 app.add_typer(index_app, name="index")
-console = Console()
+# Document text is data: ":smile:" stays ":smile:" (emoji codes off; markup in data is escaped where printed).
+console = Console(emoji=False)
 if not console.is_terminal:  # piped or logged output: do not squeeze tables into 80 columns
-    console = Console(width=160)
+    console = Console(width=160, emoji=False)
 
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="Workspace TOML (default ./gradfuse.toml)")]
 WorkspaceOpt = Annotated[Optional[Path], typer.Option("--workspace", "-w", help="Index folder (overrides the config)")]
@@ -168,10 +172,10 @@ def sources(config: ConfigOpt = None, workspace: WorkspaceOpt = None,
     table = Table("source", "kind", "documents", "index", "encoder", "retrieval", "built (UTC)", "input")
     for name, s, error in health:
         if s is None:
-            table.add_row(name, "[red]unreadable[/]", "-", "-", "-", "-", "-", error)
+            table.add_row(escape(name), "[red]unreadable[/]", "-", "-", "-", "-", "-", escape(error))
         else:
-            table.add_row(s.name, s.kind, str(s.documents), f"{s.index_bytes / 1e6:.1f} MB", s.encoder or "-",
-                          s.retrieval, s.built_at, s.input)
+            table.add_row(escape(s.name), s.kind, str(s.documents), f"{s.index_bytes / 1e6:.1f} MB",
+                          s.encoder or "-", s.retrieval, s.built_at, escape(s.input))
     console.print(table if health else f"no sources built in {ws.root}")
 
 
@@ -239,8 +243,8 @@ def _print_candidates(result: SearchResult) -> None:
     for position, c in enumerate(result.candidates, start=1):
         also = ", ".join(f"{m.source}/{m.doc_id}@{m.native_rank}" for m in c.merged) or "-"
         snippet = (c.title + ": " if c.title else "") + " ".join(c.text.split())
-        table.add_row(str(position), _main_score(c, result.method), c.source, c.doc_id, str(c.native_rank),
-                      f"{c.native_score:.4f}", also, snippet[:90])
+        table.add_row(str(position), _main_score(c, result.method), escape(c.source), escape(c.doc_id),
+                      str(c.native_rank), f"{c.native_score:.4f}", escape(also), escape(snippet[:90]))
     console.print(table)
 
 
@@ -252,25 +256,25 @@ def print_explanation(result: SearchResult) -> None:
             console.print(f"  [green]chosen[/] {step.source}: gain {step.gain:.3f} = relevance {step.relevance:.3f}"
                           f" − {step.penalty:.3f}")
         for name, why in decision.dropped.items():
-            console.print(f"  [yellow]dropped[/] {name}: {why}")
+            console.print(f"  [yellow]dropped[/] {escape(name)}: {escape(why)}")
     outcome = result.rerank
     if outcome is not None:
         loss = f", L(full context) = {outcome.loss:.3f}" if outcome.loss is not None else ""
         target = f", target {outcome.target!r}" if outcome.target is not None else ""
-        console.print(f"[bold]Stage 2[/]: {outcome.scorer}{target}{loss}")
+        console.print(f"[bold]Stage 2[/]: {outcome.scorer}{escape(target)}{loss}")
     names = ["prior:pool", "prior", *sorted({n for c in result.candidates for n in c.scores
                                             if n.startswith("rerank:") and n != "rerank:final"}), "rerank:final"]
     shown = [n for n in names if any(n in c.scores for c in result.candidates)]
     if shown:
         table = Table("#", "source/doc id", *shown, title="per-document scores")
         for position, c in enumerate(result.candidates, start=1):
-            table.add_row(str(position), c.key, *[f"{c.scores[n]:.4f}" if n in c.scores else "-" for n in shown])
+            table.add_row(str(position), escape(c.key), *[f"{c.scores[n]:.4f}" if n in c.scores else "-" for n in shown])
         console.print(table)
 
 
 def _print_failures(failures: list[SourceFailure]) -> None:
     for f in failures:
-        console.print(f"[yellow]source {f.source} failed ({f.reason}):[/] {f.detail}")
+        console.print(f"[yellow]source {escape(f.source)} failed ({f.reason}):[/] {escape(f.detail)}")
 
 
 def _timing_line(timings: dict[str, float]) -> str:
@@ -312,13 +316,13 @@ def ask(
 
 
 def print_answer(answer: Answer) -> None:
-    console.rule(f"[bold]{answer.question}")
+    console.rule(f"[bold]{escape(answer.question)}")
     for number, p in enumerate(answer.passages, start=1):
-        console.print(f"  [{number}] [cyan]{p.source}[/]/{p.doc_id} (rank {p.native_rank} in source) "
-                      f"{(p.title or ' '.join(p.text.split()))[:70]}")
-    console.print(f"\n[bold]Answer[/] ({answer.generator}): {answer.text}\n")
+        console.print(f"  \\[{number}] [cyan]{escape(p.source)}[/]/{escape(p.doc_id)} "
+                      f"(rank {p.native_rank} in source) {escape((p.title or ' '.join(p.text.split()))[:70])}")
+    console.print(f"\n[bold]Answer[/] ({escape(answer.generator)}): {escape(answer.text)}\n")
     for c in answer.citations:
-        console.print(f"  cites [{c.number}] → [cyan]{c.source}[/]/{c.doc_id}")
+        console.print(f"  cites \\[{c.number}] → [cyan]{escape(c.source)}[/]/{escape(c.doc_id)}")
     if not answer.citations:
         console.print("  [yellow]the answer cites no passage[/]")
     if answer.invalid_citations:
