@@ -52,12 +52,11 @@ from typing import Any
 
 from gradfuse.config import ConfigError
 from gradfuse.eval.qa import QASettings
-from gradfuse.methods import STAGE2_METHODS, TARGET_METHODS, check_method
+from gradfuse.methods import LM_METHODS, TARGET_METHODS, check_method
 from gradfuse.rerank import TARGETS
 from gradfuse.sources import SourceSpec
 
 EVALUATION_METHODS = ("static-best", "learned-fusion", "oracle-origin")
-LM_METHODS = STAGE2_METHODS
 DERIVED_ROWS = (":prior", ":alone")  # a stage-2 method's pool order, and its score without the prior
 MIXED_METHODS = ("gradient", "gro", "upr", "relevance", "cross-encoder")  # scores mixed with their pool's prior
 
@@ -196,7 +195,7 @@ def load_benchmark(path: Path, *, quick: bool = False) -> Benchmark:
         folds=int(split.pop("folds", 0)),
         lm_sample=int(lm.pop("sample", 10)),
         lm_dev_sample=int(lm.pop("dev_sample", 5)),
-        oracle_sample=int(lm["oracle_sample"]) if "oracle_sample" in lm else None,
+        oracle_sample=int(oracle) if (oracle := lm.pop("oracle_sample", None)) is not None else None,
         shared_collection=bool(raw.pop("shared_collection", False)),
         fusion_step=float(raw.pop("fusion_step", 0.25)),
         fusion_norm=raw.pop("fusion_norm", "zmuv"),
@@ -210,7 +209,6 @@ def load_benchmark(path: Path, *, quick: bool = False) -> Benchmark:
             bench.qa = QASettings(**raw.pop("qa"))
         except TypeError as error:
             raise ConfigError(f"{path} [qa]: {error}") from error
-    lm.pop("oracle_sample", None)
     bench.lm_options = lm
     for leftover, where in ((raw, ""), (split, " [split]")):
         if leftover:

@@ -118,8 +118,6 @@ def selection_settings(
 def mix_prior(outcome, score_key: str, prior_key: str, mix: str, value: float):
     """The outcome re-ranked over its scored head by `combine` (mix "zsum" with prior weight `value`, or "within"
     the prior's top `value`); the tail keeps its order."""
-    from gradfuse.eval.runner import Outcome
-
     if not outcome.head:
         return outcome
     score = np.array([row[score_key] for row in outcome.head])

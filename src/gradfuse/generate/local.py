@@ -124,21 +124,18 @@ class LocalGenerator:
     """Greedy decoding; parameters frozen. One generation at a time per loaded model (a lock): torch already
     uses every core for one request, so running two at once would only slow both."""
 
-    def __init__(self, spec: str = BUNDLED_GENERATOR, *, engine: str = "auto"):
-        """`engine`: "llama.cpp" (GGUF files only), "transformers", or "auto" (llama.cpp where it can run it)."""
+    def __init__(self, spec: str = BUNDLED_GENERATOR):
+        """A GGUF file runs in llama.cpp where it is installed; anything else, or a GGUF without it, in
+        transformers."""
         import torch
 
         self.name = spec
         self.llamacpp = None
-        gguf = gguf_file(spec)
-        if engine in ("auto", "llama.cpp") and gguf is not None:
+        if (gguf := gguf_file(spec)) is not None:
             try:
                 self.llamacpp = load_llamacpp(str(gguf))
             except LlamaCppUnavailable:
-                if engine == "llama.cpp":
-                    raise
-        elif engine == "llama.cpp":
-            raise ValueError(f"llama.cpp runs GGUF files; {spec!r} is not one")
+                pass  # transformers generates, slower
         self._lock = threading.Lock()
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.llamacpp is not None:  # transformers is only needed for the chat template
