@@ -97,14 +97,21 @@ def test_answer_metrics_normalise_and_skip_what_a_string_match_cannot_check():
     assert f1("nothing", ("spirit",)) == 0.0
 
 
-def test_a_moved_score_is_reported(tmp_path):
-    summary = {"command": "c", "commit": "x", "tables": [
-        {"name": "t", "rows": [{"method": "rrf", "ndcg@10": {"mean": 0.5, "ci95": [0.4, 0.6]}}]}]}
+def test_a_moved_score_is_reported_beyond_one_swap_on_one_query(tmp_path):
+    summary = {"command": "c", "commit": "x", "tables": [{"name": "t", "rows": [
+        {"method": "rrf", "ndcg@10": {"mean": 0.5, "ci95": [0.4, 0.6], "queries": 10},
+         "mrr@10": {"mean": 0.5, "ci95": [0.4, 0.6], "queries": 40}}]}]}
     expected = tmp_path / "e.json"
-    write_expected(expected, summary, tolerance=0.01)
+    write_expected(expected, summary)
     assert check_expected(expected, summary) == []
-    summary["tables"][0]["rows"][0]["ndcg@10"]["mean"] = 0.52
-    assert check_expected(expected, summary) == ["t: rrf ndcg@10 expected 0.5000 ± 0.01, got 0.5200"]
+    row = summary["tables"][0]["rows"][0]
+    row["ndcg@10"]["mean"] = 0.5 + 0.036  # under one swapped pair on one of 10 queries (0.037)
+    row["mrr@10"]["mean"] = 0.5 + 0.019  # 0.5 / 40 is under the floor of 0.02
+    assert check_expected(expected, summary) == []
+    row["ndcg@10"]["mean"] = 0.54
+    row["mrr@10"]["mean"] = 0.47
+    assert check_expected(expected, summary) == ["t: rrf ndcg@10 expected 0.5000 ± 0.037, got 0.5400",
+                                                 "t: rrf mrr@10 expected 0.5000 ± 0.02, got 0.4700"]
     summary["tables"][0]["rows"] = []
     assert "not produced" in check_expected(expected, summary)[0]
 
@@ -116,13 +123,13 @@ def test_quick_benchmark_reproduces_its_expected_scores(name, tmp_path):
     """The committed command, from scratch: indexes, every method (scoring LM included), the results folder."""
     out = tmp_path / name
     command = [str(Path(sys.executable).with_name("gradfuse")), "eval", str(BENCHMARKS / f"{name}.toml"), "--quick",
-               "--check", "--out", str(out)]
+               "--check", "--out", str(out), "--runs", str(tmp_path / "runs")]
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((out / "results.json").read_text())
     assert (out / "results.md").is_file() and list(out.glob("*.png"))
     every_method = summary["tables"][-1]["rows"]  # the last table holds every method, scoring-LM ones included
-    assert len(list((out / "runs").glob("*.trec"))) == len(every_method)
+    assert len(list((tmp_path / "runs").glob("*.trec"))) == len(every_method)
 
 
 def test_the_prior_mix_reorders_only_the_scored_head():
@@ -157,3 +164,24 @@ def test_the_mix_is_chosen_on_dev_and_a_useless_score_leaves_the_prior(tmp_path)
     assert score == pytest.approx(1.0) and len(grid) == 10
     assert [k for k, _ in mix_prior(outcomes["0"], "rerank:upr", "prior", point["mix"], point["value"]).ranking][0] \
         == "0-rel"
+
+
+@needs_data
+def test_the_quick_check_fails_on_a_deliberately_altered_fusion(monkeypatch):
+    """The tolerances absorb a swapped pair, not a change of method: RRF with k = 1 instead of 60 must be caught."""
+    from gradfuse import fusion
+    from gradfuse.eval import run_benchmark
+    from gradfuse.eval.expected import expected_path
+    from gradfuse.eval.report import summarise
+
+    bench = load_benchmark(BENCHMARKS / "dl19.toml", quick=True)
+    bench.methods = ["single:*", "rrf", "combsum-z"]  # the cheap rows are enough to show it
+
+    def moved() -> list[str]:
+        summary = summarise(run_benchmark(bench, progress=False))
+        return [p for p in check_expected(expected_path(bench.file, quick=True), summary) if "not produced" not in p]
+
+    assert moved() == []
+    monkeypatch.setattr(fusion, "RRF_K", 1)
+    problems = moved()
+    assert problems and all(": rrf " in p for p in problems), problems

@@ -391,6 +391,8 @@ def evaluate(
     bench_file: Annotated[Path, typer.Argument(help="Benchmark TOML (see benchmarks/)")],
     quick: Annotated[bool, typer.Option(help="The file's small [quick] variant")] = False,
     out: Annotated[Optional[Path], typer.Option(help="Results folder (default results/<benchmark>)")] = None,
+    runs: Annotated[Optional[Path], typer.Option(
+        help="Folder for the TREC run files, kept out of git (default .gradfuse/runs/<benchmark>)")] = None,
     check: Annotated[bool, typer.Option(help="Fail when a score moved beyond the stored expected scores")] = False,
     update_expected: Annotated[bool, typer.Option(help="Store this run's scores as the expected ones")] = False,
 ):
@@ -405,7 +407,7 @@ def evaluate(
     out = out or Path("results") / bench.name
     evaluation = _run_guarded(lambda: run_benchmark(bench))
     command = "gradfuse " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    summary = write_results(evaluation, out, command)
+    summary = write_results(evaluation, out, command, runs or Path(".gradfuse") / "runs" / bench.name)
     console.print(f"[green]{bench.name}[/]: {len(evaluation.queries)} queries in "
                   f"{evaluation.wall_seconds / 60:.1f} min → {out / 'results.md'}")
     headline = bench.headline_metric

@@ -7,6 +7,7 @@ Example (see benchmarks/*.toml for the real ones)::
     workspace = "../.gradfuse/bench/shared-sources"   # indexes and embeddings, cached between runs
     sources_from = "federated.toml"  # or: take the [sources.*] tables of another benchmark file
     retrieval = "bm25"
+    encoder = "all-MiniLM-L6-v2"    # or "all-MiniLM-L6-v2@float32": the same numbers on any CPU (quick variants)
     depth = 100                     # candidates asked of each source
     k = 100                         # ranked results kept per method
     metrics = ["ndcg@10", "recall@100", "mrr@10"]
@@ -55,6 +56,7 @@ from gradfuse.eval.qa import QASettings
 from gradfuse.methods import LM_METHODS, TARGET_METHODS, check_method
 from gradfuse.rerank import TARGETS
 from gradfuse.sources import SourceSpec
+from gradfuse.sources.encoder import DEFAULT_ENCODER
 
 EVALUATION_METHODS = ("static-best", "learned-fusion", "oracle-origin")
 DERIVED_ROWS = (":prior", ":alone")  # a stage-2 method's pool order, and its score without the prior
@@ -100,6 +102,7 @@ class Benchmark:
     methods: list[str]
     metrics: list[str]
     retrieval: str = "bm25"
+    encoder: str = DEFAULT_ENCODER
     depth: int = 100
     k: int = 100
     seed: int = 0
@@ -187,6 +190,7 @@ def load_benchmark(path: Path, *, quick: bool = False) -> Benchmark:
         methods=list(raw.pop("methods", [])),
         metrics=list(raw.pop("metrics", ["ndcg@10", "recall@100", "mrr@10"])),
         retrieval=raw.pop("retrieval", "bm25"),
+        encoder=raw.pop("encoder", DEFAULT_ENCODER),
         depth=int(raw.pop("depth", 100)),
         k=int(raw.pop("k", 100)),
         seed=int(raw.pop("seed", 0)),

@@ -31,6 +31,7 @@ _CITATIONS = re.compile(r"\[\d+(?:\s*,\s*\d+)*\]")
 class QASettings:
     context_k: list[int] = field(default_factory=lambda: [3, 5])
     nll_k: int = 5
+    nll_methods: list[str] | None = None  # the methods whose gold NLL is measured (None: every method)
     generate: list[str] = field(default_factory=list)  # methods whose context the generator answers from
     generate_k: int = 3
     max_new_tokens: int = 24
@@ -79,10 +80,13 @@ def qa_metrics(evaluation, settings: QASettings, lm_spec: str, doc_tokens: int, 
     def top(method: str, query_id: str, k: int) -> list[str]:
         return [key for key, _ in evaluation.outcomes[method][query_id].ranking[:k]]
 
-    def context(method: str, query_id: str, k: int) -> list[Candidate]:
-        """The method's top k as candidate records, numbered by their rank in it."""
+    def as_candidates(keys) -> list[Candidate]:
+        """Ranked keys as candidate records, numbered by their rank."""
         return [Candidate(source, doc_id, text, 0.0, rank, title) for rank, (source, doc_id, title, text)
-                in enumerate((passages[key] for key in top(method, query_id, k)), start=1)]
+                in enumerate((passages[key] for key in keys), start=1)]
+
+    def context(method: str, query_id: str, k: int) -> list[Candidate]:
+        return as_candidates(top(method, query_id, k))
 
     for method, outcomes in evaluation.outcomes.items():
         extra = evaluation.extra.setdefault(method, {})
@@ -99,11 +103,17 @@ def qa_metrics(evaluation, settings: QASettings, lm_spec: str, doc_tokens: int, 
     scorer = load_scorer(lm_spec, doc_tokens)
     for query in tqdm(lm_queries, desc=f"{evaluation.bench.name}: gold NLL of each method's top {settings.nll_k}",
                       disable=not progress):
-        methods = [m for m, outcomes in evaluation.outcomes.items() if query.query_id in outcomes]
-        contexts = [scorer.pack([passage_text(c) for c in context(m, query.query_id, settings.nll_k)], query.text,
-                                query.answers[0]) for m in methods]
-        for method, loss in zip(methods, scorer.losses(contexts)):
-            evaluation.extra[method].setdefault(f"nll@{settings.nll_k}", {})[query.query_id] = float(loss)
+        methods = [m for m, outcomes in evaluation.outcomes.items() if query.query_id in outcomes
+                   and (settings.nll_methods is None or m in settings.nll_methods)]
+        # Many methods share a top k (the singles of unrelated sources, a pool and its reordering): each distinct
+        # context is scored once.
+        tops = {m: tuple(top(m, query.query_id, settings.nll_k)) for m in methods}
+        distinct = list(dict.fromkeys(tops.values()))
+        contexts = [scorer.pack([passage_text(c) for c in as_candidates(keys)], query.text, query.answers[0])
+                    for keys in distinct]
+        loss_of = dict(zip(distinct, (float(loss) for loss in scorer.losses(contexts))))
+        for method in methods:
+            evaluation.extra[method].setdefault(f"nll@{settings.nll_k}", {})[query.query_id] = loss_of[tops[method]]
     if not settings.generate:
         return
     generator = make_generator(lm_spec)  # the scoring LM's loaded model, shared (load_local_generator caches it)

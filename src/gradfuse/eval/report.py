@@ -1,4 +1,5 @@
-"""What a benchmark run leaves behind in results/<bench>/: results.md, results.json, runs/*.trec and PNG plots."""
+"""What a benchmark run leaves behind: results.md, results.json and PNG plots in results/<bench>/ (committed), and
+one TREC run per method in a runs folder that is not committed (a federated run set is over 100 MB of text)."""
 
 from __future__ import annotations
 
@@ -129,12 +130,13 @@ def _source_choice(evaluation: Evaluation) -> dict:
     return choice
 
 
-def write_results(evaluation: Evaluation, out: Path, command: str) -> dict:
+def write_results(evaluation: Evaluation, out: Path, command: str, runs: Path) -> dict:
     summary = summarise(evaluation)
     summary["command"] = command
+    summary["runs"] = str(runs)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
-    _write_runs(evaluation, out / "runs")
+    _write_runs(evaluation, runs)
     plots = _plot(evaluation, summary, out)
     (out / "results.md").write_text(_markdown(summary, plots))
     return summary
@@ -242,7 +244,8 @@ def _markdown(summary: dict, plots: list[str]) -> str:
         "",
         f"Command: `{summary['command']}` · commit {summary['commit']} · machine: {summary['machine']} · "
         f"wall time {summary['wall_seconds'] / 60:.1f} min "
-        f"({'indexes and embeddings cached' if summary['indexes_cached'] else 'including building the indexes'})",
+        f"({'indexes and embeddings cached' if summary['indexes_cached'] else 'including building the indexes'}). "
+        f"TREC runs of the test queries: `{summary['runs']}` (made by the command, not committed).",
         "",
         f"Retrieval in every source: {summary['retrieval']}, depth {summary['depth']}; retrieval p50 "
         f"{summary['retrieval_ms_p50']} ms a query (all sources concurrently).",

@@ -76,7 +76,8 @@ class Evaluation:
 
 def run_benchmark(bench: Benchmark, *, progress: bool = True) -> Evaluation:
     started = time.perf_counter()
-    ws = Workspace(Config(workspace=bench.workspace, depth=bench.depth, k=bench.k, retrieval=bench.retrieval))
+    ws = Workspace(Config(workspace=bench.workspace, depth=bench.depth, k=bench.k, retrieval=bench.retrieval,
+                       encoder=bench.encoder))
     builds = [asdict(ws.index(spec, progress=progress)) for spec in bench.sources.values()]
     queries, qrels, origins = queries_and_qrels(bench)
     evaluation = Evaluation(bench, queries, qrels, origins, {}, {}, {}, {}, builds)

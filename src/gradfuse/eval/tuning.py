@@ -38,10 +38,15 @@ def _plain(key: str) -> str:
     return hashlib.blake2b(key.encode(), digest_size=10).hexdigest()
 
 
-def as_run(outcomes: dict, query_ids: list[str]) -> Run:
+def as_run(outcomes: dict, query_ids: list[str], *, scores: bool = False) -> Run:
     """ranx needs every query present; a query a method answered with nothing gets an empty ranking. Document
-    keys become ASCII stand-ins (see `_plain`), as in `as_qrels`."""
-    return Run({q: {_plain(k): score for k, score in outcomes[q].ranking} if q in outcomes else {} for q in query_ids})
+    keys become ASCII stand-ins (see `_plain`), as in `as_qrels`. To be judged, a ranking goes in as its positions:
+    ranx would re-sort equal scores its own way, and the order a method returned is the one it is judged on.
+    Fusion (`scores=True`) needs the scores themselves."""
+    def values(ranking):
+        return ((k, s) for k, s in ranking) if scores else ((k, len(ranking) - i) for i, (k, _) in enumerate(ranking))
+
+    return Run({q: {_plain(k): v for k, v in values(outcomes[q].ranking)} if q in outcomes else {} for q in query_ids})
 
 
 def as_qrels(qrels: dict[str, dict[str, int]], query_ids: list[str]) -> Qrels:
@@ -76,9 +81,9 @@ def learned_fusion(qrels, singles: dict[str, dict], dev: list[str], apply_to: li
     sources = list(singles)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        params = optimize_fusion(as_qrels(qrels, dev), [as_run(singles[s], dev) for s in sources], norm=norm,
+        params = optimize_fusion(as_qrels(qrels, dev), [as_run(singles[s], dev, scores=True) for s in sources], norm=norm,
                                  method="wsum", metric=metric, step=step, show_progress=False)
-        fused = fuse([as_run(singles[s], apply_to) for s in sources], norm=norm, method="wsum",
+        fused = fuse([as_run(singles[s], apply_to, scores=True) for s in sources], norm=norm, method="wsum",
                      params=params).to_dict()
     weights = dict(zip(sources, (float(w) for w in params["weights"])))
     chosen = [s for s in sources if weights[s] > 0]

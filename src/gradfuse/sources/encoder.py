@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
+PRECISIONS = ("bfloat16", "float32")
 DIMENSION = 384
 QUERY_CACHE_SIZE = 1024
 
@@ -20,8 +21,11 @@ QUERY_CACHE_SIZE = 1024
 class Encoder:
     """Sentence embeddings, L2-normalised so that a dot product is a cosine.
 
-    Runs in bfloat16: measured here 1.9x faster than fp32 with cosine 0.99995 to it (dynamic int8 was faster
-    still but lossy, mean cosine 0.92, so it is not used).
+    `name` is a model with an optional precision, `all-MiniLM-L6-v2@float32`. The default, bfloat16, was measured
+    here 1.9x faster than fp32 with cosine 0.99995 to it (dynamic int8 was faster still but lossy, mean cosine 0.92,
+    so it is not used); but bf16 kernels differ between CPUs of one kind (AVX-512/AMX or not), so what must give the
+    same numbers on any machine (the quick benchmarks checked in CI) runs in float32. The whole name keys the
+    embedding cache and the index, so vectors of two precisions never mix.
     """
 
     def __init__(self, name: str = DEFAULT_ENCODER):
@@ -29,9 +33,13 @@ class Encoder:
         import torch
         from sentence_transformers import SentenceTransformer
 
+        model, _, precision = name.partition("@")
+        precision = precision or "bfloat16"
+        if precision not in PRECISIONS:
+            raise ValueError(f"encoder {name!r}: unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
         self.name = name
-        self._model = SentenceTransformer(str(_model_path(name)), device="cpu")
-        self._model.to(torch.bfloat16)
+        self._model = SentenceTransformer(str(_model_path(model)), device="cpu")
+        self._model.to(getattr(torch, precision))
         self._lock = threading.Lock()  # one forward pass at a time: the model is shared between threads
         self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
         self._query_lock = threading.Lock()

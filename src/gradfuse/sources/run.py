@@ -43,10 +43,10 @@ def write_run_tables(version: Path, run_path: Path, queries_path: Path, report: 
     rows = list(read_trec_run(run_path))
     db = sqlite3.connect(version / "docs.sqlite")
     try:
-        db.execute("CREATE TABLE run (qid TEXT, doc_id TEXT, score REAL, PRIMARY KEY (qid, doc_id))")
+        db.execute("CREATE TABLE run (qid TEXT, doc_id TEXT, score REAL, rank INTEGER, PRIMARY KEY (qid, doc_id))")
         db.execute("CREATE TABLE queries (qid TEXT PRIMARY KEY, normalised TEXT)")
         db.execute("CREATE INDEX queries_by_text ON queries (normalised)")
-        db.executemany("INSERT OR REPLACE INTO run VALUES (?, ?, ?)", [(q, d, s) for q, d, _, s in rows])
+        db.executemany("INSERT OR REPLACE INTO run VALUES (?, ?, ?, ?)", [(q, d, s, r) for q, d, r, s in rows])
         db.executemany(
             "INSERT INTO queries VALUES (?, ?)",
             [(qid, normalise_query(text)) for qid, text in queries.items()],
@@ -77,8 +77,10 @@ class RunSource:
             if match is None:
                 raise SourceError(f"run source {self.name!r} has no ranking for this query (it answers only the "
                                   f"{self._manifest['run_queries']} queries its run file was made for)")
+            # Equal scores keep the file's rank order, as trec_eval reads a run: rounded scores tie by thousands,
+            # and any other order moves a published run's figures.
             ranked = self._db.execute(
-                "SELECT doc_id, score FROM run WHERE qid = ? ORDER BY score DESC, doc_id LIMIT ?", (match[0], k)
+                "SELECT doc_id, score FROM run WHERE qid = ? ORDER BY score DESC, rank, doc_id LIMIT ?", (match[0], k)
             ).fetchall()
         rows = self._docs.rows_for_ids([doc_id for doc_id, _ in ranked])
         kept = [(rows[doc_id], score) for doc_id, score in ranked if doc_id in rows]
