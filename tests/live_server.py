@@ -41,19 +41,21 @@ def free_port() -> int:
 
 
 @contextmanager
-def gradfuse_serve(workspace: Path, *extra: str, env: dict[str, str] | None = None):
-    """`gradfuse serve` as its own process, as a user starts it; yields the base URL once /healthz answers."""
+def gradfuse_serve(workspace: Path, *extra: str, env: dict[str, str] | None = None, log: Path | None = None):
+    """`gradfuse serve` as its own process, as a user starts it; yields the base URL once /healthz answers.
+    `log`: a file that gets the server's output (otherwise it is read only if the server fails to start)."""
     port = free_port()
     command = [str(Path(sys.executable).parent / "gradfuse"), "serve", "--workspace", str(workspace), "--port", str(port),
                "--log-level", "warning", *extra]
-    process = subprocess.Popen(command, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+    output = open(log, "w") if log else subprocess.PIPE
+    process = subprocess.Popen(command, env={**os.environ, **(env or {})}, stdout=output,
                                stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     try:
         while True:
             if process.poll() is not None:
-                raise RuntimeError(f"gradfuse serve exited: {process.stdout.read()}")
+                raise RuntimeError(f"gradfuse serve exited: {log.read_text() if log else process.stdout.read()}")
             try:
                 if httpx.get(url + "/healthz", timeout=1).status_code == 200:
                     break
@@ -69,3 +71,5 @@ def gradfuse_serve(workspace: Path, *extra: str, env: dict[str, str] | None = No
             process.wait(timeout=20)
         except subprocess.TimeoutExpired:
             process.kill()
+        if log:
+            output.close()

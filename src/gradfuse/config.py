@@ -39,6 +39,8 @@ Example (every key optional)::
     cors_origins = []                # CORS stays off unless origins are listed
     max_k = 100                      # also max_body_bytes, max_query_chars, max_n, max_depth, max_new_tokens,
     lm_queue = 8                     # max_timeout_s; the API key comes from GRADFUSE_API_KEY (or api_key here)
+    max_connections = 256            # beyond it a connection is closed unread
+    header_timeout_s = 10.0          # request line and headers; body_timeout_s = 30.0 (408); keep_alive_s = 5.0
     [sources.scifact]
     kind = "beir"                    # beir | jsonl | files | run
     path = "../shared/data/beir_scifact"

@@ -98,7 +98,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
                                      "per-query source selection, gradient re-ranking and answers with "
                                      "citations.")
     install_error_handlers(app)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Content-Type", "X-API-Key"])
@@ -229,5 +229,13 @@ def _event(name: str, data: dict) -> str:
 def serve(workspace: Workspace, settings: ServerSettings, *, preload_lm: bool = False, log_level: str = "info") -> None:
     import uvicorn
 
+    from gradfuse.server.limits import bound_logs, guarded_protocol, raise_descriptor_limit
+
+    raise_descriptor_limit(settings.max_connections)
     app = create_app(workspace, settings, preload_lm=preload_lm)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=log_level, timeout_graceful_shutdown=5)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
+                            timeout_graceful_shutdown=5, timeout_keep_alive=settings.keep_alive_s,
+                            http=guarded_protocol(settings.max_connections, settings.header_timeout_s))
+    server = uvicorn.Server(config)
+    bound_logs()  # after uvicorn configured its loggers
+    server.run()

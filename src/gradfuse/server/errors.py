@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from fastapi import FastAPI, Request
@@ -69,10 +70,12 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 class BodyLimit:
-    """ASGI middleware: a body above `max_bytes` is refused with 413, by its Content-Length or while it streams."""
+    """ASGI middleware: a body above `max_bytes` is refused with 413, by its Content-Length or while it streams;
+    a body still incomplete `timeout_s` after the request began is refused with 408 (a slow client holds a worker
+    otherwise)."""
 
-    def __init__(self, app, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app, max_bytes: int, timeout_s: float = 30.0):
+        self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -82,11 +85,18 @@ class BodyLimit:
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await JSONResponse(self._detail(int(declared)), status_code=413)(scope, receive, send)
             return
-        received = 0
+        received, complete = 0, False
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
 
         async def limited_receive():
-            nonlocal received
-            message = await receive()
+            nonlocal received, complete
+            if complete:  # after the body, receive() waits for the client to leave: no deadline there
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - asyncio.get_running_loop().time()))
+            except TimeoutError:
+                raise HTTPException(408, f"the request body did not arrive within {self.timeout_s:g} s") from None
+            complete = message["type"] != "http.request" or not message.get("more_body", False)
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:

@@ -25,13 +25,23 @@ class ServerSettings:
     # runs at a time (the model is shared and uses every core), so the rest wait in line and the next is refused
     # with 503 and Retry-After instead of piling up behind a minutes-long queue.
     lm_queue: int = 8
+    # Connections and slow clients (server/limits.py): beyond max_connections a connection is closed unread; a
+    # request's line and headers must arrive within header_timeout_s, its body within body_timeout_s (408);
+    # an idle kept-alive connection is closed after keep_alive_s.
+    max_connections: int = 256
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    keep_alive_s: float = 5.0
 
     def __post_init__(self):
         object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
         for name in ("max_body_bytes", "max_query_chars", "max_k", "max_n", "max_depth", "max_new_tokens",
-                     "lm_queue"):
+                     "lm_queue", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be above 0")
 
     def resolved_api_key(self) -> str | None:
         return os.environ.get(API_KEY_ENV) or self.api_key
