@@ -145,3 +145,45 @@ def test_a_gguf_is_converted_once_and_the_saved_copy_gives_the_same_model(tmp_pa
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
     assert reloaded.lm_head.weight.data_ptr() == reloaded.get_input_embeddings().weight.data_ptr()  # still tied
     assert tokenizer.encode("Canberra, 1913") == load_tokenizer("smollm2").encode("Canberra, 1913")
+
+
+@pytest.mark.slow
+def test_passages_are_packed_to_the_real_models_window_lowest_ranked_dropped_first(smollm2):
+    from gradfuse.generate import ContextTooLong, fit_to_window
+
+    long_text = " ".join(f"Fact {i}: the river delta holds sediment layer {i} of clay and sand." for i in range(60))
+    passages = [passage("geo", f"d{i}", long_text) for i in range(100)]  # ~17k tokens together
+    assert smollm2.count_tokens(build_messages("Where is the clay?", passages)) > 16000
+    messages, dropped = fit_to_window("Where is the clay?", passages, smollm2, 128)
+    kept = len(passages) - len(dropped)
+    assert 0 < kept < 100 and dropped == passages[kept:]
+    assert smollm2.count_tokens(messages) <= smollm2.context_tokens - 128
+    assert smollm2.count_tokens(build_messages("Where is the clay?", passages[:kept + 1])) > smollm2.context_tokens - 128
+    with pytest.raises(ContextTooLong, match="window of 8192 tokens"):
+        fit_to_window("why " * 9000, passages, smollm2, 128)
+
+
+@pytest.mark.slow
+def test_an_answer_through_an_endpoint_reports_the_passages_its_window_could_not_hold(smollm2, tmp_path):
+    from gradfuse import SourceSpec, Workspace
+    from gradfuse.config import Config
+    from gradfuse.schemas import answer_record
+
+    from conftest import write_jsonl
+
+    records = [{"id": f"p{i}", "title": f"Delta {i}", "text": f"The delta layer {i} is made of clay. " * 40}
+               for i in range(8)]
+    _OpenAIChatHandler.model = smollm2
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _OpenAIChatHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        ws = Workspace(Config(workspace=tmp_path / "ws", generator=f"http://127.0.0.1:{server.server_port}",
+                              context_tokens=1200))
+        ws.index(SourceSpec("deltas", "jsonl", str(write_jsonl(tmp_path / "d.jsonl", records))))
+        answer = ws.ask("What is the delta layer made of?", method="rrf", retrieval="bm25", context_k=8,
+                        max_new_tokens=16)
+    finally:
+        server.shutdown()
+    record = answer_record(answer)
+    assert record.dropped and len(record.passages) + len(record.dropped) == 8  # ~150 tokens each: not all fit
+    assert [p.doc_id for p in record.passages + record.dropped] == [c.doc_id for c in answer.search.candidates]

@@ -312,3 +312,10 @@ def test_kill_9_mid_rebuild_keeps_the_previous_index_served_and_the_next_run_com
         assert current_version(source_dir) != published and not list(source_dir.glob("build-*"))
         after = post(url, "/search", body).json()["candidates"]
         assert after and after[0]["doc_id"].startswith("log-")  # served from the new version, no restart
+
+
+def test_a_request_that_would_cost_too_many_lm_passes_is_refused_naming_the_limit(server):
+    answer = post(server, "/search", {"query": "moons", "method": "loo-greedy", "n": 50, "k": 20})
+    assert answer.status_code == 422
+    assert "max_lm_passes" in answer.json()["detail"] and "LM passes" in answer.json()["detail"]
+    assert post(server, "/search", {"query": "moons", "method": "rrf", "k": 5}).status_code == 200

@@ -327,6 +327,9 @@ def print_answer(answer: Answer) -> None:
         console.print("  [yellow]the answer cites no passage[/]")
     if answer.invalid_citations:
         console.print(f"  [yellow]cited numbers with no passage: {answer.invalid_citations}[/]")
+    if answer.dropped:
+        console.print(f"  [yellow]{len(answer.dropped)} lower-ranked passage(s) left out to fit the generator's "
+                      f"context window: {escape(', '.join(f'{c.source}/{c.doc_id}' for c in answer.dropped))}[/]")
     _print_failures(answer.failures)
     console.print(_timing_line(answer.timings))
 

@@ -15,7 +15,8 @@ Example (every key optional)::
     [generator]
     model = "smollm2"                # or a HF folder, a .gguf file, an http(s) URL of an OpenAI-compatible server
     max_new_tokens = 128
-    context_k = 5                    # passages given to the generator
+    context_k = 5                    # passages given to the generator (the lowest-ranked dropped if they do not fit)
+    context_tokens = 8192            # an endpoint's window (a local model's is read from the model)
     cite_first = true                # local models must open by naming a passage (see generate/local.py)
     [selection]                      # stage 1 (gradfuse.selection.SelectionSettings; defaults tuned on dev)
     redundancy_weight = 0.0          # lambda: raise it when sources mirror each other
@@ -101,6 +102,7 @@ class Config:
     generator: str = "smollm2"
     max_new_tokens: int = 128
     context_k: int = 5
+    context_tokens: int = 8192
     cite_first: bool = True
     sources: dict[str, SourceSettings] = field(default_factory=dict)
     selection: SelectionSettings = field(default_factory=SelectionSettings)
@@ -131,7 +133,7 @@ def _parse(path: Path) -> Config:
     base = path.resolve().parent
     config = Config(workspace=base / raw.pop("workspace", ".gradfuse"))
     sections = {"defaults": ("method", "k", "depth", "timeout_s", "retrieval"),
-                "generator": ("max_new_tokens", "context_k", "cite_first")}
+                "generator": ("max_new_tokens", "context_k", "context_tokens", "cite_first")}
     for section, keys in sections.items():
         values = dict(raw.pop(section, {}))
         if section == "generator" and "model" in values:

@@ -31,6 +31,21 @@ STAGE1_METHODS = ("select", "gro", "upr", "relevance", "cross-encoder")
 METHODS: tuple[str, ...] = (*FUSION_METHODS, *PIPELINE_METHODS)
 
 
+def lm_passes(method: str, n: int, k: int) -> int:
+    """How many LM passes one request of `method` costs over a pool of n for the top k (a forward and its
+    backward counted as one pass over the packed pool; a per-passage prompt as one short pass each). The server
+    refuses a request above its `max_lm_passes`: loo-greedy grows as n k (n = 50, k = 50: 1,276 passes)."""
+    if method in ("gradient", "gro"):
+        return 1
+    if method in ("upr", "relevance", "cross-encoder"):
+        return n
+    if method == "loo":
+        return n + 1
+    if method == "loo-greedy":
+        return 1 + sum(n - step for step in range(min(k, n)))
+    return 0
+
+
 def check_method(method: str, sources: list[str]) -> None:
     """Raise UnknownMethod with every valid choice when `method` cannot run over `sources`."""
     if method in PIPELINE_METHODS:

@@ -96,6 +96,8 @@ class AnswerRecord(BaseModel):
     citations: list[CitationRecord]
     invalid_citations: list[int] = Field(description="numbers the model cited that match no passage")
     passages: list[CandidateRecord] = Field(description="what the generator saw, numbered from 1")
+    dropped: list[CandidateRecord] = Field(default_factory=list, description="the lowest-ranked passages, left "
+                                           "out because they did not fit the generator's context window")
     failures: list[FailureRecord]
     generator: str
     method: str
@@ -166,6 +168,7 @@ def answer_record(answer: Answer) -> AnswerRecord:
         citations=[CitationRecord(number=c.number, source=c.source, doc_id=c.doc_id, title=c.title)
                    for c in answer.citations],
         invalid_citations=answer.invalid_citations, passages=[candidate_record(c) for c in answer.passages],
+        dropped=[candidate_record(c) for c in answer.dropped],
         failures=[failure_record(f) for f in answer.failures], generator=answer.generator,
         method=answer.search.method, selection=_selection(answer.search), rerank=_rerank(answer.search),
         timings=answer.timings,

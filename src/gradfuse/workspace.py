@@ -13,7 +13,7 @@ import numpy as np
 
 from gradfuse.candidate import Candidate
 from gradfuse.config import Config, load_config
-from gradfuse.generate import Citation, build_messages, make_generator, parse_citations
+from gradfuse.generate import Citation, fit_to_window, make_generator, parse_citations
 from gradfuse.methods import PIPELINE_METHODS, TARGET_METHODS, MethodContext, check_method, run_method
 from gradfuse.rerank import RerankOutcome
 from gradfuse.selection import SelectionDecision, SelectionSettings
@@ -64,11 +64,12 @@ class Answer:
     generator: str
     search: SearchResult  # how the passages were chosen (selection decision, rerank scores)
     timings: dict[str, float] = field(default_factory=dict)
+    dropped: list[Candidate] = field(default_factory=list)  # the lowest-ranked, left out to fit the window
 
     @property
     def passages(self) -> list[Candidate]:
         """What the generator saw, numbered from 1."""
-        return self.search.candidates
+        return self.search.candidates[:len(self.search.candidates) - len(self.dropped)]
 
     @property
     def failures(self) -> list[SourceFailure]:
@@ -274,11 +275,11 @@ class Workspace:
         max_new_tokens: int | None = None,
         **search_options,
     ) -> Answer:
-        result, model, messages, options = self._prepare_answer(question, generator, context_k, max_new_tokens,
-                                                                 search_options)
+        result, model, messages, dropped, options = self._prepare_answer(question, generator, context_k,
+                                                                          max_new_tokens, search_options)
         started = time.perf_counter()
         text = model.generate(messages, **options)
-        return self._answer(question, text, result, model, time.perf_counter() - started)
+        return self._answer(question, text, result, dropped, model, time.perf_counter() - started)
 
     def ask_stream(
         self,
@@ -291,8 +292,8 @@ class Workspace:
     ) -> Iterator[SearchResult | str | Answer]:
         """`ask`, step by step: first the SearchResult (the passages the generator will see), then the answer's
         text in pieces as they are decoded, last the Answer with its citations."""
-        result, model, messages, options = self._prepare_answer(question, generator, context_k, max_new_tokens,
-                                                                 search_options)
+        result, model, messages, dropped, options = self._prepare_answer(question, generator, context_k,
+                                                                          max_new_tokens, search_options)
         yield result
         started = time.perf_counter()
         pieces = []
@@ -301,17 +302,21 @@ class Workspace:
                 if piece:
                     pieces.append(piece)
                     yield piece
-        yield self._answer(question, "".join(pieces).strip(), result, model, time.perf_counter() - started)
+        yield self._answer(question, "".join(pieces).strip(), result, dropped, model, time.perf_counter() - started)
 
     def _prepare_answer(self, question, generator, context_k, max_new_tokens, search_options):
         result = self.search(question, k=context_k or self.config.context_k, **search_options)
-        model = make_generator(generator or self.config.generator)
-        options = {"max_new_tokens": max_new_tokens or self.config.max_new_tokens,
-                   "passages": len(result.candidates) if self.config.cite_first else 0}
-        return result, model, build_messages(question, result.candidates), options
+        model = make_generator(generator or self.config.generator, context_tokens=self.config.context_tokens)
+        max_new_tokens = max_new_tokens or self.config.max_new_tokens
+        messages, dropped = fit_to_window(question, result.candidates, model, max_new_tokens)
+        shown = len(result.candidates) - len(dropped)
+        options = {"max_new_tokens": max_new_tokens, "passages": shown if self.config.cite_first else 0}
+        return result, model, messages, dropped, options
 
     @staticmethod
-    def _answer(question: str, text: str, result: SearchResult, model, seconds: float) -> Answer:
-        citations, invalid = parse_citations(text, result.candidates)
+    def _answer(question: str, text: str, result: SearchResult, dropped: list[Candidate], model,
+                seconds: float) -> Answer:
+        shown = result.candidates[:len(result.candidates) - len(dropped)]
+        citations, invalid = parse_citations(text, shown)
         return Answer(question, text, citations, invalid, model.name, result,
-                      {**result.timings, "generation": seconds})
+                      {**result.timings, "generation": seconds}, dropped)

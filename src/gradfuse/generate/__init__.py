@@ -5,16 +5,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Protocol
 
+from gradfuse.generate.budget import ContextTooLong, fit_to_window
 from gradfuse.generate.local import BUNDLED_GENERATOR, load_local_generator
 from gradfuse.generate.openai_http import OpenAICompatibleGenerator
 from gradfuse.generate.prompt import Citation, build_messages, parse_citations
 
-__all__ = ["BUNDLED_GENERATOR", "Citation", "Generator", "build_messages", "describe_generator", "make_generator",
-           "parse_citations"]
+__all__ = ["BUNDLED_GENERATOR", "Citation", "ContextTooLong", "Generator", "build_messages", "describe_generator",
+           "fit_to_window", "make_generator", "parse_citations"]
 
 
 class Generator(Protocol):
     name: str
+    context_tokens: int  # the window the prompt and the answer share
+
+    def count_tokens(self, messages: list[dict[str, str]]) -> int:
+        """The prompt's length in tokens (exact for a local model, an estimate for an endpoint)."""
 
     def generate(self, messages: list[dict[str, str]], *, max_new_tokens: int = 128, passages: int = 0) -> str:
         """`passages` > 0 asks the generator to name one of that many passages first, where it can."""
@@ -23,10 +28,12 @@ class Generator(Protocol):
         """The same answer in pieces as they are produced; joined and stripped, it is what `generate` returns."""
 
 
-def make_generator(spec: str = BUNDLED_GENERATOR, *, model: str = "default") -> Generator:
-    """`smollm2` (bundled), a local HF folder or .gguf file, or an http(s) URL of an OpenAI-compatible server."""
+def make_generator(spec: str = BUNDLED_GENERATOR, *, model: str = "default", context_tokens: int = 8192,
+                   ) -> Generator:
+    """`smollm2` (bundled), a local HF folder or .gguf file, or an http(s) URL of an OpenAI-compatible server
+    (whose window, `context_tokens`, we cannot read; a local model's is its own)."""
     if spec.startswith(("http://", "https://")):
-        return OpenAICompatibleGenerator(spec, model=model)
+        return OpenAICompatibleGenerator(spec, model=model, context_tokens=context_tokens)
     return load_local_generator(spec)
 
 

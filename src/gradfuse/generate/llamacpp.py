@@ -36,7 +36,7 @@ class LlamaCppEngine:
         params.warmup = False
         params.verbosity = -1
         params.n_gpu_layers = 0 if not _has_gpu() else 999
-        self.path = path
+        self.path, self.context_tokens = path, context_tokens
         self._server = xllamacpp.Server(params)
         self._lock = threading.Lock()
 

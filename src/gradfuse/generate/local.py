@@ -140,12 +140,19 @@ class LocalGenerator:
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.llamacpp is not None:  # transformers is only needed for the chat template
             self.tokenizer, self.model = load_tokenizer(spec), None
+            self.context_tokens = self.llamacpp.context_tokens
             return
         self.tokenizer, self.model = load_transformers(spec)
+        self.context_tokens = self.model.config.max_position_embeddings
         self.model.eval()
         self.model.requires_grad_(False)
         if self.device != "cpu" and self.model.device.type == "cpu":  # .to("cpu") trips on the GGUF loader's model
             self.model.to(self.device)
+
+    def count_tokens(self, messages: list[dict[str, str]]) -> int:
+        """The prompt's length in this model's own tokens, chat template included."""
+        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
     def generate(self, messages: list[dict[str, str]], *, max_new_tokens: int = 128, passages: int = 0) -> str:
         """Greedy answer. With `passages` > 0 the reply starts by naming one passage, its number constrained to

@@ -13,15 +13,22 @@ class EndpointError(RuntimeError):
     pass
 
 
+CHARS_PER_TOKEN = 3  # a cautious count for a tokenizer we cannot see (English BPE averages about 4)
+
+
 class OpenAICompatibleGenerator:
-    def __init__(self, url: str, *, model: str = "default", timeout_s: float = 120.0):
+    def __init__(self, url: str, *, model: str = "default", timeout_s: float = 120.0, context_tokens: int = 8192):
         # Accept the server root, .../v1, or the full chat path.
         base = url.rstrip("/")
         if not base.endswith("/chat/completions"):
             base = (base if base.endswith("/v1") else base + "/v1") + "/chat/completions"
-        self.name, self.url, self.model = url, base, model
+        self.name, self.url, self.model, self.context_tokens = url, base, model, context_tokens
         key = os.environ.get("OPENAI_API_KEY")
         self._client = httpx.Client(timeout=timeout_s, headers={"Authorization": f"Bearer {key}"} if key else {})
+
+    def count_tokens(self, messages: list[dict[str, str]]) -> int:
+        """An estimate: the endpoint's tokenizer is not ours to run ([generator] context_tokens is its window)."""
+        return sum(len(m["content"]) // CHARS_PER_TOKEN + 4 for m in messages)
 
     def generate(self, messages: list[dict[str, str]], *, max_new_tokens: int = 128, passages: int = 0) -> str:
         # `passages` (cite-first decoding) needs logit access, which this API does not give: served models are

@@ -119,7 +119,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
     posted = [*guarded, Depends(json_body)]
 
     def search(request: SearchRequest) -> SearchResult:
-        request.check_limits(settings)
+        request.check_limits(settings, config)
         method = request.method or config.method
         with admission.slot(method in LM_METHODS):
             result = workspace.search(request.query, k=request.k, **request.search_options())
@@ -138,7 +138,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
                                "description": "with stream: events search, token (repeated), answer"}})
     def ask_endpoint(request: AskRequest):
         """An answer with citations [n] mapped to source/doc id; `stream: true` sends server-sent events."""
-        request.check_limits(settings)
+        request.check_limits(settings, config)
         local_generator = not config.generator.startswith(("http://", "https://"))
         needs_lm = local_generator or (request.method or config.method) in LM_METHODS
         release = admission.release if needs_lm else (lambda: None)
@@ -185,7 +185,8 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
             defaults={"method": config.method, "k": config.k, "context_k": config.context_k,
                       "target": config.rerank.target, "estimator": config.rerank.estimator, "n": config.rerank.n},
             limits={name: getattr(settings, name) for name in ("max_query_chars", "max_k", "max_n", "max_depth",
-                                                               "max_new_tokens", "max_timeout_s", "max_body_bytes")},
+                                                               "max_new_tokens", "max_timeout_s", "max_body_bytes",
+                                                               "max_lm_passes")},
             api_key_required=api_key is not None,
         )
 

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gradfuse.methods import lm_passes
 from gradfuse.server.settings import ServerSettings
 
 
@@ -32,7 +33,8 @@ class SearchRequest(BaseModel):
     pool: Literal["cosine", "rrf", "combsum-z"] | None = Field(None, description="stage-2 pool and prior")
     gold: str | None = Field(None, description="reference answer (needed by target 'gold')")
 
-    def check_limits(self, limits: ServerSettings) -> None:
+    def check_limits(self, limits: ServerSettings, config) -> None:
+        """`config`: the workspace's, for the defaults of what the request leaves unset."""
         if not self.query.strip():
             raise RequestLimitError("query is empty (only whitespace)")
         if len(self.query) > limits.max_query_chars:
@@ -43,6 +45,14 @@ class SearchRequest(BaseModel):
             value = getattr(self, name)
             if value is not None and value > limit:
                 raise RequestLimitError(f"{name} = {value:g} is above this server's limit of {limit:g}")
+        method, n, k = self.method or config.method, self.n or config.rerank.n, self.k or self.default_k(config)
+        if (passes := lm_passes(method, n, k)) > limits.max_lm_passes:
+            raise RequestLimitError(f"{method} with n = {n} and k = {k} costs {passes} LM passes; this server "
+                                    f"allows at most {limits.max_lm_passes} a request (max_lm_passes): lower n or k")
+
+    @staticmethod
+    def default_k(config) -> int:
+        return config.k
 
     def search_options(self) -> dict:
         """Keyword arguments for `Workspace.search` (unset fields keep the workspace's defaults)."""
@@ -55,8 +65,12 @@ class AskRequest(SearchRequest):
     max_new_tokens: int | None = Field(None, ge=1)
     stream: bool = Field(False, description="answer as server-sent events: search, token..., answer")
 
-    def check_limits(self, limits: ServerSettings) -> None:
-        super().check_limits(limits)
+    def check_limits(self, limits: ServerSettings, config) -> None:
+        super().check_limits(limits, config)
         if self.max_new_tokens is not None and self.max_new_tokens > limits.max_new_tokens:
             raise RequestLimitError(f"max_new_tokens = {self.max_new_tokens} is above this server's limit of "
                                     f"{limits.max_new_tokens}")
+
+    @staticmethod
+    def default_k(config) -> int:
+        return config.context_k

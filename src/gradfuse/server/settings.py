@@ -25,6 +25,9 @@ class ServerSettings:
     # runs at a time (the model is shared and uses every core), so the rest wait in line and the next is refused
     # with 503 and Retry-After instead of piling up behind a minutes-long queue.
     lm_queue: int = 8
+    # LM passes one request may cost (gradfuse.methods.lm_passes): loo-greedy at n = 10, k = 10 is 56, at n = 50
+    # about 1,275, minutes of a CPU for one request.
+    max_lm_passes: int = 64
     # Connections and slow clients (server/limits.py): beyond max_connections a connection is closed unread; a
     # request's line and headers must arrive within header_timeout_s, its body within body_timeout_s (408);
     # an idle kept-alive connection is closed after keep_alive_s.
@@ -36,7 +39,7 @@ class ServerSettings:
     def __post_init__(self):
         object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
         for name in ("max_body_bytes", "max_query_chars", "max_k", "max_n", "max_depth", "max_new_tokens",
-                     "lm_queue", "max_connections"):
+                     "lm_queue", "max_lm_passes", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
