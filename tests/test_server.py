@@ -319,3 +319,33 @@ def test_a_request_that_would_cost_too_many_lm_passes_is_refused_naming_the_limi
     assert answer.status_code == 422
     assert "max_lm_passes" in answer.json()["detail"] and "LM passes" in answer.json()["detail"]
     assert post(server, "/search", {"query": "moons", "method": "rrf", "k": 5}).status_code == 200
+
+
+@pytest.mark.slow
+def test_a_streamed_answer_stops_generating_when_its_client_leaves(workspace, monkeypatch):
+    from gradfuse.generate import make_generator
+
+    engine = make_generator("smollm2").llamacpp
+    decoded = []
+    real_complete = engine.complete
+
+    def counting(prompt, *, on_piece=None, **options):  # the real engine, its pieces counted
+        decoded.clear()
+        count = (lambda piece: decoded.append(piece) or (on_piece(piece) if on_piece else False))
+        return real_complete(prompt, on_piece=count, **options)
+
+    monkeypatch.setattr(engine, "complete", counting)
+    body = {"query": "Tell me everything about Mars, Jupiter and Venus.", "method": "rrf", "k": 3,
+            "max_new_tokens": 200}
+    with serving(create_app(workspace)) as url:
+        assert post(url, "/ask", body).status_code == 200
+        full = len(decoded)
+        assert full > 60, full  # long enough for an early stop to show
+        with httpx.stream("POST", url + "/ask", json={**body, "stream": True}, timeout=120) as response:
+            for line in response.iter_lines():
+                if line == "event: token":
+                    break  # the client leaves after its first token
+        assert engine._lock.acquire(timeout=60)  # the engine is free again...
+        engine._lock.release()
+        assert len(decoded) < full / 2, (len(decoded), full)  # ...long before a full answer was decoded
+        assert post(url, "/ask", {**body, "max_new_tokens": 8}).status_code == 200

@@ -41,11 +41,15 @@ class LlamaCppEngine:
         self._lock = threading.Lock()
 
     def complete(self, prompt: list[int] | str, *, max_new_tokens: int, on_piece: Callable[[str], bool] | None = None,
-                 ) -> str:
+                 continues: bool = False) -> str:
         """Greedy continuation of `prompt` (token ids or text). With `on_piece`, each decoded piece is passed to
-        it as it comes; it returns True to stop generating (a client that left)."""
+        it as it comes; it returns True to stop generating (a client that left).
+
+        A prompt is processed afresh: reusing whatever an earlier request left in the cache made a greedy answer
+        depend on that request (a streamed and a plain answer to one question differed). `continues`: the
+        prompt extends the one just processed (the cite-first step), whose cache is this request's own."""
         request = {"prompt": prompt, "max_tokens": max_new_tokens, "temperature": 0.0, "top_k": 1,
-                   "repeat_penalty": REPETITION_PENALTY, "cache_prompt": True}
+                   "repeat_penalty": REPETITION_PENALTY, "cache_prompt": continues}
         with self._lock:
             if on_piece is None:
                 return self._checked(self._server.handle_completions(request))["choices"][0]["text"].strip()
@@ -64,7 +68,7 @@ class LlamaCppEngine:
 
     def next_token_among(self, prompt: str, allowed: list[str]) -> str:
         """The most likely of `allowed` (single-token strings) as the next token of `prompt`."""
-        request = {"prompt": prompt, "max_tokens": 1, "temperature": 0.0, "n_probs": 100, "cache_prompt": True}
+        request = {"prompt": prompt, "max_tokens": 1, "temperature": 0.0, "n_probs": 100, "cache_prompt": False}
         with self._lock:
             result = self._checked(self._server.handle_completions(request))
         probabilities = result["choices"][0].get("logprobs") or {}

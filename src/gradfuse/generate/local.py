@@ -162,7 +162,8 @@ class LocalGenerator:
 
         if self.llamacpp is not None:
             prompt, prefix = self._llamacpp_prompt(messages, passages)
-            return (prefix + self.llamacpp.complete(prompt, max_new_tokens=max_new_tokens)).strip()
+            return (prefix + self.llamacpp.complete(prompt, max_new_tokens=max_new_tokens,
+                                                    continues=bool(prefix))).strip()
         prefix, arguments = self._arguments(messages, max_new_tokens, passages)
         prompt_length = arguments["input_ids"].shape[1]
         with self._lock, torch.inference_mode():
@@ -221,7 +222,7 @@ class LocalGenerator:
 
         def run():
             try:
-                self.llamacpp.complete(prompt, max_new_tokens=max_new_tokens,
+                self.llamacpp.complete(prompt, max_new_tokens=max_new_tokens, continues=bool(prefix),
                                        on_piece=lambda piece: pieces.put(piece) or stop.is_set())
             except BaseException as error:  # re-raised in the consumer's thread below
                 failure.append(error)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,6 +16,7 @@ from fastapi.responses import FileResponse, StreamingResponse
 from fastapi.security import APIKeyHeader
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
+from starlette.concurrency import iterate_in_threadpool
 from pydantic import BaseModel
 
 from gradfuse import __version__
@@ -153,7 +154,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
             release()
             raise
         if request.stream:
-            return StreamingResponse(_event_stream(searched, events, release),
+            return StreamingResponse(_closed_when_abandoned(_event_stream(searched, events, release)),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
@@ -221,6 +222,17 @@ def _event_stream(searched: SearchResult, events: Iterator, release) -> Iterator
     finally:
         events.close()  # a client that left: the generator stops at its next piece instead of running on
         release()
+
+
+async def _closed_when_abandoned(events: Iterator[str]) -> AsyncIterator[str]:
+    """Starlette steps a sync iterator in a worker thread and, when the client leaves, abandons it suspended and
+    never closed, so generation ran on to max_new_tokens and held the LM. The step in flight finishes before the
+    cancellation arrives here, so the iterator can be closed at once: the generator stops at its next piece."""
+    try:
+        async for event in iterate_in_threadpool(events):
+            yield event
+    finally:
+        events.close()
 
 
 def _event(name: str, data: dict) -> str:
