@@ -3,6 +3,7 @@ workspace, e.g. give it a source that hangs), or as a `gradfuse serve` subproces
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -73,3 +75,38 @@ def gradfuse_serve(workspace: Path, *extra: str, env: dict[str, str] | None = No
             process.kill()
         if log:
             output.close()
+
+
+class _OpenAIChatHandler(BaseHTTPRequestHandler):
+    """An OpenAI-compatible /v1/chat/completions endpoint backed by the real local model."""
+
+    model = None
+
+    def do_POST(self):
+        if self.path != "/v1/chat/completions":
+            self.send_error(404)
+            return
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        text = self.model.generate(body["messages"], max_new_tokens=body["max_tokens"])
+        payload = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+@contextmanager
+def openai_endpoint(model):
+    """An OpenAI-compatible endpoint on a loopback port, answering with `model` (a real local generator)."""
+    handler = type("Handler", (_OpenAIChatHandler,), {"model": model})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()

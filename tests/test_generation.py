@@ -1,10 +1,7 @@
 """Prompt, citations and generators, with the real bundled SmolLM2 where a model is involved."""
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
+from live_server import openai_endpoint
 
 from gradfuse.candidate import Candidate
 from gradfuse.generate import build_messages, make_generator, parse_citations
@@ -66,43 +63,16 @@ def test_ask_end_to_end_cites_retrieved_documents(workspace, smollm2):
     assert "generation" in answer.timings and answer.failures == []
 
 
-class _OpenAIChatHandler(BaseHTTPRequestHandler):
-    """An OpenAI-compatible /v1/chat/completions endpoint backed by the real local model."""
-
-    model = None
-
-    def do_POST(self):
-        if self.path != "/v1/chat/completions":
-            self.send_error(404)
-            return
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        text = self.model.generate(body["messages"], max_new_tokens=body["max_tokens"])
-        payload = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.mark.slow
 def test_openai_compatible_endpoint_by_url(smollm2):
-    _OpenAIChatHandler.model = smollm2
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _OpenAIChatHandler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        remote = make_generator(f"http://127.0.0.1:{server.server_port}")
+    with openai_endpoint(smollm2) as url:
+        remote = make_generator(url)
         messages = build_messages("What is the capital of Australia?", PASSAGES[:1])
         assert remote.generate(messages, max_new_tokens=20) == smollm2.generate(messages, max_new_tokens=20)
         with pytest.raises(EndpointError, match="answered 404"):
-            make_generator(f"http://127.0.0.1:{server.server_port}/other/chat/completions").generate(messages)
-    finally:
-        server.shutdown()
+            make_generator(url + "/other/chat/completions").generate(messages)
     with pytest.raises(EndpointError, match="unreachable"):
-        make_generator(f"http://127.0.0.1:{server.server_port}").generate(messages)
+        make_generator(url).generate(messages)
 
 
 def test_unknown_generator_spec_is_a_clear_error(tmp_path):
@@ -173,17 +143,11 @@ def test_an_answer_through_an_endpoint_reports_the_passages_its_window_could_not
 
     records = [{"id": f"p{i}", "title": f"Delta {i}", "text": f"The delta layer {i} is made of clay. " * 40}
                for i in range(8)]
-    _OpenAIChatHandler.model = smollm2
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _OpenAIChatHandler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        ws = Workspace(Config(workspace=tmp_path / "ws", generator=f"http://127.0.0.1:{server.server_port}",
-                              context_tokens=1200))
+    with openai_endpoint(smollm2) as url:
+        ws = Workspace(Config(workspace=tmp_path / "ws", generator=url, context_tokens=1200))
         ws.index(SourceSpec("deltas", "jsonl", str(write_jsonl(tmp_path / "d.jsonl", records))))
         answer = ws.ask("What is the delta layer made of?", method="rrf", retrieval="bm25", context_k=8,
                         max_new_tokens=16)
-    finally:
-        server.shutdown()
     record = answer_record(answer)
     assert record.dropped and len(record.passages) + len(record.dropped) == 8  # ~150 tokens each: not all fit
     assert [p.doc_id for p in record.passages + record.dropped] == [c.doc_id for c in answer.search.candidates]

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from gradfuse.config import ConfigError
 from gradfuse.fusion import UnknownMethod
+from gradfuse.redact import redact
 from gradfuse.schemas import answer_record, search_record, source_record
 from gradfuse.sources import BuildReport, IngestError, SourceError, SourceSpec
 from gradfuse.sources.federated import AllSourcesFailed, SourceFailure
@@ -49,7 +50,7 @@ def _workspace(config: Path | None, workspace: Path | None) -> Workspace:
 
 
 def _fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}")
+    console.print(f"[bold red]error:[/] {escape(redact(message))}")
     raise typer.Exit(2)
 
 

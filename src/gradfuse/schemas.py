@@ -12,6 +12,7 @@ import math
 from pydantic import BaseModel, Field
 
 from gradfuse.candidate import Candidate
+from gradfuse.redact import redact
 from gradfuse.sources.base import SourceStats
 from gradfuse.sources.federated import SourceFailure
 from gradfuse.workspace import Answer, SearchResult
@@ -177,7 +178,7 @@ def answer_record(answer: Answer) -> AnswerRecord:
 
 def source_record(name: str, stats: SourceStats | None, error: str | None = None) -> SourceRecord:
     if stats is None:
-        return SourceRecord(name=name, status="error", error=error)
+        return SourceRecord(name=name, status="error", error=redact(error or ""))
     return SourceRecord(name=name, status="ok", kind=stats.kind, documents=stats.documents,
                         index_bytes=stats.index_bytes, encoder=stats.encoder, retrieval=stats.retrieval,
                         built_at=stats.built_at, input=stats.input)

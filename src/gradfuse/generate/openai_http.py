@@ -8,6 +8,8 @@ from collections.abc import Iterator
 
 import httpx
 
+from gradfuse.redact import redact
+
 
 class EndpointError(RuntimeError):
     pass
@@ -22,7 +24,9 @@ class OpenAICompatibleGenerator:
         base = url.rstrip("/")
         if not base.endswith("/chat/completions"):
             base = (base if base.endswith("/v1") else base + "/v1") + "/chat/completions"
-        self.name, self.url, self.model, self.context_tokens = url, base, model, context_tokens
+        # The URL may carry credentials (http://user:secret@host): requests use it, messages and answers never do.
+        self.url, self.model, self.context_tokens = base, model, context_tokens
+        self.name, self._shown = redact(url), redact(base)
         key = os.environ.get("OPENAI_API_KEY")
         self._client = httpx.Client(timeout=timeout_s, headers={"Authorization": f"Bearer {key}"} if key else {})
 
@@ -33,21 +37,30 @@ class OpenAICompatibleGenerator:
     def generate(self, messages: list[dict[str, str]], *, max_new_tokens: int = 128, passages: int = 0) -> str:
         # `passages` (cite-first decoding) needs logit access, which this API does not give: served models are
         # expected to be large enough to cite when asked.
-        response = self._post(self._body(messages, max_new_tokens))
+        return self._completion(self._post(self._body(messages, max_new_tokens)))
+
+    def _completion(self, response: httpx.Response) -> str:
         try:
             return response.json()["choices"][0]["message"]["content"].strip()
         except (ValueError, KeyError, IndexError, TypeError) as error:
-            raise EndpointError(f"generator endpoint {self.url} sent an unexpected body: {response.text[:300]}") from error
+            raise EndpointError(f"generator endpoint {self._shown} sent an unexpected body: {response.text[:300]}") from error
 
     def stream(self, messages: list[dict[str, str]], *, max_new_tokens: int = 128, passages: int = 0) -> Iterator[str]:
-        """The endpoint's own token stream (`"stream": true`, server-sent `data:` lines of chat deltas)."""
+        """The endpoint's own token stream (`"stream": true`, server-sent `data:` lines of chat deltas). An endpoint
+        that does not stream answers with one JSON completion, which is then the one piece; a stream with no text
+        at all is an error, not a silent empty answer."""
         body = {**self._body(messages, max_new_tokens), "stream": True}
+        streamed = False
         try:
             with self._client.stream("POST", self.url, json=body) as response:
                 if response.status_code != 200:
                     response.read()
-                    raise EndpointError(f"generator endpoint {self.url} answered {response.status_code}: "
+                    raise EndpointError(f"generator endpoint {self._shown} answered {response.status_code}: "
                                         f"{response.text[:300]}")
+                if response.headers.get("content-type", "").startswith("application/json"):
+                    response.read()
+                    yield self._completion(response)
+                    return
                 for line in response.iter_lines():
                     data = line.removeprefix("data:").strip() if line.startswith("data:") else ""
                     if not data or data == "[DONE]":
@@ -55,12 +68,15 @@ class OpenAICompatibleGenerator:
                     try:
                         piece = json.loads(data)["choices"][0]["delta"].get("content")
                     except (ValueError, KeyError, IndexError, TypeError, AttributeError) as error:
-                        raise EndpointError(f"generator endpoint {self.url} streamed an unexpected line: "
+                        raise EndpointError(f"generator endpoint {self._shown} streamed an unexpected line: "
                                             f"{data[:300]}") from error
                     if piece:
+                        streamed = True
                         yield piece
         except httpx.HTTPError as error:
-            raise EndpointError(f"generator endpoint {self.url} unreachable: {error}") from error
+            raise EndpointError(f"generator endpoint {self._shown} unreachable: {error}") from error
+        if not streamed:
+            raise EndpointError(f"generator endpoint {self._shown} streamed no text")
 
     def _body(self, messages, max_new_tokens: int) -> dict:
         return {"model": self.model, "messages": messages, "max_tokens": max_new_tokens, "temperature": 0}
@@ -69,7 +85,7 @@ class OpenAICompatibleGenerator:
         try:
             response = self._client.post(self.url, json=body)
         except httpx.HTTPError as error:
-            raise EndpointError(f"generator endpoint {self.url} unreachable: {error}") from error
+            raise EndpointError(f"generator endpoint {self._shown} unreachable: {error}") from error
         if response.status_code != 200:
-            raise EndpointError(f"generator endpoint {self.url} answered {response.status_code}: {response.text[:300]}")
+            raise EndpointError(f"generator endpoint {self._shown} answered {response.status_code}: {response.text[:300]}")
         return response

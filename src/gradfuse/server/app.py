@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import logging
 import json
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -21,6 +22,7 @@ from pydantic import BaseModel
 
 from gradfuse import __version__
 from gradfuse.methods import METHODS
+from gradfuse.redact import RedactingFilter, redact
 from gradfuse.rerank import ESTIMATORS, TARGETS
 from gradfuse.schemas import (
     AnswerRecord,
@@ -218,7 +220,7 @@ def _event_stream(searched: SearchResult, events: Iterator, release) -> Iterator
                 yield _event("token", {"text": event})
     except Exception as error:
         status = 503 if isinstance(error, Busy) else 500
-        yield _event("error", {"status": status, "detail": f"{type(error).__name__}: {error}"})
+        yield _event("error", {"status": status, "detail": redact(f"{type(error).__name__}: {error}")})
     finally:
         events.close()  # a client that left: the generator stops at its next piece instead of running on
         release()
@@ -251,4 +253,6 @@ def serve(workspace: Workspace, settings: ServerSettings, *, preload_lm: bool = 
                             http=guarded_protocol(settings.max_connections, settings.header_timeout_s))
     server = uvicorn.Server(config)
     bound_logs()  # after uvicorn configured its loggers
+    for name in ("uvicorn.error", "uvicorn.access", "gradfuse.server", "asyncio"):
+        logging.getLogger(name).addFilter(RedactingFilter())
     server.run()

@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException
 
 from gradfuse.fusion import UnknownMethod
 from gradfuse.generate.openai_http import EndpointError
+from gradfuse.redact import redact
 from gradfuse.server.admission import Busy
 from gradfuse.server.requests import RequestLimitError
 from gradfuse.sources import SourceError, UnknownSource
@@ -39,14 +40,14 @@ async def _validation(request: Request, error: RequestValidationError) -> JSONRe
 
 def _responder(status: int, *, headers: dict[str, str] | None = None):
     async def respond(request: Request, error: Exception) -> JSONResponse:
-        return JSONResponse({"detail": str(error)}, status_code=status, headers=headers)
+        return JSONResponse({"detail": redact(str(error))}, status_code=status, headers=headers)
 
     return respond
 
 
 async def _all_failed(request: Request, error: AllSourcesFailed) -> JSONResponse:
     failures = [{"source": f.source, "reason": f.reason, "detail": f.detail} for f in error.failures]
-    return JSONResponse({"detail": str(error), "failures": failures}, status_code=503)
+    return JSONResponse({"detail": redact(str(error)), "failures": failures}, status_code=503)
 
 
 async def _unexpected(request: Request, error: Exception) -> JSONResponse:

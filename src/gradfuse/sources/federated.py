@@ -8,6 +8,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, replace
 
 from gradfuse.candidate import Candidate
+from gradfuse.redact import redact
 from gradfuse.sources.base import Source
 
 
@@ -15,7 +16,10 @@ from gradfuse.sources.base import Source
 class SourceFailure:
     source: str
     reason: str  # "timeout" or "error"
-    detail: str
+    detail: str  # redacted: a driver's message can quote a connection URL with its password
+
+    def __post_init__(self):
+        object.__setattr__(self, "detail", redact(self.detail))
 
 
 class AllSourcesFailed(RuntimeError):

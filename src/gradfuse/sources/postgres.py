@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from gradfuse.candidate import Candidate
+from gradfuse.redact import has_url_password, redact
 from gradfuse.sources.base import TIE_SLACK, SourceError, SourceStats, rank_by_score
 from gradfuse.sources.embedded import RETRIEVAL_MODES, hybrid_depth, rrf_in_source
 
@@ -81,22 +82,23 @@ def default_table(source: str) -> str:
 
 
 def password_in(url: str) -> bool:
+    """Parsable or not (a URL psycopg rejects is still refused if it carries a password)."""
     from psycopg.conninfo import conninfo_to_dict
 
     try:
         return "password" in conninfo_to_dict(url)
-    except Exception:  # an unparsable URL is reported when it is used
-        return False
+    except Exception:
+        return has_url_password(url)
 
 
 def safe_url(url: str) -> str:
-    """The URL without its password, for messages and files."""
+    """The URL without its password, for messages and files; one psycopg cannot parse is redacted as text."""
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
     try:
         parts = conninfo_to_dict(url)
     except Exception:
-        return "<unparsable postgres URL>"
+        return redact(url)
     parts.pop("password", None)
     return make_conninfo(**parts)
 
@@ -155,7 +157,7 @@ def _probe(url: str, name: str) -> None:
         psycopg.connect(url, connect_timeout=5).close()
     except psycopg.Error as error:
         raise PostgresError(f"postgres source {name!r}: cannot connect to {safe_url(url)}: "
-                            f"{str(error).strip().splitlines()[0]}") from error
+                            f"{redact(str(error).strip().splitlines()[0])}") from error
 
 
 class PostgresSource:
