@@ -151,3 +151,22 @@ def test_an_answer_through_an_endpoint_reports_the_passages_its_window_could_not
     record = answer_record(answer)
     assert record.dropped and len(record.passages) + len(record.dropped) == 8  # ~150 tokens each: not all fit
     assert [p.doc_id for p in record.passages + record.dropped] == [c.doc_id for c in answer.search.candidates]
+
+
+@pytest.mark.slow
+def test_concurrent_cold_loads_give_one_model_and_one_lock_for_the_scorer_and_the_generator():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gradfuse.generate.local import bundled_gguf, converted_folder, load_local_generator, load_transformers
+    from gradfuse.rerank import load_scorer
+
+    load_transformers("smollm2")  # makes the de-quantised folder a transformers generator can load
+    folder = str(converted_folder(bundled_gguf()))  # a spec no other test loads: these loads are cold
+    with ThreadPoolExecutor(8) as pool:
+        scorers = [pool.submit(load_scorer, folder, 48) for _ in range(4)]
+        generators = [pool.submit(load_local_generator, folder) for _ in range(4)]
+        scorers, generators = {id(f.result()) for f in scorers}, [f.result() for f in generators]
+    assert len(scorers) == 1 and len({id(g) for g in generators}) == 1
+    scorer, generator = load_scorer(folder, 48), generators[0]
+    assert generator.llamacpp is None  # a transformers folder: the generator runs the same weights...
+    assert generator.model is scorer.model and generator._lock is scorer._lock  # ...under the same lock

@@ -17,7 +17,7 @@ from gradfuse.config import ConfigError
 from gradfuse.fusion import UnknownMethod
 from gradfuse.redact import redact
 from gradfuse.schemas import answer_record, search_record, source_record
-from gradfuse.sources import BuildReport, IngestError, SourceError, SourceSpec
+from gradfuse.sources import BuildReport, IngestError, SourceError, SourceSpec, check_source_name
 from gradfuse.sources.federated import AllSourcesFailed, SourceFailure
 from gradfuse.workspace import Answer, SearchResult, Workspace
 
@@ -34,10 +34,22 @@ if not console.is_terminal:  # piped or logged output: do not squeeze tables int
 
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="Workspace TOML (default ./gradfuse.toml)")]
 WorkspaceOpt = Annotated[Optional[Path], typer.Option("--workspace", "-w", help="Index folder (overrides the config)")]
-SourceName = Annotated[str, typer.Option("--source", "-s", help="Name of the source to create or rebuild")]
+def _source_name(value):
+    """A usage error (exit 2) for a bad name, before anything runs."""
+    try:
+        return [check_source_name(v) for v in value] if isinstance(value, list) else (
+            check_source_name(value) if value is not None else None)
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+
+
+SourceName = Annotated[str, typer.Option("--source", "-s", help="Name of the source to create or rebuild",
+                                         callback=_source_name)]
 SkipMalformed = Annotated[bool, typer.Option(help="Skip and count malformed JSONL lines instead of failing")]
 Into = Annotated[Optional[str], typer.Option(help="Load into a PostgreSQL table instead (postgresql://... URL); "
                                                   "the table is registered in the workspace as the source")]
+Wait = Annotated[bool, typer.Option(help="If another process is building this source, wait for it instead of "
+                                         "failing")]
 TableName = Annotated[Optional[str], typer.Option(help="Table for --into (default: the source name)")]
 Language = Annotated[Optional[str], typer.Option(help="Text search configuration for --into (default english)")]
 
@@ -80,18 +92,19 @@ def _print_build(report: BuildReport) -> None:
         console.print(f"  [yellow]ingest:[/] {problems}")
 
 
-def _index(config, workspace, spec: SourceSpec, into=None, table=None, language=None) -> None:
+def _index(config, workspace, spec: SourceSpec, into=None, table=None, language=None, wait=False) -> None:
     ws = _workspace(config, workspace)
-    _print_build(_run_guarded(lambda: ws.index(spec, into=into, table=table, language=language, progress=True)))
+    _print_build(_run_guarded(lambda: ws.index(spec, into=into, table=table, language=language, progress=True,
+                                               wait=wait)))
 
 
 @index_app.command("beir")
 def index_beir(folder: Path, source: SourceName, skip_malformed: SkipMalformed = False, into: Into = None,
                table: TableName = None, language: Language = None, config: ConfigOpt = None,
-               workspace: WorkspaceOpt = None):
+               workspace: WorkspaceOpt = None, wait: Wait = False):
     """A BEIR-style folder (corpus.jsonl with id/title/text)."""
     _index(config, workspace, SourceSpec(source, "beir", str(folder), {"skip_malformed": skip_malformed}), into,
-           table, language)
+           table, language, wait)
 
 
 @index_app.command("jsonl")
@@ -108,13 +121,14 @@ def index_jsonl(
     language: Language = None,
     config: ConfigOpt = None,
     workspace: WorkspaceOpt = None,
+    wait: Wait = False,
 ):
     """A JSON-lines file, one document per line."""
     options = {"id_field": id_field, "text_field": text_field, "title_field": title_field,
                "skip_malformed": skip_malformed}
     if chunk_words:
         options["chunk_words"] = chunk_words
-    _index(config, workspace, SourceSpec(source, "jsonl", str(file), options), into, table, language)
+    _index(config, workspace, SourceSpec(source, "jsonl", str(file), options), into, table, language, wait)
 
 
 @index_app.command("files")
@@ -130,11 +144,12 @@ def index_files(
     language: Language = None,
     config: ConfigOpt = None,
     workspace: WorkspaceOpt = None,
+    wait: Wait = False,
 ):
     """A folder of .txt/.md/.html files, cut into overlapping chunks."""
     options = {"chunk_words": chunk_words, "chunk_overlap": chunk_overlap, **({"links_outside": True} if links_outside
                                                                               else {})}
-    _index(config, workspace, SourceSpec(source, "files", str(folder), options), into, table, language)
+    _index(config, workspace, SourceSpec(source, "files", str(folder), options), into, table, language, wait)
 
 
 @index_app.command("run")
@@ -145,12 +160,13 @@ def index_run(
     queries: Annotated[Optional[Path], typer.Option(help="queries.jsonl (default: beside the corpus)")] = None,
     config: ConfigOpt = None,
     workspace: WorkspaceOpt = None,
+    wait: Wait = False,
 ):
     """A TREC run file (qid Q0 docid rank score tag): answers the queries it was made for."""
     options = {"corpus": str(corpus.resolve())}
     if queries:
         options["queries"] = str(queries.resolve())
-    _index(config, workspace, SourceSpec(source, "run", str(run), options))
+    _index(config, workspace, SourceSpec(source, "run", str(run), options), wait=wait)
 
 
 @app.command()
@@ -183,7 +199,8 @@ def sources(config: ConfigOpt = None, workspace: WorkspaceOpt = None,
 Method = Annotated[Optional[str], typer.Option("--method", "-m", "--fusion",
                    help="concat | rrf | combsum[-z] | combmnz[-z] | single:<source> | dense | select | gradient | "
                         "gro | upr | relevance | cross-encoder | loo | loo-greedy")]
-Sources = Annotated[Optional[list[str]], typer.Option("--source", "-s", help="Query only these sources")]
+Sources = Annotated[Optional[list[str]], typer.Option("--source", "-s", help="Query only these sources",
+                                                     callback=_source_name)]
 Retrieval = Annotated[Optional[str], typer.Option(help="bm25 | dense | hybrid (within each source)")]
 Timeout = Annotated[Optional[float], typer.Option("--timeout", help="Seconds each source may take")]
 Target = Annotated[Optional[str], typer.Option(help="Stage-2 target: draft | gold | query")]

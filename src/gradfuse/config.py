@@ -68,7 +68,7 @@ from typing import Any
 from gradfuse.rerank import RerankSettings
 from gradfuse.selection import SelectionSettings
 from gradfuse.server.settings import ServerSettings
-from gradfuse.sources.base import SourceSpec
+from gradfuse.sources.base import SourceSpec, check_source_name
 from gradfuse.sources.postgres import PostgresSettings, default_table
 
 DEFAULT_CONFIG_NAME = "gradfuse.toml"
@@ -151,6 +151,10 @@ def _parse(path: Path) -> Config:
     if encoder:
         raise ConfigError(f"{path} [encoder]: unknown keys {sorted(encoder)}")
     for name, table in raw.pop("sources", {}).items():
+        try:
+            check_source_name(name)
+        except ValueError as error:
+            raise ConfigError(f"{path} [sources]: {error}") from error
         config.sources[name] = _source_settings(name, dict(table), base, path)
     if raw:
         raise ConfigError(f"{path}: unknown keys or sections {sorted(raw)}")

@@ -26,6 +26,7 @@ from gradfuse.sources import (
     UnknownSource,
     build_source,
     built_source_names,
+    check_source_name,
     open_source,
 )
 from gradfuse.sources.base import current_version
@@ -93,11 +94,12 @@ class Workspace:
     # --- building
 
     def index(self, spec: SourceSpec, *, into: str | None = None, table: str | None = None,
-              language: str | None = None, progress: bool = False) -> BuildReport:
+              language: str | None = None, progress: bool = False, wait: bool = False) -> BuildReport:
         """Build `spec` into the workspace folder, or with `into` (a PostgreSQL URL) load it into a table there
-        (default: the source's name) and register that table in the workspace as the source."""
+        (default: the source's name) and register that table in the workspace as the source. `wait`: if another
+        process is building the same source, wait for it instead of failing."""
         if into is None:
-            return build_source(self.root, spec, encoder=self.config.encoder, progress=progress)
+            return build_source(self.root, spec, encoder=self.config.encoder, progress=progress, wait=wait)
         if spec.kind == "run":
             raise ValueError("a TREC run source answers only its own queries and cannot be loaded into a database")
         settings = PostgresSettings(table=table or default_table(spec.name), url=safe_url(into),
@@ -122,6 +124,7 @@ class Workspace:
     def source(self, name: str, retrieval: str | None = None) -> Source:
         """The opened source, reopened when a build (in this or another process) has published a new version,
         so a long-running server answers from the latest index without a restart."""
+        check_source_name(name)  # a name is a folder here: no other path may be reached through it
         mode = retrieval or self.config.settings(name).retrieval or self.config.retrieval
         postgres = self.config.settings(name).postgres or registered(self.root / "sources" / name)
         version = postgres or current_version(self.root / "sources" / name)

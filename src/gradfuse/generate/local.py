@@ -6,6 +6,7 @@ import hashlib
 import importlib.util
 import os
 import threading
+import weakref
 from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
@@ -32,7 +33,17 @@ def gguf_file(spec: str) -> Path | None:
     return path if path.suffix == ".gguf" and path.is_file() else None
 
 
-_loading = threading.RLock()  # one load of each model at a time; a generator load takes it again inside
+# One loader for every model of the process (generators and the scoring LM alike): a load happens once, and
+# concurrent first requests wait for it. Re-entrant: a generator's load takes it again inside.
+LOADING = threading.RLock()
+_pass_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def model_lock(model) -> threading.Lock:
+    """The one lock for passes over a loaded model's weights, whoever runs them (the scoring LM, a transformers
+    generator): the same weights are never in two passes at once (torch already uses every core for one)."""
+    with LOADING:
+        return _pass_locks.setdefault(model, threading.Lock())
 
 
 @lru_cache(maxsize=2)
@@ -53,7 +64,7 @@ def _cached_transformers(spec: str):
 def load_transformers(spec: str):
     """(tokenizer, model) of a local spec in transformers, loaded once per process: concurrent first requests wait
     for the one load instead of each loading a copy."""
-    with _loading:
+    with LOADING:
         return _cached_transformers(spec)
 
 
@@ -136,13 +147,13 @@ class LocalGenerator:
                 self.llamacpp = load_llamacpp(str(gguf))
             except LlamaCppUnavailable:
                 pass  # transformers generates, slower
-        self._lock = threading.Lock()
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.llamacpp is not None:  # transformers is only needed for the chat template
             self.tokenizer, self.model = load_tokenizer(spec), None
             self.context_tokens = self.llamacpp.context_tokens
             return
         self.tokenizer, self.model = load_transformers(spec)
+        self._lock = model_lock(self.model)  # llama.cpp has its own
         self.context_tokens = self.model.config.max_position_embeddings
         self.model.eval()
         self.model.requires_grad_(False)
@@ -291,5 +302,5 @@ def _cached_generator(spec: str) -> LocalGenerator:
 
 
 def load_local_generator(spec: str = BUNDLED_GENERATOR) -> LocalGenerator:
-    with _loading:
+    with LOADING:
         return _cached_generator(spec)

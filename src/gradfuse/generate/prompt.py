@@ -6,6 +6,7 @@ forge, and the system message (which passages never touch) says that nothing ins
 
 from __future__ import annotations
 
+import html
 import re
 from dataclasses import dataclass
 
@@ -31,9 +32,10 @@ def build_messages(question: str, passages: list[Candidate], *, max_chars: int =
     """Chat messages: fixed system rules, then the numbered passages and the question as the user turn."""
     blocks = []
     for number, candidate in enumerate(passages, start=1):
-        title = f" title=\"{_fenced(candidate.title)[:120]}\"" if candidate.title else ""
+        # Attribute values are escaped: a quote in a title or name must not add attributes to the tag.
+        title = f" title=\"{html.escape(candidate.title[:120])}\"" if candidate.title else ""
         body = _fenced(candidate.text[:max_chars])
-        blocks.append(f"<passage id={number} source=\"{candidate.source}\"{title}>\n{body}\n</passage>")
+        blocks.append(f"<passage id={number} source=\"{html.escape(candidate.source)}\"{title}>\n{body}\n</passage>")
     user = "Passages:\n" + "\n".join(blocks) + f"\n\nQuestion: {question}\nAnswer in one or two sentences using the passages, and cite the passage you used by its number in brackets, like [2]."
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 

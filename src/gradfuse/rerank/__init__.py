@@ -13,7 +13,6 @@ with the prior (base.combine) and writes every value into `Candidate.scores`, so
 
 from __future__ import annotations
 
-import threading
 import time
 from functools import lru_cache
 
@@ -49,7 +48,6 @@ __all__ = ["DTYPES", "ESTIMATORS", "MIXES", "POOLS", "PRIORS", "SCORERS", "TARGE
 SCORERS = {"gradient": GradientScorer, "gro": GradientScorer, "loo": LeaveOneOutScorer,
            "loo-greedy": GreedyLossScorer, "upr": UPRScorer, "relevance": RelevancePromptScorer,
            "cross-encoder": CrossEncoderScorer}
-_loading = threading.Lock()
 
 
 def load_scorer(spec: str = "smollm2", doc_tokens: int = 128, dtype: str = "float32") -> LMScorer:
@@ -60,7 +58,9 @@ def load_scorer(spec: str = "smollm2", doc_tokens: int = 128, dtype: str = "floa
     if spec.startswith(("http://", "https://")):
         raise ValueError("the re-ranking LM must run locally (gradients are needed): set [rerank] model to "
                          "'smollm2', a transformers folder or a .gguf file")
-    with _loading:
+    from gradfuse.generate.local import LOADING
+
+    with LOADING:
         return _cached_scorer(spec, doc_tokens, dtype)
 
 

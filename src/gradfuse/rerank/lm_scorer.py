@@ -20,13 +20,13 @@ pass only reaches the inputs. Leave-one-out computes L(C without i) - L(C) exact
 from __future__ import annotations
 
 import copy
-import threading
 import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from gradfuse.generate.local import model_lock
 from gradfuse.rerank.packing import ContextPacker, PackedContext
 
 GATED_ATTENTION = "gradfuse_gated_sdpa"
@@ -77,7 +77,7 @@ class LMScorer:
         self.packer = ContextPacker(tokenizer, doc_tokens=doc_tokens)
         self.batch_size = batch_size
         self.device = next(model.parameters()).device
-        self._lock = threading.Lock()
+        self._lock = model_lock(model)  # shared with a transformers generator over the same weights
 
     # --- the one forward + backward pass
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gradfuse.methods import lm_passes
 from gradfuse.server.settings import ServerSettings
+from gradfuse.sources.base import check_source_name
 
 
 class RequestLimitError(ValueError):
@@ -32,6 +33,11 @@ class SearchRequest(BaseModel):
     n: int | None = Field(None, ge=1, description="candidates entering the stage-2 LM pass")
     pool: Literal["cosine", "rrf", "combsum-z"] | None = Field(None, description="stage-2 pool and prior")
     gold: str | None = Field(None, description="reference answer (needed by target 'gold')")
+
+    @field_validator("sources")
+    @classmethod
+    def _names(cls, names: list[str] | None) -> list[str] | None:
+        return [check_source_name(name) for name in names] if names is not None else None
 
     def check_limits(self, limits: ServerSettings, config) -> None:
         """`config`: the workspace's, for the defaults of what the request leaves unset."""

@@ -10,6 +10,7 @@ from gradfuse.sources.base import (
     SourceSpec,
     SourceStats,
     UnknownSource,
+    check_source_name,
     current_version,
     read_manifest,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "SourceStats",
     "UnknownSource",
     "build_source",
+    "check_source_name",
     "open_source",
     "built_source_names",
 ]

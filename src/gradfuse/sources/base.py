@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,8 +37,25 @@ class SourceSpec:
     def __post_init__(self):
         if self.kind not in SOURCE_KINDS:
             raise ValueError(f"source {self.name!r}: unknown kind {self.kind!r} (choose from {', '.join(SOURCE_KINDS)})")
-        if not self.name or "/" in self.name or self.name.startswith("."):
-            raise ValueError(f"invalid source name {self.name!r}: use letters, digits, '-' or '_'")
+        check_source_name(self.name)
+
+
+class InvalidSourceName(ValueError):
+    pass
+
+
+_SOURCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", re.ASCII)
+
+
+def check_source_name(name: str) -> str:
+    """The one check of a source name, wherever one comes in (index, config, CLI, requests): a name becomes a
+    folder, a prompt attribute and a log field, so it is 1-64 ASCII letters, digits, '-' or '_', starting with
+    a letter or digit."""
+    if not isinstance(name, str) or not _SOURCE_NAME.fullmatch(name):
+        shown = repr(name) if not isinstance(name, str) or len(name) <= 80 else repr(name[:80] + "…")
+        raise InvalidSourceName(f"invalid source name {shown}: use 1 to 64 ASCII letters, digits, '-' or '_', "
+                                "starting with a letter or digit")
+    return name
 
 
 @dataclass

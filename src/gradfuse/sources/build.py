@@ -30,6 +30,7 @@ from gradfuse.sources.documents import (
 )
 from gradfuse.sources.embedded import write_embedded_index
 from gradfuse.sources.encoder import EmbeddingCache, load_encoder
+from gradfuse.sources.lock import source_lock
 from gradfuse.sources.run import run_doc_ids, write_run_tables
 
 FILE_CHUNK_WORDS, FILE_CHUNK_OVERLAP = 200, 40
@@ -97,7 +98,15 @@ def _fingerprint(spec: SourceSpec, encoder: str, documents: list[Document], extr
     return digest.hexdigest()
 
 
-def build_source(workspace: Path, spec: SourceSpec, *, encoder: str, progress: bool = False) -> BuildReport:
+def build_source(workspace: Path, spec: SourceSpec, *, encoder: str, progress: bool = False,
+                 wait: bool = False) -> BuildReport:
+    """Build `spec` and publish it as the source's current version, unless its inputs are unchanged. One build
+    of a source at a time (`wait`: wait for another to finish instead of failing)."""
+    with source_lock(workspace / "sources" / spec.name, spec.name, wait=wait):
+        return _build(workspace, spec, encoder, progress)
+
+
+def _build(workspace: Path, spec: SourceSpec, encoder: str, progress: bool) -> BuildReport:
     started = time.perf_counter()
     if spec.kind == "run":
         corpus, queries = _run_inputs(spec)
