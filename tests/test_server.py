@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -179,7 +180,22 @@ def test_an_api_key_is_required_when_one_is_configured(workspace, monkeypatch):
         assert httpx.get(url + "/sources").status_code == 401
         assert post(url, "/search", body, headers={"X-API-Key": "s3cret-key"}).status_code == 200
         assert httpx.get(url + "/healthz").status_code == 200  # probes need no key
-        assert httpx.get(url + "/options").json()["api_key_required"] is True
+        assert httpx.get(url + "/options").status_code == 401
+        options = httpx.get(url + "/options", headers={"X-API-Key": "s3cret-key"})
+        assert options.json()["api_key_required"] is True
+        # The key is checked before the body is read: a malformed body without it learns nothing.
+        malformed = httpx.post(url + "/search", content=b"{not json", headers={"Content-Type": "application/json"})
+        assert malformed.status_code == 401
+        assert httpx.get(url + "/").status_code == 200 and httpx.get(url + "/docs").status_code == 200
+
+
+def test_no_redirect_is_built_from_the_host_header_and_unknown_hosts_are_refused_without_a_key(server):
+    answer = httpx.post(server + "/search/", json={"query": "moons"}, headers={"Host": "evil.example"})
+    assert answer.status_code in (400, 404) and "location" not in answer.headers
+    assert httpx.post(server + "/search/", json={"query": "moons"}).status_code == 404  # no slash redirect
+    rebound = httpx.get(server + "/sources", headers={"Host": "evil.example"})  # a DNS-rebinding page's request
+    assert rebound.status_code == 400
+    assert httpx.get(server + "/sources", headers={"Host": "localhost"}).status_code == 200
 
 
 def test_cors_is_off_unless_origins_are_configured(workspace):
@@ -211,10 +227,19 @@ def test_a_rebuilt_source_is_served_without_a_restart(tmp_path):
     ws.index(SourceSpec("notes", "jsonl", str(corpus)))
     with serving(create_app(ws)) as url:
         body = {"query": "bread yeast", "method": "rrf", "retrieval": "bm25"}
-        assert post(url, "/search", body).json()["candidates"] == []
+        for mode in ("bm25", "dense", "hybrid"):  # every mode opens the first version
+            post(url, "/search", {**body, "retrieval": mode})
         write_jsonl(corpus, ASTRONOMY[:1] + COOKING[:1])
         ws.index(SourceSpec("notes", "jsonl", str(corpus)))
         assert post(url, "/search", body).json()["candidates"][0]["doc_id"] == "bread"
+        gc.collect()
+        # The first version's files were deleted when the second was published; none is still held open.
+        assert [f for f in _open_files() if str(ws.root) in f and "(deleted)" in f] == []
+
+
+def _open_files() -> list[str]:
+    fds = Path("/proc/self/fd")
+    return [os.readlink(fd) for fd in fds.iterdir() if fd.is_symlink() and os.path.exists(fd)]
 
 
 def test_gradfuse_serve_starts_from_the_command_line(workspace):

@@ -136,6 +136,10 @@ class Workspace:
             source = self._open_postgres(name, postgres, mode) if postgres else open_source(self.root, name, mode=mode)
             opened = (version, source)
             with self._lock:
+                # Let go of every older version of this source (all modes): its files were deleted when the new
+                # one was published, and are closed once the requests still using it finish.
+                for key in [k for k, (v, _) in self._sources.items() if k[0] == name and v != version]:
+                    del self._sources[key]
                 self._sources[(name, mode)] = opened
         return opened[1]
 

@@ -7,6 +7,7 @@ written here because ranx's RRF takes no weights, and a test checks it against r
 
 from __future__ import annotations
 
+import threading
 import warnings
 
 from gradfuse.candidate import Candidate, merge_duplicates
@@ -74,6 +75,24 @@ def fuse(
         primaries[key].scores[name] = fused[key]
         result.append(primaries[key])
     return result
+
+
+_warm = threading.Lock()
+_warmed = False
+
+
+def warm_up() -> None:
+    """ranx compiles its numba kernels on first use (8-13 s for the first request of each method here): a server
+    does it once at start-up. Under a lock: two compilations at once in one process aborted inside numba."""
+    global _warmed
+    with _warm:
+        if _warmed:
+            return
+        lists = {source: [Candidate(source, f"{source}{i}", f"text {source} {i}", 1.0 / i, i) for i in (1, 2)]
+                 for source in ("a", "b")}
+        for method in _RANX_METHODS:
+            fuse(method, lists)
+        _warmed = True
 
 
 def _weighted_rrf(per_source: dict[str, dict[str, Candidate]], weights: dict[str, float]) -> dict[str, float]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 import logging
 import json
 import threading
@@ -13,6 +12,7 @@ from pathlib import Path
 
 from fastapi import Depends, FastAPI, HTTPException, Request, Security
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi.middleware.trustedhost import TrustedHostMiddleware
 from fastapi.responses import FileResponse, StreamingResponse
 from fastapi.security import APIKeyHeader
 from fastapi.staticfiles import StaticFiles
@@ -21,6 +21,7 @@ from starlette.concurrency import iterate_in_threadpool
 from pydantic import BaseModel
 
 from gradfuse import __version__
+from gradfuse.fusion import warm_up
 from gradfuse.methods import METHODS
 from gradfuse.redact import RedactingFilter, redact
 from gradfuse.rerank import ESTIMATORS, TARGETS
@@ -33,7 +34,7 @@ from gradfuse.schemas import (
     source_record,
 )
 from gradfuse.server.admission import LM_METHODS, Busy, LMAdmission
-from gradfuse.server.errors import BodyLimit, install_error_handlers
+from gradfuse.server.errors import BodyLimit, KeyRequired, install_error_handlers
 from gradfuse.server.requests import AskRequest, SearchRequest
 from gradfuse.server.settings import ServerSettings
 from gradfuse.sources.federated import SourceFailure
@@ -90,6 +91,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         workspace._encoder()  # load once before the first request, not during it
+        warm_up()
         if preload_lm:
             from gradfuse.rerank import load_scorer
 
@@ -100,18 +102,23 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
                          description="Retrieval-augmented generation over many sources at once: federated search, "
                                      "per-query source selection, gradient re-ranking and answers with "
                                      "citations.")
+    app.router.redirect_slashes = False  # a redirect's Location would be built from the client's Host header
     install_error_handlers(app)
+    # Middleware runs outermost last-added: the host check, then the key (before any body is read), then limits.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
+    if api_key is not None:
+        app.add_middleware(KeyRequired, api_key=api_key)
+    else:  # no key: only names of this machine may reach it, so a DNS-rebinding page cannot
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts())
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Content-Type", "X-API-Key"])
+    # Checked by KeyRequired; declared here so that the API's schema and /docs show it.
     key_header = APIKeyHeader(name="X-API-Key", auto_error=False,
                               description="required when the server has a key (GRADFUSE_API_KEY)")
 
     def authorised(given: str | None = Security(key_header)) -> None:
-        if api_key is not None and not (given and hmac.compare_digest(given.encode(), api_key.encode())):
-            raise HTTPException(401, "missing or wrong API key: send it in the X-API-Key header",
-                                headers={"WWW-Authenticate": "X-API-Key"})
+        pass
 
     def json_body(request: Request) -> None:
         kind = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
@@ -179,7 +186,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
             ))
         return records
 
-    @app.get("/options", response_model=Options)
+    @app.get("/options", dependencies=guarded, response_model=Options)
     def options_endpoint() -> Options:
         """Valid names and this server's defaults and limits, for clients and the web page."""
         return Options(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 
 from fastapi import FastAPI, Request
@@ -109,3 +110,27 @@ class BodyLimit:
 
     def _detail(self, size: int) -> dict:
         return {"detail": f"request body of {size} bytes is above this server's limit of {self.max_bytes} bytes"}
+
+
+class KeyRequired:
+    """ASGI middleware: with a key set, every path but the page, its files, /healthz and the API docs needs it,
+    and a request without it is refused with 401 before its body is read (a malformed body from a client without
+    the key learns nothing)."""
+
+    OPEN = ("/", "/healthz", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect")
+    OPEN_PREFIXES = ("/static/", "/static-offline-docs/")
+
+    def __init__(self, app, api_key: str):
+        self.app, self.api_key = app, api_key.encode()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and not self._open(scope["path"]):
+            given = dict(scope["headers"]).get(b"x-api-key", b"")
+            if not hmac.compare_digest(given, self.api_key):
+                await JSONResponse({"detail": "missing or wrong API key: send it in the X-API-Key header"},
+                                   status_code=401, headers={"WWW-Authenticate": "X-API-Key"})(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _open(self, path: str) -> bool:
+        return path in self.OPEN or path.startswith(self.OPEN_PREFIXES)

@@ -35,9 +35,13 @@ class ServerSettings:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     keep_alive_s: float = 5.0
+    # With no API key, only these Host names may reach the server (besides loopback names and the bound address),
+    # so that a web page elsewhere cannot reach a local server through DNS rebinding.
+    allowed_hosts: tuple[str, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
+        object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
         for name in ("max_body_bytes", "max_query_chars", "max_k", "max_n", "max_depth", "max_new_tokens",
                      "lm_queue", "max_lm_passes", "max_connections"):
             if getattr(self, name) < 1:
@@ -45,6 +49,9 @@ class ServerSettings:
         for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be above 0")
+
+    def trusted_hosts(self) -> list[str]:
+        return sorted({"localhost", "127.0.0.1", "::1", "[::1]", self.host, *self.allowed_hosts})
 
     def resolved_api_key(self) -> str | None:
         return os.environ.get(API_KEY_ENV) or self.api_key

@@ -38,7 +38,9 @@ function fillSelect(select, values, chosen) {
 }
 
 async function loadOptions() {
-  options = await (await fetch("/options")).json();
+  // With a key set, /options needs it too: a 401 shows the key field, and entering a key loads them again.
+  $("api-key").value = $("api-key").value || localStorage.getItem("gradfuse-api-key") || "";
+  options = await (await api("/options")).json();
   const methods = options.methods.filter((m) => !m.startsWith("single:"));
   const preferred = methods.includes("gro") ? "gro" : options.defaults.method;
   fillSelect($("method"), methods, preferred);
@@ -47,7 +49,6 @@ async function loadOptions() {
   $("k").value = options.defaults.context_k;
   $("k").max = options.limits.max_k;
   $("api-key-label").hidden = !options.api_key_required;
-  $("api-key").value = localStorage.getItem("gradfuse-api-key") || "";
   await loadSources();
 }
 
@@ -284,6 +285,9 @@ document.addEventListener("click", (event) => {
 document.addEventListener("DOMContentLoaded", () => {
   $("ask-form").addEventListener("submit", ask);
   $("question").addEventListener("keydown", (e) => { if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); $("ask-form").requestSubmit(); } });
-  $("api-key").addEventListener("change", () => { localStorage.setItem("gradfuse-api-key", $("api-key").value); loadSources(); });
+  $("api-key").addEventListener("change", () => {
+    localStorage.setItem("gradfuse-api-key", $("api-key").value);
+    loadOptions().catch((error) => showError(`could not load the server's options: ${error.message}`));
+  });
   loadOptions().catch((error) => showError(`could not load the server's options: ${error.message}`));
 });
