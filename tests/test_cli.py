@@ -70,3 +70,14 @@ def test_document_text_and_help_texts_are_printed_as_written(tmp_path):
     assert "root:x:0:0" in cells and "[bold]loud[/bold]" in cells and ":smile:" in cells, shown.output
     assert "❌" not in shown.output and "😄" not in shown.output
     assert "[server]" in " ".join(runner.invoke(app, ["serve", "--help"], env={"COLUMNS": "200"}).output.split())
+
+
+def test_ask_names_the_generator_and_its_size(tmp_path):
+    ws = ["--workspace", str(tmp_path / "ws")]
+    write_jsonl(tmp_path / "astro" / "corpus.jsonl", ASTRONOMY)
+    assert runner.invoke(app, ["index", "beir", str(tmp_path / "astro"), "--source", "astro", *ws]).exit_code == 0
+    asked = runner.invoke(app, ["ask", "Which planet has two moons?", "--method", "rrf", "-k", "2",
+                                "--max-new-tokens", "8", *ws], terminal_width=200)
+    assert asked.exit_code == 0, asked.output
+    assert "SmolLM2-135M" in asked.output and "135M parameters" in asked.output
+    assert "[generator] model" in asked.output  # how to plug in a real one

@@ -88,7 +88,7 @@ def test_non_utf8_and_empty_files_are_read_or_skipped_and_counted(ws, tmp_path):
     report = ws.index(SourceSpec("legacy", "files", str(notes)))
     assert report.documents == 1
     assert report.ingest == {"skipped_empty": 2, "skipped_malformed": 0, "decoded_with_fallback": 1,
-                             "skipped_links_outside": 0}
+                             "skipped_links_outside": 0, "skipped_binary": 0, "chunked_long_records": 0}
     assert ws.source("legacy", "bm25").search("recipes wiki", 1)[0].text.startswith("Café crème")
 
 
@@ -155,3 +155,42 @@ def test_links_that_lead_out_of_the_folder_are_skipped_and_reported_unless_allow
     allowed = ws.index(SourceSpec("notes-all", "files", str(notes), {"links_outside": True}))
     assert allowed.ingest["skipped_links_outside"] == 0 and allowed.documents == 4
     assert any("root:x" in hit.text for hit in ws.source("notes-all", "bm25").search("root bin bash", 10))
+
+
+@pytest.mark.parametrize("line, problem", [
+    (b'{"id": "caf\xe9", "text": "latin-1 bytes"}', "not UTF-8 text (byte 0xe9 at column 12)"),
+    (b'{"id": "s", "text": "a lone \\ud800 escape"}', "lone surrogate"),
+    (b'{"id": null, "text": "no id"}', "field 'id' is null"),
+    (b'{"id": "  ", "text": "blank id"}', "field 'id' is blank"),
+    (b'["not", "an", "object"]', "expected a JSON object, got list"),
+    (b'{"id": "t", "text": 7}', "field 'text' is int"),
+])
+def test_each_bad_record_is_an_error_naming_file_and_line(ws, tmp_path, line, problem):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(json.dumps(ASTRONOMY[0]).encode() + b"\n" + line + b"\n")
+    with pytest.raises(IngestError) as raised:
+        ws.index(SourceSpec("bad", "jsonl", str(bad)))
+    assert str(raised.value).startswith(f"{bad}:2: ") and problem in str(raised.value)
+    assert ws.index(SourceSpec("bad", "jsonl", str(bad), {"skip_malformed": True})).ingest["skipped_malformed"] == 1
+
+
+def test_beir_ids_long_records_binary_and_utf16_files(ws, tmp_path):
+    beir = tmp_path / "beir"
+    write_jsonl(beir / "corpus.jsonl", [{"_id": "b1", "title": "T", "text": "BEIR writes its ids as _id."}])
+    assert ws.index(SourceSpec("beir", "beir", str(beir))).documents == 1
+    assert ws.source("beir", "bm25").search("ids", 1)[0].doc_id == "b1"
+
+    long_text = " ".join(f"word{i}" for i in range(5000))
+    records = write_jsonl(tmp_path / "long.jsonl", [{"id": "long", "text": long_text}, ASTRONOMY[0]])
+    report = ws.index(SourceSpec("long", "jsonl", str(records)))
+    assert report.ingest["chunked_long_records"] == 1 and report.documents > 20
+    hit = ws.source("long", "bm25").search("word4321", 1)[0]
+    assert hit.doc_id.startswith("long#") and len(hit.text.split()) <= 200
+
+    files = tmp_path / "files"
+    files.mkdir()
+    (files / "image.txt").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
+    (files / "wide.txt").write_bytes("Unicode notes about the delta, saved as UTF-16.".encode("utf-16"))
+    report = ws.index(SourceSpec("files", "files", str(files)))
+    assert report.ingest["skipped_binary"] == 1 and report.documents == 1
+    assert ws.source("files", "bm25").search("delta notes", 1)[0].text.startswith("Unicode notes")

@@ -57,6 +57,7 @@ def test_ask_on_the_page_then_open_the_cited_passage(workspace, browser):
         expect(page.locator("#score-chart rect.bar[data-series='rerank:reader_gate']")).not_to_have_count(0)
         expect(page.locator("#timings")).to_contain_text("gradient pass")
         expect(page.locator("#timings")).to_contain_text("generation")
+        expect(page.locator("#citation-note")).to_contain_text("SmolLM2-135M")  # who wrote it, and its size
 
         number = int(citation.get_attribute("data-n"))
         citation.click()

@@ -104,6 +104,7 @@ def test_search_returns_each_candidates_provenance_and_scores(server):
 
 def test_sources_health_and_the_openapi_schema(server):
     sources = httpx.get(server + "/sources").json()
+    assert {s["input"] for s in sources} == {"astronomy", "cooking.jsonl"}  # names, not the server's paths
     assert {(s["name"], s["status"], s["documents"]) for s in sources} == {("astronomy", "ok", 3), ("cooking", "ok", 3)}
     assert all(s["encoder"] == "all-MiniLM-L6-v2" and s["built_at"] for s in sources)
     assert httpx.get(server + "/healthz").json()["sources"] == 2

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from gradfuse.config import ConfigError
 from gradfuse.fusion import UnknownMethod
+from gradfuse.generate import describe_generator
 from gradfuse.redact import redact
 from gradfuse.schemas import answer_record, search_record, source_record
 from gradfuse.sources import BuildReport, IngestError, SourceError, SourceSpec, check_source_name
@@ -338,7 +339,8 @@ def print_answer(answer: Answer) -> None:
     for number, p in enumerate(answer.passages, start=1):
         console.print(f"  \\[{number}] [cyan]{escape(p.source)}[/]/{escape(p.doc_id)} "
                       f"(rank {p.native_rank} in source) {escape((p.title or ' '.join(p.text.split()))[:70])}")
-    console.print(f"\n[bold]Answer[/] ({escape(answer.generator)}): {escape(answer.text)}\n")
+    console.print(f"\n[bold]Answer[/]: {escape(answer.text)}\n")
+    console.print(f"  [dim]written by {escape(describe_generator(answer.generator))}[/]")
     for c in answer.citations:
         console.print(f"  cites \\[{c.number}] → [cyan]{escape(c.source)}[/]/{escape(c.doc_id)}")
     if not answer.citations:
@@ -359,7 +361,6 @@ def demo(workspace: Annotated[Path, typer.Option("--workspace", "-w")] = Path(".
     Dense retrieval with concatenation by cosine: one encoder for all sources makes those scores comparable,
     whereas rank fusion (RRF) puts every source's first hit on top whether or not that source is relevant."""
     from gradfuse.demo import QUESTIONS, demo_specs
-    from gradfuse.generate import describe_generator
     from gradfuse.rerank import load_scorer
 
     ws = Workspace.open(None, workspace=workspace)

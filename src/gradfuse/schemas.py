@@ -12,6 +12,7 @@ import math
 from pydantic import BaseModel, Field
 
 from gradfuse.candidate import Candidate
+from gradfuse.generate import describe_generator
 from gradfuse.redact import redact
 from gradfuse.sources.base import SourceStats
 from gradfuse.sources.federated import SourceFailure
@@ -101,6 +102,7 @@ class AnswerRecord(BaseModel):
                                            "out because they did not fit the generator's context window")
     failures: list[FailureRecord]
     generator: str
+    generator_note: str = Field(description="who wrote the answer, in words a reader can weigh it by")
     method: str
     selection: SelectionRecord | None = None
     rerank: RerankRecord | None = None
@@ -171,6 +173,7 @@ def answer_record(answer: Answer) -> AnswerRecord:
         invalid_citations=answer.invalid_citations, passages=[candidate_record(c) for c in answer.passages],
         dropped=[candidate_record(c) for c in answer.dropped],
         failures=[failure_record(f) for f in answer.failures], generator=answer.generator,
+        generator_note=describe_generator(answer.generator),
         method=answer.search.method, selection=_selection(answer.search), rerank=_rerank(answer.search),
         timings=answer.timings,
     )

@@ -179,8 +179,11 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
         records = []
         for name, stats, error in workspace.source_health():
             failure = health.last_failure.get(name)
+            record = source_record(name, stats, error)
+            if record.input and record.kind != "postgres":  # the file's name, not where it lies on the server
+                record.input = Path(record.input).name
             records.append(SourceHealthRecord(
-                **source_record(name, stats, error).model_dump(), last_answered_at=health.last_ok.get(name),
+                **record.model_dump(), last_answered_at=health.last_ok.get(name),
                 last_failure_at=failure[0] if failure else None,
                 last_failure=f"{failure[1].reason}: {failure[1].detail}" if failure else None,
             ))
@@ -205,7 +208,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
         """Liveness and readiness: 200 when at least one source is built (no key needed)."""
         count = len(workspace.source_names())
         if not count:
-            raise HTTPException(503, f"no sources are built in {workspace.root}")
+            raise HTTPException(503, "no sources are built in this server's workspace")
         return Health(status="ok", version=__version__, sources=count)
 
     @app.get("/", include_in_schema=False)

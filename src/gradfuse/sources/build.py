@@ -34,6 +34,9 @@ from gradfuse.sources.lock import source_lock
 from gradfuse.sources.run import run_doc_ids, write_run_tables
 
 FILE_CHUNK_WORDS, FILE_CHUNK_OVERLAP = 200, 40
+# A record longer than this is cut as files are (no passage of the shared data comes near it): one 10 MB record
+# would otherwise be returned whole by every search that hits it.
+LONG_RECORD_WORDS = 2000
 
 
 @dataclass
@@ -76,8 +79,17 @@ def read_documents(spec: SourceSpec, report: IngestReport) -> list[Document]:
     words = options.get("chunk_words", FILE_CHUNK_WORDS if spec.kind == "files" else None)
     if words:
         overlap = options.get("chunk_overlap", min(FILE_CHUNK_OVERLAP, words // 4))
-        documents = chunk_documents(documents, words=words, overlap=overlap)
-    return list(documents)
+        return list(chunk_documents(documents, words=words, overlap=overlap))
+    return list(_chunk_long_records(documents, report))
+
+
+def _chunk_long_records(documents, report: IngestReport):
+    for document in documents:
+        if len(document.text.split(maxsplit=LONG_RECORD_WORDS)) <= LONG_RECORD_WORDS:
+            yield document
+            continue
+        report.chunked_long_records.append(document.doc_id)
+        yield from chunk_documents([document], words=FILE_CHUNK_WORDS, overlap=FILE_CHUNK_OVERLAP)
 
 
 def _run_inputs(spec: SourceSpec) -> tuple[Path, Path]:

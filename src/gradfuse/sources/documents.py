@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import re
 from collections.abc import Iterator
@@ -32,61 +33,95 @@ class IngestReport:
     skipped_malformed: list[str] = field(default_factory=list)
     decoded_with_fallback: list[str] = field(default_factory=list)
     skipped_links_outside: list[str] = field(default_factory=list)  # links that lead out of the indexed folder
+    skipped_binary: list[str] = field(default_factory=list)  # files with a text suffix that hold binary data
+    chunked_long_records: list[str] = field(default_factory=list)  # records cut into chunks, as files are
 
     def summary(self) -> dict[str, int]:
-        return {
-            "skipped_empty": len(self.skipped_empty),
-            "skipped_malformed": len(self.skipped_malformed),
-            "decoded_with_fallback": len(self.decoded_with_fallback),
-            "skipped_links_outside": len(self.skipped_links_outside),
-        }
+        return {name: len(getattr(self, name)) for name in (
+            "skipped_empty", "skipped_malformed", "decoded_with_fallback", "skipped_links_outside",
+            "skipped_binary", "chunked_long_records")}
+
+
+class _BadRecord(ValueError):
+    pass
 
 
 def read_jsonl(
     path: Path,
     report: IngestReport,
     *,
-    id_field: str = "id",
+    id_field: str | tuple[str, ...] = "id",
     text_field: str = "text",
     title_field: str = "title",
     skip_malformed: bool = False,
 ) -> Iterator[Document]:
-    """One document per line. A bad line raises IngestError naming file and line, or is skipped and counted."""
-    with open(path, encoding="utf-8", errors="strict") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
+    """One document per line. A bad line (not UTF-8, not JSON, not an object, a missing, null or blank id, a
+    text that is not a string, a lone surrogate escape) raises IngestError naming file and line, or is skipped
+    and counted. `id_field` may name alternatives, the first present is used (BEIR writes `_id`)."""
+    id_fields = (id_field,) if isinstance(id_field, str) else id_field
+    with open(path, "rb") as handle:
+        for line_number, raw in enumerate(handle, start=1):
             try:
-                record = json.loads(line)
-                doc_id, text = str(record[id_field]), record[text_field]
-                if not isinstance(text, str):
-                    raise TypeError(f"field {text_field!r} is {type(text).__name__}, not a string")
-            except (json.JSONDecodeError, KeyError, TypeError) as error:
-                problem = f"{path}:{line_number}: {_describe(error)}"
+                record = _record(raw, id_fields, text_field, title_field)
+            except _BadRecord as error:
+                problem = f"{path}:{line_number}: {error}"
                 if not skip_malformed:
-                    raise IngestError(problem) from error
+                    raise IngestError(problem) from None
                 report.skipped_malformed.append(problem)
                 continue
-            title = record.get(title_field) or ""
+            if record is None:
+                continue
+            doc_id, text, title = record
             if not (text.strip() or title.strip()):
                 report.skipped_empty.append(f"{path}:{line_number} ({doc_id})")
                 continue
             yield Document(doc_id=doc_id, text=text, title=title)
 
 
-def _describe(error: Exception) -> str:
-    if isinstance(error, json.JSONDecodeError):
-        return f"invalid JSON ({error.msg} at column {error.colno})"
-    if isinstance(error, KeyError):
-        return f"missing field {error.args[0]!r}"
-    return str(error)
+def _record(raw: bytes, id_fields: tuple[str, ...], text_field: str, title_field: str,
+            ) -> tuple[str, str, str] | None:
+    """(id, text, title) of one line, None for a blank line; _BadRecord says what is wrong."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise _BadRecord(f"not UTF-8 text (byte {raw[error.start]:#04x} at column {error.start + 1}); "
+                         "convert the file to UTF-8") from None
+    if not line.strip():
+        return None
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise _BadRecord(f"invalid JSON ({error.msg} at column {error.colno})") from None
+    if not isinstance(record, dict):
+        raise _BadRecord(f"expected a JSON object, got {type(record).__name__}")
+    present = [f for f in id_fields if f in record]
+    if not present:
+        raise _BadRecord(f"missing field {id_fields[0]!r}")
+    doc_id = record[present[0]]
+    if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)):
+        raise _BadRecord(f"field {present[0]!r} is {json.dumps(doc_id)}, not a string or an integer")
+    doc_id = str(doc_id)
+    if not doc_id.strip():
+        raise _BadRecord(f"field {present[0]!r} is blank")
+    if text_field not in record:
+        raise _BadRecord(f"missing field {text_field!r}")
+    text, title = record[text_field], record.get(title_field) or ""
+    for name, value in ((text_field, text), (title_field, title)):
+        if not isinstance(value, str):
+            raise _BadRecord(f"field {name!r} is {type(value).__name__}, not a string")
+    for value in (doc_id, text, title):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _BadRecord("a lone surrogate escape (such as \\ud800) is not text") from None
+    return doc_id, text, title
 
 
 def read_beir_corpus(folder: Path, report: IngestReport, *, skip_malformed: bool = False) -> Iterator[Document]:
     corpus = folder / "corpus.jsonl"
     if not corpus.is_file():
         raise IngestError(f"{folder} is not a BEIR folder: {corpus.name} is missing")
-    return read_jsonl(corpus, report, skip_malformed=skip_malformed)
+    return read_jsonl(corpus, report, id_field=("id", "_id"), skip_malformed=skip_malformed)
 
 
 FILE_SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm")
@@ -132,17 +167,30 @@ def read_files(folder: Path, report: IngestReport, *, links_outside: bool = Fals
         if not links_outside and not path.resolve().is_relative_to(root):
             report.skipped_links_outside.append(relative)
             continue
-        title, text = _read_text_file(path, relative, report)
+        decoded = _read_text_file(path, relative, report)
+        if decoded is None:
+            report.skipped_binary.append(relative)
+            continue
+        title, text = decoded
         if not text.strip():
             report.skipped_empty.append(relative)
             continue
         yield Document(doc_id=relative, text=text, title=title)
 
 
-def _read_text_file(path: Path, relative: str, report: IngestReport) -> tuple[str, str]:
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
+         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))  # UTF-32 first: its LE BOM starts
+# with UTF-16's
+
+
+def _read_text_file(path: Path, relative: str, report: IngestReport) -> tuple[str, str] | None:
+    """(title, text), or None for binary data behind a text suffix (NUL bytes in a file without a BOM)."""
     raw = path.read_bytes()
+    encoding = next((name for bom, name in _BOMS if raw.startswith(bom)), None)
+    if encoding is None and b"\x00" in raw[:8192]:
+        return None
     try:
-        content = raw.decode("utf-8")
+        content = raw.decode(encoding or "utf-8")
     except UnicodeDecodeError:
         # Legacy files are usually Windows-1252; latin-1 maps every byte, so nothing is lost either way.
         try:

@@ -154,7 +154,7 @@ function showAnswer(answer) {
   if (!answer.citations.length) notes.push("The answer cites no passage.");
   if (answer.invalid_citations.length) notes.push(`Cited numbers with no passage: ${answer.invalid_citations.join(", ")}.`);
   if (answer.dropped && answer.dropped.length) notes.push(`${answer.dropped.length} lower-ranked passage(s) left out to fit the generator's context window.`);
-  notes.push(`Generator: ${answer.generator}; ranking: ${answer.method}.`);
+  notes.push(`Written by ${answer.generator_note}; ranking: ${answer.method}.`);
   $("citation-note").textContent = notes.join(" ");
   $("status").textContent = "";
 }
