@@ -170,3 +170,20 @@ def test_concurrent_cold_loads_give_one_model_and_one_lock_for_the_scorer_and_th
     scorer, generator = load_scorer(folder, 48), generators[0]
     assert generator.llamacpp is None  # a transformers folder: the generator runs the same weights...
     assert generator.model is scorer.model and generator._lock is scorer._lock  # ...under the same lock
+
+
+@pytest.mark.slow
+def test_llama_cpps_own_http_listener_in_our_process_refuses_every_request(smollm2):
+    import os
+    import subprocess
+
+    import httpx
+
+    listening = subprocess.run(["ss", "-ltnp"], capture_output=True, text=True).stdout
+    ports = [line.split()[3].rsplit(":", 1)[1] for line in listening.splitlines() if f"pid={os.getpid()}," in line]
+    # The wheel opens it; what matters is that nobody can use it (other listeners of this test process, if any,
+    # are no completion servers either).
+    statuses = [httpx.post(f"http://127.0.0.1:{port}/completion", json={"prompt": "hi", "n_predict": 4},
+                           timeout=10).status_code for port in ports]
+    assert 401 in statuses and 200 not in statuses
+    assert smollm2.generate(build_messages("What is the capital of Australia?", PASSAGES[:1]), max_new_tokens=4)

@@ -7,6 +7,7 @@ under a second, so drafts and answers from a GGUF file go through it; gradients 
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 from collections.abc import Callable
 from functools import lru_cache
@@ -36,6 +37,9 @@ class LlamaCppEngine:
         params.warmup = False
         params.verbosity = -1
         params.n_gpu_layers = 0 if not _has_gpu() else 999
+        # The wheel's Server also listens on a random loopback port inside our process; we call it directly, so
+        # its HTTP side gets a key nobody holds and refuses every request (any local user could use it otherwise).
+        params.api_keys = [secrets.token_urlsafe(32)]
         self.path, self.context_tokens = path, context_tokens
         self._server = xllamacpp.Server(params)
         self._lock = threading.Lock()
