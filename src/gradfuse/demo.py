@@ -23,7 +23,7 @@ QUESTIONS = (
 )
 
 _CHUNKS = {"chunk_words": 150, "chunk_overlap": 30}  # short passages: the demo generator has a small window
-PROJECT_DOCS = Path(__file__).resolve().parents[2] / "docs"
+PROJECT_DOCS = Path(__file__).resolve().parent / "guide"  # inside the package: the demo runs from a wheel too
 
 
 def _write_jsonl(path: Path, records: list[dict[str, str]]) -> Path:

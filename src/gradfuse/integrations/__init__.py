@@ -1,0 +1,74 @@
+"""Thin components for the frameworks people already build RAG in (one file each: langchain.py, llamaindex.py,
+haystack.py). What they share is here:
+
+- a retriever over a workspace returns `ranked_documents`: every candidate's text with gradfuse's provenance,
+  scores and the query's source failures in its metadata (no framework has a place for "these sources failed"
+  on a retrieval result, so each document carries them);
+- a reranker over the framework's own documents runs stage 2 through `rerank_passages`: the documents become
+  one source whose incoming order is the pool and the prior (they have no encoder prior of their own), and the
+  configured scoring LM reorders them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gradfuse.candidate import Candidate
+from gradfuse.sources.federated import FederatedResult
+from gradfuse.workspace import SearchResult, Workspace
+
+FOREIGN_SOURCE = "input"  # the one source a reranker's incoming documents form
+
+
+@dataclass(frozen=True)
+class RankedDocument:
+    text: str
+    metadata: dict
+    score: float
+
+
+def document_metadata(candidate: Candidate, result: SearchResult, rank: int) -> dict:
+    """gradfuse's view of one ranked candidate, in plain JSON types (frameworks copy and serialise metadata)."""
+    return {
+        "source": candidate.source,
+        "doc_id": candidate.doc_id,
+        "title": candidate.title,
+        "rank": rank,
+        "native_rank": candidate.native_rank,
+        "native_score": candidate.native_score,
+        "scores": dict(candidate.scores),
+        "provenance": [{"source": s, "doc_id": d, "native_rank": r} for s, d, r in candidate.provenance],
+        "method": result.method,
+        "failures": [{"source": f.source, "reason": f.reason, "detail": f.detail} for f in result.failures],
+    }
+
+
+def main_score(candidate: Candidate) -> float:
+    """The score the method ranked by: stage 2's final score, else the fusion's, else the source's own."""
+    for name in ("rerank:final", *sorted(k for k in candidate.scores if k.startswith("fusion:"))):
+        if name in candidate.scores:
+            return float(candidate.scores[name])
+    return float(candidate.native_score)
+
+
+def ranked_documents(workspace: Workspace, query: str, **search_options) -> list[RankedDocument]:
+    """`Workspace.search`, as framework-neutral documents best first."""
+    result = workspace.search(query, **search_options)
+    return [RankedDocument(c.text, document_metadata(c, result, rank), main_score(c))
+            for rank, c in enumerate(result.candidates, start=1)]
+
+
+def rerank_passages(workspace: Workspace, query: str, passages: list[tuple[str, str]], *, method: str = "gradient",
+                    top_n: int | None = None, **rerank_options) -> list[tuple[int, float, dict]]:
+    """Stage 2 over foreign passages ((text, title) in their incoming order): (index into `passages`, score,
+    metadata) best first, at most `top_n`. The incoming order is the pool and the prior (`pool="rrf"` over one
+    source), and every passage enters the pass unless `n` says otherwise."""
+    if not passages:
+        return []
+    candidates = [Candidate(FOREIGN_SOURCE, str(index), text, float(len(passages) - index), index + 1, title)
+                  for index, (text, title) in enumerate(passages)]
+    options = {"pool": "rrf", "n": len(passages), **rerank_options}
+    result = workspace.rank(query, FederatedResult({FOREIGN_SOURCE: candidates}), method=method,
+                            k=top_n or len(passages), **options)
+    return [(int(c.doc_id), main_score(c), document_metadata(c, result, rank))
+            for rank, c in enumerate(result.candidates, start=1)]

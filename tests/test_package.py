@@ -1,0 +1,49 @@
+"""A real package: `python -m build` makes a wheel and an sdist, and the wheel, installed (not editable) into a
+fresh virtual environment outside the checkout, runs `gradfuse demo` to the end: the page's files and the demo's
+inputs are inside it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_into_a_fresh_venv_and_runs_the_demo(tmp_path):
+    dist = tmp_path / "dist"
+    subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(dist), str(ROOT)], check=True,
+                   capture_output=True)
+    wheel, = dist.glob("gradfuse-*.whl")
+    assert list(dist.glob("gradfuse-*.tar.gz"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "gradfuse/server/static/index.html" in names and "gradfuse/guide/architecture.md" in names
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", str(wheel)],
+                   check=True)
+    # Its dependencies (torch and the rest take minutes to install here) come from the test environment, as a
+    # path after the venv's own site-packages: gradfuse itself is the wheel's copy.
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "test-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    where = subprocess.run([str(python), "-c", "import gradfuse; print(gradfuse.__file__)"], capture_output=True,
+                           text=True, check=True).stdout.strip()
+    assert where.startswith(site) and not where.startswith(str(ROOT))
+
+    run_in = tmp_path / "elsewhere"
+    run_in.mkdir()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200"}
+    demo = subprocess.run([str(venv / "bin" / "gradfuse"), "demo"], cwd=run_in, capture_output=True, text=True,
+                          env=env, timeout=900)
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    assert "gradfuse-docs" in demo.stdout and "from question to answer" in demo.stdout
