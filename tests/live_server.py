@@ -78,15 +78,23 @@ def gradfuse_serve(workspace: Path, *extra: str, env: dict[str, str] | None = No
 
 
 class _OpenAIChatHandler(BaseHTTPRequestHandler):
-    """An OpenAI-compatible /v1/chat/completions endpoint backed by the real local model."""
+    """An OpenAI-compatible /v1/chat/completions endpoint backed by the real local model. It never streams (one
+    JSON completion, as some servers answer), except with `empty_stream`: an event stream with no text."""
 
     model = None
+    empty_stream = False
 
     def do_POST(self):
         if self.path != "/v1/chat/completions":
             self.send_error(404)
             return
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.empty_stream and body.get("stream"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            self.wfile.write(b"data: [DONE]\n\n")
+            return
         text = self.model.generate(body["messages"], max_new_tokens=body["max_tokens"])
         payload = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode()
         self.send_response(200)
@@ -100,9 +108,9 @@ class _OpenAIChatHandler(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def openai_endpoint(model):
+def openai_endpoint(model, *, empty_stream: bool = False):
     """An OpenAI-compatible endpoint on a loopback port, answering with `model` (a real local generator)."""
-    handler = type("Handler", (_OpenAIChatHandler,), {"model": model})
+    handler = type("Handler", (_OpenAIChatHandler,), {"model": model, "empty_stream": empty_stream})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:

@@ -187,3 +187,15 @@ def test_llama_cpps_own_http_listener_in_our_process_refuses_every_request(smoll
                            timeout=10).status_code for port in ports]
     assert 401 in statuses and 200 not in statuses
     assert smollm2.generate(build_messages("What is the capital of Australia?", PASSAGES[:1]), max_new_tokens=4)
+
+
+@pytest.mark.slow
+def test_an_endpoint_that_does_not_stream_still_answers_a_stream_and_an_empty_stream_is_an_error(smollm2):
+    messages = build_messages("What is the capital of Australia?", PASSAGES[:1])
+    with openai_endpoint(smollm2) as url:  # answers a streamed request with one JSON completion
+        remote = make_generator(url)
+        streamed = "".join(remote.stream(messages, max_new_tokens=12))
+        assert streamed and streamed == remote.generate(messages, max_new_tokens=12)
+    with openai_endpoint(smollm2, empty_stream=True) as url:
+        with pytest.raises(EndpointError, match="streamed no text"):
+            list(make_generator(url).stream(messages, max_new_tokens=12))

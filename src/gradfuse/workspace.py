@@ -323,7 +323,6 @@ class Workspace:
     @staticmethod
     def _answer(question: str, text: str, result: SearchResult, dropped: list[Candidate], model,
                 seconds: float) -> Answer:
-        shown = result.candidates[:len(result.candidates) - len(dropped)]
-        citations, invalid = parse_citations(text, shown)
-        return Answer(question, text, citations, invalid, model.name, result,
-                      {**result.timings, "generation": seconds}, dropped)
+        answer = Answer(question, text, [], [], model.name, result, {**result.timings, "generation": seconds}, dropped)
+        answer.citations, answer.invalid_citations = parse_citations(text, answer.passages)
+        return answer
