@@ -20,9 +20,9 @@ Example (every key optional)::
     cite_first = true                # local models must open by naming a passage (see generate/local.py)
     [selection]                      # stage 1 (gradfuse.selection.SelectionSettings; defaults tuned on dev)
     redundancy_weight = 0.0          # lambda: raise it when sources mirror each other
-    threshold = 0.5
-    max_sources = 2
-    fusion = "rrf"                   # how select ranks the chosen sources: rrf | combsum-z | concat | dense
+    threshold = 0.3
+    max_sources = 3
+    fusion = "dense"                 # how select ranks the chosen sources: rrf | combsum-z | concat | dense
     [rerank]                         # stage 2 (gradfuse.rerank.RerankSettings)
     model = "smollm2"                # white-box scoring LM (local only: gradients are needed)
     n = 10
