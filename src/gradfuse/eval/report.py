@@ -69,12 +69,15 @@ def _metric_values(evaluation: Evaluation, method: str, query_ids: list[str], me
 
 
 def _rows(evaluation: Evaluation, methods: list[str], query_ids: list[str], *, lm_metrics: bool = False) -> list[dict]:
+    """A method is judged on the queries it ran on: the oracles run on the first few LM queries of each set only
+    (`[lm] oracle_sample`), and a missing ranking must not count as an empty one."""
     bench = evaluation.bench
-    values = {m: _metric_values(evaluation, m, query_ids, bench.metrics, lm_metrics) for m in methods}
+    ran = {m: [q for q in query_ids if q in evaluation.outcomes[m]] for m in methods}
+    values = {m: _metric_values(evaluation, m, ran[m], bench.metrics, lm_metrics) for m in methods}
     headline = bench.headline_metric
     rows = []
     for method in methods:
-        outcomes = evaluation.outcomes[method]
+        outcomes, query_ids = evaluation.outcomes[method], ran[method]
         row = {"method": method, "queries": len(query_ids)}
         for metric, by_query in values[method].items():
             e = estimate(np.array(list(by_query.values())))
