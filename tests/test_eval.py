@@ -185,3 +185,20 @@ def test_the_quick_check_fails_on_a_deliberately_altered_fusion(monkeypatch):
     monkeypatch.setattr(fusion, "RRF_K", 1)
     problems = moved()
     assert problems and all(": rrf " in p for p in problems), problems
+
+
+def test_a_method_that_ran_on_some_queries_is_judged_on_those_alone():
+    """The oracles run on `[lm] oracle_sample` queries only: a query they did not rank must not count as empty."""
+    from gradfuse.eval.benchmark import Benchmark, EvalQuery
+    from gradfuse.eval.report import _rows
+    from gradfuse.eval.runner import Outcome
+
+    bench = Benchmark("t", Path("t.toml"), Path("."), Path("."), {}, {}, ["rrf", "loo/gold"], ["ndcg@10"])
+    queries = [EvalQuery(f"s/q{i}", "q", "s", "test") for i in range(4)]
+    qrels = {q.query_id: {"s/good": 1} for q in queries}
+    perfect = Outcome([("s/good", 1.0), ("s/bad", 0.5)], ["s"], 0.1)
+    outcomes = {"rrf": {q.query_id: perfect for q in queries}, "loo/gold": {"s/q0": perfect, "s/q1": perfect}}
+    evaluation = Evaluation(bench, queries, qrels, {q.query_id: ["s"] for q in queries}, outcomes, {}, {}, {}, [])
+    rows = {row["method"]: row for row in _rows(evaluation, ["rrf", "loo/gold"], [q.query_id for q in queries])}
+    assert rows["loo/gold"]["queries"] == 2 and rows["loo/gold"]["ndcg@10"]["mean"] == 1.0
+    assert rows["rrf"]["queries"] == 4 and rows["rrf"]["source_recall"] == 1.0
