@@ -227,7 +227,8 @@ def _gradient_vs_loo(evaluation: Evaluation) -> list[tuple[float, float]]:
             if gradient is None:
                 continue
             by_key = {row["key"]: row for row in gradient.head}
-            points += [(by_key[row["key"]]["rerank:gate"], row["rerank:loo"]) for row in loo.head
+            # The gradient's own score (rerank:reader_gate with the default estimator, rerank:gate, ...).
+            points += [(by_key[row["key"]][gradient.score_key], row["rerank:loo"]) for row in loo.head
                        if row["key"] in by_key]
     return points
 
