@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gradfuse.candidate import Candidate
+from gradfuse.schemas import failure_record
 from gradfuse.sources.federated import FederatedResult
 from gradfuse.workspace import SearchResult, Workspace
 
@@ -39,7 +40,7 @@ def document_metadata(candidate: Candidate, result: SearchResult, rank: int) -> 
         "scores": dict(candidate.scores),
         "provenance": [{"source": s, "doc_id": d, "native_rank": r} for s, d, r in candidate.provenance],
         "method": result.method,
-        "failures": [{"source": f.source, "reason": f.reason, "detail": f.detail} for f in result.failures],
+        "failures": [failure_record(f).model_dump() for f in result.failures],  # as the JSON API shows them
     }
 
 
