@@ -5,7 +5,7 @@ import pytest
 from gradfuse import SourceSpec, Workspace
 from gradfuse.candidate import Candidate
 from gradfuse.config import Config
-from gradfuse.rerank import RerankSettings, make_scorer, rerank
+from gradfuse.rerank import RerankSettings, rerank
 from gradfuse.selection import SelectionSettings, select_sources
 from gradfuse.sources.encoder import load_encoder
 
@@ -56,7 +56,7 @@ def candidates(texts):
 def test_stage2_puts_the_planted_fact_on_top_with_the_gold_target(estimator):
     texts = DISTRACTORS[:3] + [PLANTED] + DISTRACTORS[3:]
     settings = RerankSettings(estimator=estimator, target="gold", prior_weight=0.0)  # the gradient alone
-    outcome = rerank(make_scorer("gro", settings), QUESTION, candidates(texts), settings, gold="4817")
+    outcome = rerank("gro", QUESTION, candidates(texts), settings, gold="4817")
     assert outcome.ranked[0].text == PLANTED, [(c.doc_id, c.scores) for c in outcome.ranked]
     assert outcome.target == "4817" and outcome.score_key == f"rerank:{estimator}"
     assert all({outcome.score_key, "rerank:final"} <= set(c.scores) for c in outcome.ranked)
@@ -66,7 +66,7 @@ def test_stage2_puts_the_planted_fact_on_top_with_the_gold_target(estimator):
 def test_leave_one_out_agrees_that_the_planted_fact_matters_most():
     texts = DISTRACTORS[:2] + [PLANTED] + DISTRACTORS[2:4]
     settings = RerankSettings(target="gold")
-    outcome = rerank(make_scorer("loo", settings), QUESTION, candidates(texts), settings, gold="4817")
+    outcome = rerank("loo", QUESTION, candidates(texts), settings, gold="4817")
     assert outcome.ranked[0].text == PLANTED and outcome.ranked[0].scores["rerank:loo"] > 0
 
 
@@ -74,12 +74,12 @@ def test_leave_one_out_agrees_that_the_planted_fact_matters_most():
 def test_upr_puts_the_planted_fact_on_top_and_the_relevance_prompt_ranks_by_its_score():
     texts = DISTRACTORS[:3] + [PLANTED] + DISTRACTORS[3:]
     settings = RerankSettings(prior_weight=0.0)
-    outcome = rerank(make_scorer("upr", settings), QUESTION, candidates(texts), settings)
+    outcome = rerank("upr", QUESTION, candidates(texts), settings)
     assert outcome.ranked[0].text == PLANTED, [(c.doc_id, c.scores) for c in outcome.ranked]
     assert outcome.score_key == "rerank:upr" and outcome.scorer == "upr" and outcome.target == QUESTION
     # The 135M model's yes/no judgement does not find the planted fact here (it prefers a passage about March):
     # only the mechanics are asserted; benchmarks measure its quality.
-    outcome = rerank(make_scorer("relevance", settings), QUESTION, candidates(texts), settings)
+    outcome = rerank("relevance", QUESTION, candidates(texts), settings)
     values = [c.scores["rerank:relevance"] for c in outcome.ranked]
     assert values == sorted(values, reverse=True) and outcome.target is None and outcome.loss is None
 

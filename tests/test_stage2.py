@@ -73,7 +73,7 @@ def test_the_cross_encoder_backend_loads_a_local_folder_and_ranks_by_its_scores(
     texts = ["the vault code is", "bake the cake", "what is the code"]
     candidates = [Candidate("kb", f"d{i}", t, 0.0, i + 1, scores={"prior": 1 - i / 10}) for i, t in enumerate(texts)]
     settings = RerankSettings(cross_encoder=folder, prior_weight=0.0)
-    outcome = rerank(make_scorer("cross-encoder", settings), "what is the vault code", candidates, settings)
+    outcome = rerank("cross-encoder", "what is the vault code", candidates, settings)
     expected = reference.predict([("what is the vault code", t) for t in texts])
     assert [c.text for c in outcome.ranked] == [texts[i] for i in np.argsort(-expected, kind="stable")]
     assert [c.scores["rerank:cross_encoder"] for c in candidates] == pytest.approx(expected.tolist(), rel=1e-5)

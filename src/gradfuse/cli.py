@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gradfuse.config import ConfigError
+from gradfuse.execute import RayUnavailable
 from gradfuse.fusion import UnknownMethod
 from gradfuse.generate import describe_generator
 from gradfuse.redact import redact
@@ -71,7 +72,8 @@ def _run_guarded(action):
     """Turn the library's specific errors into one clear line and exit code 2, instead of a traceback."""
     try:
         return action()
-    except (SourceError, IngestError, UnknownMethod, AllSourcesFailed, ConfigError, ValueError) as error:
+    except (SourceError, IngestError, UnknownMethod, AllSourcesFailed, ConfigError, RayUnavailable,
+            ValueError) as error:
         _fail(str(error))
 
 
@@ -399,12 +401,16 @@ def serve(
 
     from gradfuse.server.app import serve as run_server
 
+    from gradfuse.execute import make_executor
+
     ws = _workspace(config, workspace)
     settings = ws.config.server
     settings = replace(settings, host=host or settings.host, port=port if port is not None else settings.port)
     key = "API key required (X-API-Key)" if settings.resolved_api_key() else "no API key"
+    if settings.ray:
+        ws.executor = _run_guarded(lambda: make_executor(settings.ray, replicas=settings.ray_replicas or None))
     console.print(f"gradfuse serving {ws.root} on http://{settings.host}:{settings.port}/ ({key}; "
-                  f"API docs at /docs)")
+                  f"API docs at /docs; stage 2 scores in {ws.executor.describe()})")
     run_server(ws, settings, preload_lm=preload_lm, log_level=log_level)
 
 
@@ -417,6 +423,11 @@ def evaluate(
         help="Folder for the TREC run files, kept out of git (default .gradfuse/runs/<benchmark>)")] = None,
     check: Annotated[bool, typer.Option(help="Fail when a score moved beyond the stored expected scores")] = False,
     update_expected: Annotated[bool, typer.Option(help="Store this run's scores as the expected ones")] = False,
+    ray: Annotated[Optional[str], typer.Option(
+        help="Run the scoring-LM methods on scorer replicas on this Ray cluster: auto, HOST:PORT or ray://HOST:PORT "
+             "(pip install 'gradfuse[ray]')")] = None,
+    replicas: Annotated[Optional[int], typer.Option(
+        help="Scorer replicas with --ray (default: one per GPU, or one per node without GPUs)", min=1)] = None,
 ):
     """Run every method of a benchmark on the same candidates; write results.md/json, TREC runs and plots."""
     import shlex
@@ -425,9 +436,19 @@ def evaluate(
     from gradfuse.eval import check_expected, load_benchmark, run_benchmark, write_results
     from gradfuse.eval.expected import expected_path, write_expected
 
+    from gradfuse.execute import make_executor
+
     bench = _run_guarded(lambda: load_benchmark(bench_file, quick=quick))
     out = out or Path("results") / bench.name
-    evaluation = _run_guarded(lambda: run_benchmark(bench))
+    executor = _run_guarded(lambda: make_executor(ray, replicas=replicas))
+    if ray:
+        console.print(f"scoring-LM methods run on the {executor.describe()}")
+    try:
+        evaluation = _run_guarded(lambda: run_benchmark(bench, executor=executor))
+        if ray:
+            console.print(f"scoring-LM methods ran on the {executor.describe()}")
+    finally:
+        executor.close()
     command = "gradfuse " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     summary = write_results(evaluation, out, command, runs or Path(".gradfuse") / "runs" / bench.name)
     console.print(f"[green]{bench.name}[/]: {len(evaluation.queries)} queries in "

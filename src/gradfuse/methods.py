@@ -19,7 +19,7 @@ import numpy as np
 
 from gradfuse.candidate import Candidate
 from gradfuse.fusion import FUSION_METHODS, UnknownMethod, check_fusion, fuse
-from gradfuse.rerank import RerankOutcome, RerankSettings, make_scorer, rerank
+from gradfuse.rerank import RerankOutcome, RerankSettings, rerank
 from gradfuse.rerank.pools import ordered_pool
 from gradfuse.selection import SelectionDecision, SelectionSettings, select_sources
 
@@ -67,6 +67,7 @@ class MethodContext:
     rerank: RerankSettings
     gold: str | None = None
     k: int = 10
+    executor: object = None  # where the LM work runs (gradfuse.execute.Executor); None: this process
 
 
 @dataclass
@@ -105,8 +106,8 @@ def run_method(
     seconds["prior"] = time.perf_counter() - started
     if method in ("dense", "select"):
         return MethodResult(pooled, selection=decision, seconds=seconds)
-    outcome = rerank(make_scorer(method, context.rerank), context.question, pooled, context.rerank,
-                     gold=context.gold, k=context.k)
+    outcome = rerank(method, context.question, pooled, context.rerank, gold=context.gold, k=context.k,
+                     executor=context.executor)
     rest = pooled[context.rerank.n :]
     seconds.update(target=outcome.target_seconds, lm_pass=outcome.seconds - outcome.target_seconds)
     return MethodResult(outcome.ranked + rest, selection=decision, rerank=outcome, seconds=seconds)

@@ -14,6 +14,7 @@ import numpy as np
 from gradfuse.candidate import Candidate
 from gradfuse.config import Config, load_config
 from gradfuse.generate import Citation, fit_to_window, make_generator, parse_citations
+from gradfuse.execute import LOCAL, Executor
 from gradfuse.methods import PIPELINE_METHODS, TARGET_METHODS, MethodContext, check_method, run_method
 from gradfuse.rerank import RerankOutcome
 from gradfuse.selection import SelectionDecision, SelectionSettings
@@ -78,8 +79,10 @@ class Answer:
 
 
 class Workspace:
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, *, executor: Executor | None = None):
+        """`executor`: where stage 2's LM passes run (gradfuse.execute; default this process)."""
         self.config = config
+        self.executor = executor or LOCAL
         self.root = config.workspace
         # (name, mode) → (what it was opened at: a version folder or a table's settings, the opened source)
         self._sources: dict[tuple[str, str], tuple[object, Source]] = {}
@@ -244,6 +247,7 @@ class Workspace:
             context = MethodContext(
                 question=query, query_vector=self._encoder().encode_query(query), embed=self._embed,
                 selection=selection or self.config.selection, rerank=rerank, gold=gold, k=k,
+                executor=self.executor,
             )
         weights = {n: self.config.settings(n).weight for n in federated.ranked_lists}
         ranked = run_method(method, federated.ranked_lists, weights=weights, context=context)

@@ -33,6 +33,7 @@ from gradfuse.eval.benchmark import (
     read_qrels,
     sample_queries,
 )
+from gradfuse.execute import Executor
 from gradfuse.methods import STAGE1_METHODS, TARGET_METHODS
 from gradfuse.selection import SelectionSettings, choose_sources
 from gradfuse.sources.federated import FederatedResult
@@ -74,10 +75,12 @@ class Evaluation:
         return [q for q in self.queries if q.split == name and (q.lm or not lm)]
 
 
-def run_benchmark(bench: Benchmark, *, progress: bool = True) -> Evaluation:
+def run_benchmark(bench: Benchmark, *, progress: bool = True, executor: Executor | None = None) -> Evaluation:
+    """`executor`: where the scoring-LM methods' passes run (gradfuse.execute: this process, or scorer replicas on
+    a Ray cluster); the samples, the outcomes cache and every number are the same either way."""
     started = time.perf_counter()
     ws = Workspace(Config(workspace=bench.workspace, depth=bench.depth, k=bench.k, retrieval=bench.retrieval,
-                       encoder=bench.encoder))
+                          encoder=bench.encoder), executor=executor)
     builds = [asdict(ws.index(spec, progress=progress)) for spec in bench.sources.values()]
     queries, qrels, origins = queries_and_qrels(bench)
     evaluation = Evaluation(bench, queries, qrels, origins, {}, {}, {}, {}, builds)
@@ -275,19 +278,30 @@ def _run_lm_method(evaluation, ws, retrieved, profiles, method, groups, selectio
                 return query_id
             return f"{query_id} " + ",".join(sorted(choose_sources(*profiles[query_id], selection).sources))
 
-        for query in tqdm([by_id[q] for q in query_ids if by_id[q].lm and key(q) not in done and (
-                mixes or bench.oracle_sample is None or by_id[q].position < bench.oracle_sample)],
-                          desc=f"{bench.name}: {method} ({pool} pool)", disable=not progress):
+        todo = [by_id[q] for q in query_ids if by_id[q].lm and key(q) not in done and (
+                mixes or bench.oracle_sample is None or by_id[q].position < bench.oracle_sample)]
+        for query in todo:
             if target == "gold" and base in TARGET_METHODS and not query.answers:
                 raise ValueError(f"{method}: query {query.query_id} has no reference answer for the gold target")
-            outcome = cache.get(key(query.query_id))
-            if outcome is None:
-                result = _rank(ws, bench, query, retrieved[query.query_id], base, selection=selection,
-                               gold=query.answers[0] if query.answers else None, **settings)
-                outcome = outcome_of(bench, result)
-                outcome.target, outcome.loss = result.rerank.target, result.rerank.loss
-                outcome.head = [{"key": _judged_key(bench, c), **c.scores} for c in result.rerank.ranked]
-                outcome.score_key = result.rerank.score_key
+        cached = {q.query_id: cache.get(key(q.query_id)) for q in todo}
+
+        def rank(query: EvalQuery) -> tuple[Outcome, bool]:
+            if cached[query.query_id] is not None:
+                return cached[query.query_id], False
+            result = _rank(ws, bench, query, retrieved[query.query_id], base, selection=selection,
+                           gold=query.answers[0] if query.answers else None, **settings)
+            outcome = outcome_of(bench, result)
+            outcome.target, outcome.loss = result.rerank.target, result.rerank.loss
+            outcome.head = [{"key": _judged_key(bench, c), **c.scores} for c in result.rerank.ranked]
+            outcome.score_key = result.rerank.score_key
+            return outcome, True
+
+        # With scorer replicas on a cluster, several queries are in flight; results come back here in order
+        # and only this thread writes the cache.
+        for query, (outcome, fresh) in zip(todo, tqdm(ws.executor.map(rank, todo), total=len(todo),
+                                                      desc=f"{bench.name}: {method} ({pool} pool)",
+                                                      disable=not progress)):
+            if fresh:
                 cache.put(key(query.query_id), outcome)
             done[key(query.query_id)] = outcome
         return {q: done[key(q)] for q in query_ids if key(q) in done}

@@ -1,6 +1,7 @@
 """Stage 2: which documents, by what the generator needs, next to the LM baselines and the exact references.
 
-One interface (`Stage2Scorer`, base.py), one file per scorer, one factory (`make_scorer`):
+One interface (`Stage2Scorer`, base.py), one file per scorer, one factory (`make_scorer`), and `score_pool`, all
+the LM work of one re-rank as plain data, which an executor runs here or on a Ray cluster (gradfuse.execute):
 
 - gradient.py: the GRO-RAG estimate from one forward + backward pass (gate, reader gate, grad x input);
 - loo.py: exact leave-one-out and greedy loss-minimising selection (the oracles the gradient approximates);
@@ -42,7 +43,7 @@ from gradfuse.rerank.upr import UPRScorer
 
 __all__ = ["DTYPES", "ESTIMATORS", "MIXES", "POOLS", "PRIORS", "SCORERS", "TARGETS", "CrossEncoderMissing",
            "LMScorer", "RerankOutcome", "RerankSettings", "Scored", "Stage2Scorer", "load_scorer", "make_scorer",
-           "passage_text", "rerank"]
+           "passage_text", "rerank", "score_pool"]
 
 # method name → the scorer it runs (gradient and gro share one: gro only adds stage 1 before it)
 SCORERS = {"gradient": GradientScorer, "gro": GradientScorer, "loo": LeaveOneOutScorer,
@@ -50,7 +51,7 @@ SCORERS = {"gradient": GradientScorer, "gro": GradientScorer, "loo": LeaveOneOut
            "cross-encoder": CrossEncoderScorer}
 
 
-def load_scorer(spec: str = "smollm2", doc_tokens: int = 128, dtype: str = "float32") -> LMScorer:
+def load_scorer(spec: str = "smollm2", doc_tokens: int = 128, dtype: str = "float32", device: str = "cpu") -> LMScorer:
     """The scoring LM, loaded once per process (shares a loaded transformers model's weights where the precision
     is the same). Drafts stay in transformers: they share the documents' cache with the reader-gate pass, and
     llama.cpp's prompt processing (about 270 tokens/s here, its wheel built without AVX-512) is slower than
@@ -61,37 +62,50 @@ def load_scorer(spec: str = "smollm2", doc_tokens: int = 128, dtype: str = "floa
     from gradfuse.generate.local import LOADING
 
     with LOADING:
-        return _cached_scorer(spec, doc_tokens, dtype)
+        return _cached_scorer(spec, doc_tokens, dtype, device)
 
 
 @lru_cache(maxsize=4)
-def _cached_scorer(spec: str, doc_tokens: int, dtype: str) -> LMScorer:
+def _cached_scorer(spec: str, doc_tokens: int, dtype: str, device: str) -> LMScorer:
     from gradfuse.generate.local import load_transformers
 
     tokenizer, model = load_transformers(spec)
-    return LMScorer(model, tokenizer, doc_tokens=doc_tokens, dtype=dtype)
+    # A GPU scorer replica (gradfuse.execute) moves its process's copy; in-process scoring stays on the CPU.
+    return LMScorer(model.to(device), tokenizer, doc_tokens=doc_tokens, dtype=dtype)
 
 
-def make_scorer(method: str, settings: RerankSettings) -> Stage2Scorer:
+def make_scorer(method: str, settings: RerankSettings, device: str = "cpu") -> Stage2Scorer:
     if method == "cross-encoder":
         return CrossEncoderScorer(settings.cross_encoder)
-    return SCORERS[method](load_scorer(settings.model, settings.doc_tokens, settings.dtype))
+    return SCORERS[method](load_scorer(settings.model, settings.doc_tokens, settings.dtype, device))
 
 
-def rerank(scorer: Stage2Scorer, question: str, candidates: list[Candidate], settings: RerankSettings, *,
-           gold: str | None = None, k: int = 10) -> RerankOutcome:
-    """Score the first `settings.n` candidates (ordered by their prior) and re-rank them."""
+def score_pool(method: str, question: str, docs: list[str], settings: RerankSettings, *, gold: str | None = None,
+               k: int = 10, device: str = "cpu") -> Scored:
+    """All the LM work of one re-rank, with plain data in and out: the scorer's values for `docs`, and UPR's when
+    UPR is the prior. This is what an executor runs, in this process or on a scorer replica (gradfuse.execute)."""
+    scored = make_scorer(method, settings, device).score(question, docs, settings, gold=gold, k=k)
+    if scored.mixes and settings.prior == "upr" and "upr" not in scored.values:
+        upr = UPRScorer(load_scorer(settings.model, settings.doc_tokens, settings.dtype, device))
+        scored.values["upr"] = upr.values(question, docs)
+    return scored
+
+
+def rerank(method: str, question: str, candidates: list[Candidate], settings: RerankSettings, *,
+           gold: str | None = None, k: int = 10, executor=None) -> RerankOutcome:
+    """Score the first `settings.n` candidates (ordered by their prior) with `method`'s scorer and re-rank them.
+    `executor` runs the LM work (gradfuse.execute; default: this process)."""
+    from gradfuse.execute import LOCAL
+
     started = time.perf_counter()
     pool = candidates[: settings.n]
     docs = [passage_text(c) for c in pool]
-    scored = scorer.score(question, docs, settings, gold=gold, k=k)
+    scored = (executor or LOCAL).score(method, question, docs, settings, gold=gold, k=k)
     prior = np.array([c.scores["prior"] for c in pool])
     if scored.mixes and settings.prior == "upr":
-        upr = scored.values["upr"] if "upr" in scored.values else UPRScorer(
-            load_scorer(settings.model, settings.doc_tokens, settings.dtype)).values(question, docs)
-        for candidate, value in zip(pool, upr):
+        for candidate, value in zip(pool, scored.values["upr"]):
             candidate.scores["prior:pool"], candidate.scores["prior"] = candidate.scores["prior"], float(value)
-        prior = np.asarray(upr, dtype=float)
+        prior = np.asarray(scored.values["upr"], dtype=float)
     main = scored.values[scored.main]
     final = combine(main, prior, mix=settings.mix, prior_weight=settings.prior_weight,
                     within_m=settings.within_m) if scored.mixes else main
@@ -101,4 +115,4 @@ def rerank(scorer: Stage2Scorer, question: str, candidates: list[Candidate], set
         candidate.scores["rerank:final"] = float(final[i])
     ranked = [pool[i] for i in np.argsort(-final, kind="stable")]
     return RerankOutcome(ranked, scored.target, scored.loss, time.perf_counter() - started, scored.target_seconds,
-                         scorer.name, f"rerank:{scored.main}")
+                         SCORERS[method].name, f"rerank:{scored.main}")

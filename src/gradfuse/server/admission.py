@@ -9,6 +9,7 @@ refuses the rest at once, while fusion-only requests (rrf, dense, select, ...) n
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from contextlib import contextmanager
 
 from gradfuse.methods import LM_METHODS
@@ -23,15 +24,24 @@ class Busy(RuntimeError):
 
 
 class LMAdmission:
-    def __init__(self, limit: int):
-        self.limit = limit
+    """`queue` requests running or waiting with one scorer; each further replica (a Ray cluster's, see
+    gradfuse.execute) runs one more at once, so the line grows by one per replica alive or starting."""
+
+    def __init__(self, queue: int, replicas: Callable[[], int] = lambda: 1):
+        self.queue = queue
+        self.replicas = replicas
         self.active = 0
         self._lock = threading.Lock()
 
+    @property
+    def limit(self) -> int:
+        return self.queue + max(1, self.replicas()) - 1
+
     def acquire(self) -> None:
         with self._lock:
-            if self.active >= self.limit:
-                raise Busy(self.limit)
+            limit = self.limit
+            if self.active >= limit:
+                raise Busy(limit)
             self.active += 1
 
     def release(self) -> None:

@@ -33,6 +33,7 @@ from gradfuse.schemas import (
     search_record,
     source_record,
 )
+from gradfuse.execute import LOCAL
 from gradfuse.server.admission import LM_METHODS, Busy, LMAdmission
 from gradfuse.server.errors import BodyLimit, KeyRequired, install_error_handlers
 from gradfuse.server.requests import AskRequest, SearchRequest
@@ -78,13 +79,14 @@ class Health(BaseModel):
     status: str
     version: str
     sources: int
+    scorer_replicas: int  # stage 2's LM passes: 1 in this process, or the Ray cluster's replicas alive or starting
 
 
 def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, preload_lm: bool = False) -> FastAPI:
     """`preload_lm` loads the scoring LM/generator at start-up instead of on the first request that needs it."""
     settings = settings or workspace.config.server
     api_key = settings.resolved_api_key()
-    admission = LMAdmission(settings.lm_queue)
+    admission = LMAdmission(settings.lm_queue, lambda: workspace.executor.replicas)
     health = SourceHealth()
     config = workspace.config
 
@@ -92,7 +94,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
     async def lifespan(app: FastAPI):
         workspace._encoder()  # load once before the first request, not during it
         warm_up()
-        if preload_lm:
+        if preload_lm and workspace.executor is LOCAL:  # replicas on a Ray cluster load their own
             from gradfuse.rerank import load_scorer
 
             load_scorer(config.rerank.model, config.rerank.doc_tokens, config.rerank.dtype)
@@ -209,7 +211,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
         count = len(workspace.source_names())
         if not count:
             raise HTTPException(503, "no sources are built in this server's workspace")
-        return Health(status="ok", version=__version__, sources=count)
+        return Health(status="ok", version=__version__, sources=count, scorer_replicas=workspace.executor.replicas)
 
     @app.get("/", include_in_schema=False)
     def page() -> FileResponse:

@@ -38,6 +38,10 @@ class ServerSettings:
     # With no API key, only these Host names may reach the server (besides loopback names and the bound address),
     # so that a web page elsewhere cannot reach a local server through DNS rebinding.
     allowed_hosts: tuple[str, ...] = ()
+    # A Ray cluster ("auto", "HOST:PORT", "ray://HOST:PORT") whose scorer replicas run stage 2's LM passes
+    # (gradfuse.execute); empty: this process. ray_replicas 0: one per GPU, or one per node without GPUs.
+    ray: str = ""
+    ray_replicas: int = 0
 
     def __post_init__(self):
         object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
@@ -46,6 +50,8 @@ class ServerSettings:
                      "lm_queue", "max_lm_passes", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        if self.ray_replicas < 0:
+            raise ValueError("ray_replicas must be 0 (one per GPU or node) or more")
         for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be above 0")

@@ -1,0 +1,67 @@
+"""Where the LM-bound work of a query runs: in this process, or on a pool of scorer replicas on a Ray cluster.
+
+The evaluation harness and the server call one interface, whichever runs underneath:
+
+- `score(method, question, docs, settings, gold=, k=)`: all the scoring-LM work of one re-rank
+  (`gradfuse.rerank.score_pool`), plain data in and out;
+- `map(fn, items)`: `fn` over `items`, with as many in flight as there are replicas (results in order);
+- `replicas`: how many requests can score at once (the server's admission line counts them).
+
+Retrieval, fusion, stage 1 and answer generation stay in the calling process; only stage 2's LM passes move.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol
+
+from gradfuse.rerank import RerankSettings, Scored, score_pool
+
+
+class RayUnavailable(RuntimeError):
+    """Ray is not installed, or the cluster cannot be reached or holds no scorer replica."""
+
+
+class Executor(Protocol):
+    replicas: int
+
+    def score(self, method: str, question: str, docs: list[str], settings: RerankSettings, *,
+              gold: str | None = None, k: int = 10) -> Scored: ...
+
+    def map(self, fn: Callable, items: Iterable) -> Iterator: ...
+
+    def describe(self) -> str: ...
+
+    def close(self) -> None: ...
+
+
+class LocalExecutor:
+    """This process: one loaded scorer, one pass at a time (torch already spreads a pass over every core)."""
+
+    replicas = 1
+
+    def score(self, method: str, question: str, docs: list[str], settings: RerankSettings, *,
+              gold: str | None = None, k: int = 10) -> Scored:
+        return score_pool(method, question, docs, settings, gold=gold, k=k)
+
+    def map(self, fn: Callable, items: Iterable) -> Iterator:
+        return map(fn, items)
+
+    def describe(self) -> str:
+        return "this process"
+
+    def close(self) -> None:
+        pass
+
+
+LOCAL = LocalExecutor()
+
+
+def make_executor(ray_address: str | None = None, *, replicas: int | None = None) -> Executor:
+    """The local executor, or with `ray_address` ("auto", "HOST:PORT" or "ray://HOST:PORT") a pool of scorer
+    replicas on that Ray cluster (one per GPU where the cluster has GPUs, else one per node, unless `replicas`)."""
+    if not ray_address:
+        return LOCAL
+    from gradfuse.execute.ray_pool import RayExecutor
+
+    return RayExecutor(ray_address, replicas=replicas)

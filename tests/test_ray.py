@@ -1,0 +1,219 @@
+"""Stage 2 on a real Ray cluster on this machine: a head and a second node joined on loopback (one CPU each),
+started and stopped here. An evaluation on the cluster gives the local run's numbers, also when the second node
+is killed with kill -9 in the middle; the service keeps answering when a scorer replica dies; without a cluster
+or without Ray the error says so."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from live_server import free_port, gradfuse_serve
+
+pytest.importorskip("ray", reason="Ray is in the [test] extra; `make install` installs it")
+
+from test_eval import BENCHMARKS, needs_data  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+class TwoNodeCluster:
+    """`ray start --head` and `ray start --address` as the user would run them, each in its own process group so
+    a node can be killed whole (raylet and workers) with kill -9."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.temp_dir = tempfile.mkdtemp(prefix="gfray", dir="/tmp")  # Ray's socket paths must stay short
+        common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--num-gpus=0", "--object-store-memory=100000000",
+                  "--disable-usage-stats", "--block"]
+        self.head_command = [str(BIN / "ray"), "start", "--head", f"--port={self.port}", "--include-dashboard=false",
+                             f"--temp-dir={self.temp_dir}", *common]
+        self.worker_command = [str(BIN / "ray"), "start", f"--address={self.address}", *common]
+        self.head = self.worker = None
+
+    def start(self) -> None:
+        self.head = self._spawn(self.head_command)
+        self._wait_for_nodes(1)
+        self.start_worker()
+
+    def start_worker(self) -> None:
+        self.worker = self._spawn(self.worker_command)
+        self._wait_for_nodes(2)
+
+    def kill_worker(self) -> None:
+        os.killpg(self.worker.pid, signal.SIGKILL)
+        self.worker.wait()
+
+    def stop(self) -> None:
+        for process in (self.worker, self.head):
+            if process is not None and process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in (self.worker, self.head):
+            if process is not None:
+                try:
+                    process.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+        subprocess.run(["pkill", "-9", "-f", self.temp_dir], check=False)  # anything of this cluster left behind
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def _spawn(self, command) -> subprocess.Popen:
+        return subprocess.Popen(command, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+
+    def _wait_for_nodes(self, count: int, timeout_s: float = 90) -> None:
+        probe = ("import ray; ray.init(address=%r, log_to_driver=False, logging_level='ERROR'); "
+                 "print(sum(n['Alive'] for n in ray.nodes()))" % self.address)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            done = subprocess.run([sys.executable, "-c", probe], env=ENV, capture_output=True, text=True, timeout=60)
+            if done.returncode == 0 and done.stdout.strip().splitlines()[-1:] == [str(count)]:
+                return
+            time.sleep(1)
+        raise RuntimeError(f"the Ray cluster did not reach {count} node(s) within {timeout_s:.0f} s")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    nodes = TwoNodeCluster()
+    try:
+        nodes.start()
+        yield nodes
+    finally:
+        nodes.stop()
+
+
+def _bench_file(tmp_path: Path, name: str) -> Path:
+    """DL19's quick variant under its own name (so its scoring-LM outcomes cache starts empty), with absolute
+    paths, and only the methods this test compares."""
+    data = subprocess.run([sys.executable, "-c", "from gradfuse.eval import load_benchmark; "
+                           f"print(load_benchmark({str(BENCHMARKS / 'dl19.toml')!r}).data)"],
+                          capture_output=True, text=True, env=ENV, check=True).stdout.strip()
+    text = (BENCHMARKS / "dl19.toml").read_text()
+    text = re.sub(r'^name = .*$', f'name = "{name}"', text, count=1, flags=re.M)
+    text = re.sub(r'^data = .*$', f'data = "{data}"', text, count=1, flags=re.M)
+    text = text.replace('"../.gradfuse/', f'"{REPO}/.gradfuse/')
+    text = re.sub(r'^methods = \["single:\*".*$', 'methods = ["rrf", "dense", "gro/query", "upr"]', text,
+                  flags=re.M)
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+def _eval(bench: Path, out: Path, *extra: str, during=None) -> tuple[dict, str]:
+    """`gradfuse eval --quick` with one torch thread (as each one-CPU replica has), so the local and the cluster
+    runs do the same arithmetic; `during(process)` runs while it works."""
+    command = [str(BIN / "gradfuse"), "eval", str(bench), "--quick", "--out", str(out), "--runs", str(out / "runs"),
+               *extra]
+    log = out.with_suffix(".log")  # a file, not a pipe: nobody reads a pipe while `during` waits
+    with log.open("w") as output:
+        process = subprocess.Popen(command, env={**ENV, "OMP_NUM_THREADS": "1"}, stdout=output,
+                                   stderr=subprocess.STDOUT)
+        if during is not None:
+            during(process)
+        process.wait(timeout=900)
+    assert process.returncode == 0, log.read_text()[-4000:]
+    return json.loads((out / "results.json").read_text()), log.read_text()
+
+
+def _numbers(summary: dict) -> list:
+    """Every table's rows without their timings, and every tuned value."""
+    rows = [[{k: v for k, v in row.items() if k != "ranking_ms_p50"} for row in table["rows"]]
+            for table in summary["tables"]]
+    return [rows, summary["tuned"], summary["queries"]]
+
+
+@needs_data
+@pytest.mark.slow
+def test_an_eval_on_the_cluster_gives_the_local_numbers_even_when_a_node_dies(cluster, tmp_path):
+    name = f"ray-test-{uuid.uuid4().hex[:8]}"
+    bench = _bench_file(tmp_path, name)
+    cache = REPO / ".gradfuse" / "bench" / "dl19-runs-quick" / "eval-cache" / f"{name}-quick"  # a quick variant's name
+    try:
+        local, _ = _eval(bench, tmp_path / "local")
+        shutil.rmtree(cache)
+        on_cluster, output = _eval(bench, tmp_path / "cluster", "--ray", cluster.address)
+        assert "2 CPU scorer replica(s)" in output
+        assert _numbers(on_cluster) == _numbers(local)
+
+        shutil.rmtree(cache)
+
+        def kill_the_worker_mid_run(process):
+            """Once the first scoring-LM outcome is written (the replicas are busy), kill -9 the second node."""
+            deadline = time.monotonic() + 600
+            while not any(f.stat().st_size for f in cache.glob("*.jsonl")):
+                assert process.poll() is None and time.monotonic() < deadline, "the run ended before any LM outcome"
+                time.sleep(0.2)
+            cluster.kill_worker()
+
+        survived, output = _eval(bench, tmp_path / "lost-node", "--ray", cluster.address,
+                                 during=kill_the_worker_mid_run)
+        assert "lost" in output  # the run noticed the dead replica and carried on
+        assert _numbers(survived) == _numbers(local)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+        if cluster.worker.poll() is not None:
+            cluster.start_worker()  # the next test gets both nodes again
+
+
+@pytest.mark.slow
+def test_the_service_keeps_answering_when_a_replica_dies(cluster, workspace, tmp_path):
+    config = tmp_path / "gradfuse.toml"
+    config.write_text(f'[server]\nray = "{cluster.address}"\nray_replicas = 2\nlm_queue = 1\n')
+    body = {"query": "which planet has two moons", "method": "gro", "target": "query", "n": 3, "k": 3}
+    with gradfuse_serve(workspace.root, "--config", str(config), env=ENV, log=tmp_path / "serve.log") as url:
+        assert httpx.get(url + "/healthz").json()["scorer_replicas"] == 2
+        # The LM line counts the replicas: lm_queue 1 with two replicas admits two at once, not one.
+        drafts = {**body, "target": "draft"}
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            statuses = sorted(pool.map(lambda _: httpx.post(url + "/search", json=drafts, timeout=120).status_code,
+                                       range(4)))
+        assert statuses.count(200) == 2 and statuses.count(503) == 2, statuses
+        first = httpx.post(url + "/search", json=body, timeout=120)
+        assert first.status_code == 200, first.text
+        replicas = subprocess.run(["pgrep", "-f", "ray::ScorerReplica"], capture_output=True, text=True).stdout.split()
+        assert len(replicas) == 2
+        os.kill(int(replicas[0]), signal.SIGKILL)
+        for _ in range(4):  # every request is answered, whichever replica it meets first
+            answer = httpx.post(url + "/search", json=body, timeout=120)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["candidates"][0]["key"] == first.json()["candidates"][0]["key"]
+        deadline = time.monotonic() + 60
+        while len(subprocess.run(["pgrep", "-f", "ray::ScorerReplica"], capture_output=True,
+                                 text=True).stdout.split()) < 2:  # a replacement takes the freed CPU
+            assert time.monotonic() < deadline, "no replacement replica started"
+            time.sleep(0.5)
+        assert httpx.get(url + "/healthz").json()["scorer_replicas"] == 2
+
+
+def test_without_a_cluster_or_without_ray_the_error_is_clear(tmp_path):
+    gradfuse = str(BIN / "gradfuse")
+    nobody = f"127.0.0.1:{free_port()}"
+    done = subprocess.run([gradfuse, "eval", str(BENCHMARKS / "dl19.toml"), "--quick", "--ray", nobody],
+                          capture_output=True, text=True, env=ENV, timeout=120)
+    assert done.returncode == 2
+    assert f"cannot reach the Ray cluster at {nobody}" in done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    without_ray = ("import sys; sys.modules['ray'] = None\n"  # as if Ray were not installed
+                   "from gradfuse.execute import LOCAL, RayUnavailable, make_executor\n"
+                   "assert make_executor(None) is LOCAL and make_executor('') is LOCAL\n"
+                   "try:\n    make_executor('auto')\nexcept RayUnavailable as error:\n    print(error)\n")
+    done = subprocess.run([sys.executable, "-c", without_ray], capture_output=True, text=True, env=ENV, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Ray is not installed: pip install 'gradfuse[ray]'" in done.stdout
