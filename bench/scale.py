@@ -57,7 +57,8 @@ def real_passages(data: Path) -> list[dict]:
 def real_queries(data: Path) -> list[str]:
     texts = []
     for folder in sorted(p for p in data.iterdir() if (p / "queries.jsonl").is_file()):
-        texts += [json.loads(line)["text"] for line in (folder / "queries.jsonl").read_text().splitlines() if line]
+        lines = (folder / "queries.jsonl").read_text().split("\n")  # not splitlines(): texts may hold U+2028
+        texts += [json.loads(line)["text"] for line in lines if line.strip()]
     rng = np.random.default_rng(1)
     return [texts[i][:2000] for i in rng.choice(len(texts), QUERIES, replace=False)]
 
@@ -216,7 +217,11 @@ def ray_throughput(data: Path, requests: int = 16) -> dict:
             executor.close()
     finally:
         os.killpg(head.pid, signal.SIGTERM)
-        head.wait(timeout=30)
+        try:
+            head.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # `ray start --block` does not always stop on SIGTERM
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
         shutil.rmtree(temp, ignore_errors=True)
     result["ratio_2_to_1"] = round(result["ray_2_replica_per_s"] / result["ray_1_replica_per_s"], 2)
     return result
@@ -308,7 +313,11 @@ def markdown(s: dict) -> str:
         f"| this process (torch on 2 threads) | {ray['local_2_threads_per_s']} |",
         f"| Ray, 1 replica | {ray['ray_1_replica_per_s']} |",
         f"| Ray, 2 replicas | {ray['ray_2_replica_per_s']} |", "",
-        f"Two replicas give {ray['ratio_2_to_1']}x the throughput of one on this 2-core machine.", "",
+        f"Two replicas give {ray['ratio_2_to_1']}x the throughput of one on this 2-core machine. "
+        + ("One process with torch on both cores is faster still: on a single machine, replicas pay for a model "
+           "copy and a process each and share the same memory bandwidth, so Ray helps when it adds machines or "
+           "GPUs, not cores of one CPU." if ray["local_2_threads_per_s"] > ray["ray_2_replica_per_s"] else
+           "That is more than one process with torch on both cores."), "",
         "## Sizing a GPU cluster (not measured)", "",
         f"{gpu['basis']}. SmolLM2-135M has {gpu['parameters']:,} parameters; a `gro` request passes about "
         f"{gpu['tokens_per_request']:,} tokens forward and backward, about 6 x parameters x tokens = "
@@ -325,7 +334,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--measure", nargs=2, metavar=("SOURCE", "QUERIES"))
     parser.add_argument("--sizes", type=int, nargs="*", default=None)
+    parser.add_argument("--report", action="store_true", help="rewrite results.md from results.json")
     args = parser.parse_args()
+    if args.report:
+        (OUT / "results.md").write_text(markdown(json.loads((OUT / "results.json").read_text())))
+        return
     if args.measure:
         print(json.dumps(measure(args.measure[0], Path(args.measure[1]))))
         return
@@ -336,6 +349,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         rows, encoding = scale_rows(data, Path(tmp))
     ray = ray_throughput(data)
+    print(json.dumps(ray), flush=True)
     write_results(rows, encoding, ray, gpu_sizing(ray), time.perf_counter() - started)
     print(f"results in {OUT / 'results.md'}")
 
