@@ -44,6 +44,7 @@ def test_toml_declares_sources_models_and_defaults_and_flags_override(tmp_path):
         ("[defaults\n", "gradfuse.toml"),
         ("[rerank]\nestimator = 'magic'\n", "unknown estimator 'magic'"),
         ("[selection]\nlambda = 1\n", "\\[selection\\].*lambda"),
+        ("[server]\nray_replicas = -1\n", "\\[server\\].*ray_replicas must be 0"),
     ],
 )
 def test_config_errors_name_the_problem(tmp_path, text, message):
