@@ -128,17 +128,17 @@ class RayExecutor:
               gold: str | None = None, k: int = 10) -> Scored:
         ray = self._ray
         for _ in range(self.attempts):
-            actor = self._acquire()
+            actor, alive = self._acquire(), True
             try:
-                scored = ray.get(actor.score.remote(method, question, docs, settings, gold, k))
+                return ray.get(actor.score.remote(method, question, docs, settings, gold, k))
             except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
+                alive = False
                 self._replace(actor)  # the request goes to another replica
-                continue
             except ray.exceptions.RayTaskError as error:
-                self._idle.put(actor)
                 raise error.as_instanceof_cause() from None  # the scorer's own error, as it would be locally
-            self._idle.put(actor)
-            return scored
+            finally:
+                if alive:  # back in the pool, whatever the request's outcome
+                    self._idle.put(actor)
         raise RayUnavailable(f"{self.attempts} scorer replicas in a row died under one request on {self.address!r}")
 
     def map(self, fn: Callable, items: Iterable) -> Iterator:
