@@ -25,7 +25,7 @@ from live_server import free_port, gradfuse_serve
 
 pytest.importorskip("ray", reason="Ray is in the [test] extra; `make install` installs it")
 
-from test_eval import BENCHMARKS, needs_data  # noqa: E402
+from test_eval import BENCHMARKS, _shared_data, needs_data  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -102,12 +102,9 @@ def cluster():
 def _bench_file(tmp_path: Path, name: str) -> Path:
     """DL19's quick variant under its own name (so its scoring-LM outcomes cache starts empty), with absolute
     paths, and only the methods this test compares."""
-    data = subprocess.run([sys.executable, "-c", "from gradfuse.eval import load_benchmark; "
-                           f"print(load_benchmark({str(BENCHMARKS / 'dl19.toml')!r}).data)"],
-                          capture_output=True, text=True, env=ENV, check=True).stdout.strip()
     text = (BENCHMARKS / "dl19.toml").read_text()
     text = re.sub(r'^name = .*$', f'name = "{name}"', text, count=1, flags=re.M)
-    text = re.sub(r'^data = .*$', f'data = "{data}"', text, count=1, flags=re.M)
+    text = re.sub(r'^data = .*$', f'data = "{_shared_data()}"', text, count=1, flags=re.M)
     text = text.replace('"../.gradfuse/', f'"{REPO}/.gradfuse/')
     text = re.sub(r'^methods = \["single:\*".*$', 'methods = ["rrf", "dense", "gro/query", "upr"]', text,
                   flags=re.M)

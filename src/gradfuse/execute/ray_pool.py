@@ -144,7 +144,7 @@ class RayExecutor:
     def map(self, fn: Callable, items: Iterable) -> Iterator:
         """`fn` over `items` from as many threads as there are replicas; each call's `score` waits for a free
         replica, so the cluster is kept busy while results come back in order."""
-        pool = ThreadPoolExecutor(max_workers=max(1, self.target), thread_name_prefix="gradfuse-ray")
+        pool = ThreadPoolExecutor(max_workers=self.target, thread_name_prefix="gradfuse-ray")
         try:
             yield from pool.map(fn, items)
         finally:

@@ -142,14 +142,21 @@ class EmbeddedSource:
         if len(self._vectors) == 0:
             return [], []
         query_vector = load_encoder(self._manifest["encoder"]).encode_query(query)
-        if self._ann is not None:
-            scores, rows = self._ann.search(np.asarray(query_vector, dtype=np.float32)[None], k)
-            found = rows[0] >= 0  # faiss pads with -1 when the scanned lists hold fewer than k
-            return rows[0][found].tolist(), scores[0][found].tolist()
+        search = self.approximate_search if self._ann is not None else self.exact_search
+        return search(query_vector, k)
+
+    def exact_search(self, query_vector: np.ndarray, k: int) -> tuple[list[int], list[float]]:
+        """(rows, cosines) of the k nearest vectors, by the full matrix product."""
         similarities = self._vectors @ query_vector
         top = np.argpartition(-similarities, min(k, len(similarities)) - 1)[:k]
         top = top[np.argsort(-similarities[top], kind="stable")]
         return top.tolist(), similarities[top].tolist()
+
+    def approximate_search(self, query_vector: np.ndarray, k: int) -> tuple[list[int], list[float]]:
+        """(rows, cosines) from the IVF index (a large source's; see ANN_MIN_VECTORS)."""
+        scores, rows = self._ann.search(np.asarray(query_vector, dtype=np.float32)[None], k)
+        found = rows[0] >= 0  # faiss pads with -1 when the scanned lists hold fewer than k
+        return rows[0][found].tolist(), scores[0][found].tolist()
 
     def _hybrid(self, query: str, k: int) -> tuple[list[int], list[float]]:
         depth = hybrid_depth(k)
