@@ -10,8 +10,9 @@ import os
 import secrets
 import threading
 from collections.abc import Callable
-from functools import lru_cache
 from pathlib import Path
+
+from gradfuse.loading import loaded_once
 
 REPETITION_PENALTY = 1.15  # the 135M model loops on its own phrases without it (the same in transformers)
 
@@ -99,6 +100,6 @@ def _has_gpu() -> bool:
         return False
 
 
-@lru_cache(maxsize=2)
+@loaded_once(maxsize=2)
 def load_llamacpp(path: str) -> LlamaCppEngine:
     return LlamaCppEngine(Path(path))

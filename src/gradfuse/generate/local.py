@@ -8,10 +8,10 @@ import os
 import threading
 import weakref
 from collections.abc import Iterator
-from functools import lru_cache
 from pathlib import Path
 
 from gradfuse.generate.llamacpp import LlamaCppUnavailable, load_llamacpp
+from gradfuse.loading import LOADING, check_materialised, loaded_once
 
 BUNDLED_GENERATOR = "smollm2"
 _BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -33,9 +33,6 @@ def gguf_file(spec: str) -> Path | None:
     return path if path.suffix == ".gguf" and path.is_file() else None
 
 
-# One loader for every model of the process (generators and the scoring LM alike): a load happens once, and
-# concurrent first requests wait for it. Re-entrant: a generator's load takes it again inside.
-LOADING = threading.RLock()
 _pass_locks: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -46,8 +43,10 @@ def model_lock(model) -> threading.Lock:
         return _pass_locks.setdefault(model, threading.Lock())
 
 
-@lru_cache(maxsize=2)
-def _cached_transformers(spec: str):
+@loaded_once(maxsize=2)
+def load_transformers(spec: str):
+    """(tokenizer, model) of a local spec in transformers, loaded once per process: concurrent first requests wait
+    for the one load instead of each loading a copy."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -58,17 +57,10 @@ def _cached_transformers(spec: str):
     if not (path / "config.json").is_file():
         raise ValueError(f"generator {spec!r} is not {BUNDLED_GENERATOR!r}, an http(s) URL, a .gguf file, "
                          "or a folder with a transformers config.json")
-    return AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path), check_materialised(AutoModelForCausalLM.from_pretrained(path), spec)
 
 
-def load_transformers(spec: str):
-    """(tokenizer, model) of a local spec in transformers, loaded once per process: concurrent first requests wait
-    for the one load instead of each loading a copy."""
-    with LOADING:
-        return _cached_transformers(spec)
-
-
-@lru_cache(maxsize=2)
+@loaded_once(maxsize=2)
 def load_tokenizer(spec: str):
     from transformers import AutoTokenizer
 
@@ -92,7 +84,8 @@ def _load_gguf(path: Path):
     folder = converted_folder(path)
     if (folder / "config.json").is_file():
         try:
-            return AutoTokenizer.from_pretrained(folder), AutoModelForCausalLM.from_pretrained(folder)
+            return AutoTokenizer.from_pretrained(folder), check_materialised(
+                AutoModelForCausalLM.from_pretrained(folder), str(path))
         except (OSError, ValueError):
             pass  # a damaged copy: convert again below
     tokenizer, model = _dequantise_gguf(path)
@@ -123,12 +116,7 @@ def _dequantise_gguf(path: Path):
         logging.set_verbosity(quiet)
     # Once sentence-transformers has been imported in the process, the GGUF loader reports the tied lm_head as
     # missing and leaves it on the meta device (seen with transformers 5.24); tying again restores it.
-    if model.config.tie_word_embeddings and model.lm_head.weight.is_meta:
-        model.lm_head.weight = model.get_input_embeddings().weight
-    missing = [name for name, p in model.named_parameters() if p.is_meta]
-    if missing:
-        raise RuntimeError(f"{path}: weights {missing[:3]} were not loaded")
-    return tokenizer, model
+    return tokenizer, check_materialised(model, str(path))
 
 
 class LocalGenerator:
@@ -296,11 +284,6 @@ class _FirstTokenAmong:
         return scores
 
 
-@lru_cache(maxsize=2)
-def _cached_generator(spec: str) -> LocalGenerator:
-    return LocalGenerator(spec)
-
-
+@loaded_once(maxsize=2)
 def load_local_generator(spec: str = BUNDLED_GENERATOR) -> LocalGenerator:
-    with LOADING:
-        return _cached_generator(spec)
+    return LocalGenerator(spec)

@@ -15,11 +15,11 @@ with the prior (base.combine) and writes every value into `Candidate.scores`, so
 from __future__ import annotations
 
 import time
-from functools import lru_cache
 
 import numpy as np
 
 from gradfuse.candidate import Candidate
+from gradfuse.loading import loaded_once
 from gradfuse.rerank.base import (
     DTYPES,
     ESTIMATORS,
@@ -59,13 +59,10 @@ def load_scorer(spec: str = "smollm2", doc_tokens: int = 128, dtype: str = "floa
     if spec.startswith(("http://", "https://")):
         raise ValueError("the re-ranking LM must run locally (gradients are needed): set [rerank] model to "
                          "'smollm2', a transformers folder or a .gguf file")
-    from gradfuse.generate.local import LOADING
-
-    with LOADING:
-        return _cached_scorer(spec, doc_tokens, dtype, device)
+    return _cached_scorer(spec, doc_tokens, dtype, device)
 
 
-@lru_cache(maxsize=4)
+@loaded_once(maxsize=4)
 def _cached_scorer(spec: str, doc_tokens: int, dtype: str, device: str) -> LMScorer:
     from gradfuse.generate.local import load_transformers
 

@@ -4,11 +4,11 @@ ship in a wheel here, so the method runs only where `[rerank] cross_encoder` nam
 from __future__ import annotations
 
 import threading
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
+from gradfuse.loading import loaded_once
 from gradfuse.rerank.base import RerankSettings, Scored
 
 
@@ -30,7 +30,7 @@ class CrossEncoderScorer:
         return Scored({"cross_encoder": np.asarray(values, dtype=float).reshape(len(docs))}, "cross_encoder")
 
 
-@lru_cache(maxsize=2)
+@loaded_once(maxsize=2)
 def load_cross_encoder(folder: str):
     if not folder:
         raise CrossEncoderMissing("the cross-encoder method needs a model: set [rerank] cross_encoder to a local "

@@ -7,10 +7,11 @@ import os
 import sqlite3
 import threading
 from collections import OrderedDict
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+
+from gradfuse.loading import loaded_once
 
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
 PRECISIONS = ("bfloat16", "float32")
@@ -86,9 +87,9 @@ def _model_path(name: str) -> Path:
     return path
 
 
-@lru_cache(maxsize=4)
+@loaded_once(maxsize=4)
 def load_encoder(name: str = DEFAULT_ENCODER) -> Encoder:
-    """Loaded once per process and shared."""
+    """Loaded once per process and shared, whichever thread asks first (gradfuse.loading)."""
     return Encoder(name)
 
 
