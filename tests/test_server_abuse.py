@@ -97,3 +97,30 @@ def test_a_kept_alive_connection_that_stalls_its_next_request_is_closed_by_the_h
             assert _closed_by_server(sock, 30.0) is not None
             # keep_alive_s is 600 here: what closed it is the 3 s header deadline
             assert time.monotonic() - started < 20
+
+
+def _ask_and_leave(url: str, wait_s: float) -> None:
+    """A streamed /ask whose client leaves `wait_s` after sending it (0: at once), before any answer."""
+    body = b'{"query": "Which planet has two moons?", "method": "rrf", "k": 2, "stream": true}'
+    with _open(url) as sock:
+        sock.sendall(b"POST /ask HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        time.sleep(wait_s)
+
+
+def test_streamed_asks_whose_clients_leave_early_give_their_place_in_the_lm_line_back(workspace, tmp_path):
+    config = tmp_path / "lm-line.toml"
+    config.write_text(f'workspace = "{workspace.root}"\n[server]\nlm_queue = 2\n')
+    with gradfuse_serve(workspace.root, "--config", str(config), env={API_KEY_ENV: ""}) as url:
+        for wait_s in (0.0, 0.0, 0.0, 0.05, 0.2, 0.3):  # three times the line, each gone before its answer
+            _ask_and_leave(url, wait_s)
+        deadline, status = time.monotonic() + 60, None
+        while time.monotonic() < deadline:  # the abandoned ones may still be finishing: they must end
+            status = httpx.post(url + "/ask", json={"query": "Which planet has two moons?", "method": "rrf",
+                                                    "k": 2, "max_new_tokens": 4}, timeout=60).status_code
+            if status == 200:
+                break
+            time.sleep(1)
+        assert status == 200, "the LM line stayed full after its clients left"
+        searched = httpx.post(url + "/search", json={"query": "moons", "method": "upr", "k": 2, "n": 2}, timeout=120)
+        assert searched.status_code == 200

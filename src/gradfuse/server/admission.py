@@ -48,6 +48,24 @@ class LMAdmission:
         with self._lock:
             self.active -= 1
 
+    def place(self, needed: bool = True) -> Callable[[], None]:
+        """Take a place in the line (or none, when the request does not need the LM) and return the one way to
+        give it back, which may be called any number of times from any scope: a streamed answer gives it back
+        where its response ends, whether or not its body was ever started."""
+        if not needed:
+            return lambda: None
+        self.acquire()
+        given_back = threading.Event()
+
+        def give_back() -> None:
+            with self._lock:
+                if given_back.is_set():
+                    return
+                given_back.set()
+                self.active -= 1
+
+        return give_back
+
     @contextmanager
     def slot(self, needed: bool = True):
         """Hold a place in the LM line for the duration (a no-op when the request does not need the LM)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import json
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -152,10 +152,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
         """An answer with citations [n] mapped to source/doc id; `stream: true` sends server-sent events."""
         request.check_limits(settings, config)
         local_generator = not config.generator.startswith(("http://", "https://"))
-        needs_lm = local_generator or (request.method or config.method) in LM_METHODS
-        release = admission.release if needs_lm else (lambda: None)
-        if needs_lm:
-            admission.acquire()
+        release = admission.place(local_generator or (request.method or config.method) in LM_METHODS)
         try:
             events = workspace.ask_stream(request.query, context_k=request.k, max_new_tokens=request.max_new_tokens,
                                           **request.search_options())
@@ -165,9 +162,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
             release()
             raise
         if request.stream:
-            return StreamingResponse(_closed_when_abandoned(_event_stream(searched, events, release)),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return EventStream(_event_stream(searched, events), events, release)
         try:
             *_, answer = events
         finally:
@@ -221,7 +216,26 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
     return app
 
 
-def _event_stream(searched: SearchResult, events: Iterator, release) -> Iterator[str]:
+class EventStream(StreamingResponse):
+    """Server-sent events of one answer, which hold a place in the LM line until the response ends, however it
+    ends. A client that left before the response started was never given back its place (the body iterator,
+    never started, never ran its `finally`): after lm_queue of them every LM request got 503."""
+
+    def __init__(self, body: Iterator[str], events: Iterator, release: Callable[[], None]):
+        super().__init__(_closed_when_abandoned(body), media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._body, self._events, self._release = body, events, release
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:  # no step of the body is in flight here (a worker's step finishes before cancellation lands)
+            self._body.close()
+            self._events.close()
+            self._release()
+
+
+def _event_stream(searched: SearchResult, events: Iterator) -> Iterator[str]:
     """Server-sent events; an error after the first event can only be reported as an event of its own."""
     try:
         yield _event("search", search_record(searched).model_dump(mode="json"))
@@ -235,7 +249,6 @@ def _event_stream(searched: SearchResult, events: Iterator, release) -> Iterator
         yield _event("error", {"status": status, "detail": redact(f"{type(error).__name__}: {error}")})
     finally:
         events.close()  # a client that left: the generator stops at its next piece instead of running on
-        release()
 
 
 async def _closed_when_abandoned(events: Iterator[str]) -> AsyncIterator[str]:
