@@ -22,6 +22,7 @@ from test_generation import INJECTION
 
 from gradfuse import SourceSpec, Workspace
 from gradfuse.config import Config
+from gradfuse.rerank import PassTooLong
 from gradfuse.server import API_KEY_ENV, ServerSettings, create_app
 from gradfuse.sources.base import current_version
 
@@ -375,3 +376,21 @@ def test_a_streamed_answer_stops_generating_when_its_client_leaves(workspace, mo
         engine._lock.release()
         assert len(decoded) < full / 2, (len(decoded), full)  # ...long before a full answer was decoded
         assert post(url, "/ask", {**body, "max_new_tokens": 8}).status_code == 200
+
+
+def test_stage2_passes_are_bounded_in_tokens_and_gold_in_characters(server, workspace):
+    limits = httpx.get(server + "/options").json()["limits"]
+    assert limits["max_pass_tokens"] == workspace.config.rerank.max_pass_tokens and limits["max_gold_chars"] > 0
+    long_query = "Which planet has these moons: " + " ".join(str(i) for i in range(1400))  # 6,000 characters
+    refused = post(server, "/search", {"query": long_query, "method": "gro", "target": "query"})
+    assert refused.status_code == 422 and "max_pass_tokens" in refused.json()["detail"], refused.text[:300]
+    assert "tokens" in refused.json()["detail"]
+    pointwise = post(server, "/search", {"query": long_query[:1500], "method": "upr", "n": 3})
+    assert pointwise.status_code == 200, pointwise.text[:300]  # one passage a pass: fits UPR, not the packed pool
+    packed = post(server, "/search", {"query": long_query[:1500], "method": "gradient", "n": 3, "target": "gold",
+                                      "gold": long_query[:1000]})  # question and gold in one packed pass
+    assert packed.status_code == 422 and "max_pass_tokens" in packed.json()["detail"]
+    gold = post(server, "/search", {"query": "moons", "method": "gro", "target": "gold", "gold": "Phobos " * 500})
+    assert gold.status_code == 422 and "max_gold_chars" in gold.json()["detail"]
+    with pytest.raises(PassTooLong, match="max_pass_tokens"):
+        workspace.search(long_query, method="gradient", target="query")

@@ -34,11 +34,12 @@ Example (every key optional)::
     within_m = 3
     dtype = "float32"                # of the passes: float32 | bfloat16
     cross_encoder = ""               # a local CrossEncoder folder, for --method cross-encoder
+    max_pass_tokens = 2048           # the longest LM pass (question + target + n documents); beyond it: an error
     [server]                         # `gradfuse serve` (gradfuse.server.settings.ServerSettings)
     host = "127.0.0.1"
     port = 8321
     cors_origins = []                # CORS stays off unless origins are listed
-    max_k = 100                      # also max_body_bytes, max_query_chars, max_n, max_depth, max_new_tokens,
+    max_k = 100                      # also max_body_bytes, max_query_chars, max_gold_chars, max_n, max_depth, max_new_tokens,
     lm_queue = 8                     # max_timeout_s; the API key comes from GRADFUSE_API_KEY (or api_key here)
     max_connections = 256            # beyond it a connection is closed unread
     header_timeout_s = 10.0          # request line and headers; body_timeout_s = 30.0 (408); keep_alive_s = 5.0

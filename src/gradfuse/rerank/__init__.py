@@ -27,6 +27,7 @@ from gradfuse.rerank.base import (
     POOLS,
     PRIORS,
     TARGETS,
+    PassTooLong,
     RerankOutcome,
     RerankSettings,
     Scored,
@@ -42,13 +43,16 @@ from gradfuse.rerank.relevance import RelevancePromptScorer
 from gradfuse.rerank.upr import UPRScorer
 
 __all__ = ["DTYPES", "ESTIMATORS", "MIXES", "POOLS", "PRIORS", "SCORERS", "TARGETS", "CrossEncoderMissing",
-           "LMScorer", "RerankOutcome", "RerankSettings", "Scored", "Stage2Scorer", "load_scorer", "make_scorer",
+           "LMScorer", "PassTooLong", "RerankOutcome", "RerankSettings", "Scored", "Stage2Scorer", "load_scorer", "make_scorer",
            "passage_text", "rerank", "score_pool"]
 
 # method name → the scorer it runs (gradient and gro share one: gro only adds stage 1 before it)
 SCORERS = {"gradient": GradientScorer, "gro": GradientScorer, "loo": LeaveOneOutScorer,
            "loo-greedy": GreedyLossScorer, "upr": UPRScorer, "relevance": RelevancePromptScorer,
            "cross-encoder": CrossEncoderScorer}
+
+
+POINTWISE = ("upr", "relevance")  # one short pass per document: the longest reads one document, not n
 
 
 def load_scorer(spec: str = "smollm2", doc_tokens: int = 128, dtype: str = "float32", device: str = "cpu") -> LMScorer:
@@ -81,7 +85,12 @@ def score_pool(method: str, question: str, docs: list[str], settings: RerankSett
                k: int = 10, device: str = "cpu") -> Scored:
     """All the LM work of one re-rank, with plain data in and out: the scorer's values for `docs`, and UPR's when
     UPR is the prior. This is what an executor runs, in this process or on a scorer replica (gradfuse.execute)."""
-    scored = make_scorer(method, settings, device).score(question, docs, settings, gold=gold, k=k)
+    scorer = make_scorer(method, settings, device)
+    if isinstance(getattr(scorer, "lm", None), LMScorer):  # checked before any pass, where the tokenizer is
+        longest = scorer.lm.longest_pass(docs, question, settings, gold=gold, pointwise=method in POINTWISE)
+        if longest > settings.max_pass_tokens:
+            raise PassTooLong(longest, settings.max_pass_tokens)
+    scored = scorer.score(question, docs, settings, gold=gold, k=k)
     if scored.mixes and settings.prior == "upr" and "upr" not in scored.values:
         upr = UPRScorer(load_scorer(settings.model, settings.doc_tokens, settings.dtype, device))
         scored.values["upr"] = upr.values(question, docs)

@@ -45,14 +45,28 @@ class RerankSettings:
     dtype: str = "float32"  # of the gradient pass; bfloat16 only where its scores keep the fp32 order (see README)
     draft_tokens: int = 32  # the draft target's length cap
     cross_encoder: str = ""  # a local sentence-transformers CrossEncoder folder, for the cross-encoder method
+    # The longest sequence one LM pass may read: question, target and the packed documents. A backward pass's
+    # memory grows faster than linearly with it (a 1,165-character query took a server from 2.8 to 5.6 GB; 800
+    # words failed to allocate under 16 GB); the default n = 10 x 128 tokens with a short question is about 1,450.
+    max_pass_tokens: int = 2048
 
     def __post_init__(self):
         for name, allowed in (("estimator", ESTIMATORS), ("target", TARGETS), ("pool", POOLS), ("prior", PRIORS),
                               ("mix", MIXES), ("dtype", DTYPES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r} (choose from {', '.join(allowed)})")
-        if self.n < 1 or self.within_m < 1 or self.draft_tokens < 1:
-            raise ValueError("n, within_m and draft_tokens must be at least 1")
+        if self.n < 1 or self.within_m < 1 or self.draft_tokens < 1 or self.max_pass_tokens < 1:
+            raise ValueError("n, within_m, draft_tokens and max_pass_tokens must be at least 1")
+
+
+class PassTooLong(ValueError):
+    """One LM pass of a request would read more tokens than `max_pass_tokens` allows."""
+
+    def __init__(self, tokens: int, limit: int):
+        super().__init__(f"this request's stage-2 LM pass would read {tokens} tokens (question, target and n "
+                         f"documents of up to doc_tokens each); the limit is {limit} (max_pass_tokens): shorten "
+                         "the question or the gold answer, or lower n")
+        self.tokens, self.limit = tokens, limit
 
 
 @dataclass

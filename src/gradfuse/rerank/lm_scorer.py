@@ -188,6 +188,17 @@ class LMScorer:
                 result[first : first + len(logits), j] = torch.logsumexp(log_probs[:, tokens], dim=-1).cpu().numpy()
         return result
 
+    def longest_pass(self, docs: list[str], question: str, settings, *, gold: str | None = None,
+                     pointwise: bool = False) -> int:
+        """Tokens in the longest sequence a scorer's pass reads: every document with the question and the target
+        (a draft counted at its cap), or with `pointwise` one document and the question as UPR packs it."""
+        if pointwise:
+            return max((self.pack([doc], question, question, target_is_query=True).length for doc in docs), default=0)
+        if settings.target == "draft":
+            return self.packer.pack(docs, question=question, target=None).length + settings.draft_tokens
+        target = question if settings.target == "query" else (gold or "")
+        return self.pack(docs, question, target, target_is_query=settings.target == "query").length
+
     def pack(self, docs: list[str], question: str, target: str, *, target_is_query: bool = False) -> PackedContext:
         return self.packer.pack(docs, question=None if target_is_query else question, target=target)
 

@@ -194,9 +194,10 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
             retrieval=["bm25", "dense", "hybrid"],
             defaults={"method": config.method, "k": config.k, "context_k": config.context_k,
                       "target": config.rerank.target, "estimator": config.rerank.estimator, "n": config.rerank.n},
-            limits={name: getattr(settings, name) for name in ("max_query_chars", "max_k", "max_n", "max_depth",
-                                                               "max_new_tokens", "max_timeout_s", "max_body_bytes",
-                                                               "max_lm_passes")},
+            limits={**{name: getattr(settings, name) for name in (
+                "max_query_chars", "max_gold_chars", "max_k", "max_n", "max_depth", "max_new_tokens",
+                "max_timeout_s", "max_body_bytes", "max_lm_passes")},
+                "max_pass_tokens": config.rerank.max_pass_tokens},  # question + target + n documents, in tokens
             api_key_required=api_key is not None,
         )
 

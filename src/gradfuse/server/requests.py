@@ -46,6 +46,9 @@ class SearchRequest(BaseModel):
         if len(self.query) > limits.max_query_chars:
             raise RequestLimitError(f"query is {len(self.query)} characters; this server accepts at most "
                                     f"{limits.max_query_chars}")
+        if self.gold is not None and len(self.gold) > limits.max_gold_chars:
+            raise RequestLimitError(f"gold is {len(self.gold)} characters; this server accepts at most "
+                                    f"{limits.max_gold_chars} (max_gold_chars)")
         for name, limit in (("k", limits.max_k), ("n", limits.max_n), ("depth", limits.max_depth),
                             ("timeout_s", limits.max_timeout_s)):
             value = getattr(self, name)

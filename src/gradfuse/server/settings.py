@@ -16,6 +16,7 @@ class ServerSettings:
     cors_origins: tuple[str, ...] = ()  # CORS is off unless origins are listed
     max_body_bytes: int = 64 * 1024
     max_query_chars: int = 8000  # ArguAna's queries (whole arguments) run to 5,500 characters
+    max_gold_chars: int = 2000  # a reference answer (target "gold"); the LM pass's own bound is [rerank] max_pass_tokens
     max_k: int = 100
     max_n: int = 50  # candidates in one stage-2 LM pass
     max_depth: int = 500  # candidates asked of each source
@@ -46,7 +47,7 @@ class ServerSettings:
     def __post_init__(self):
         object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
         object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
-        for name in ("max_body_bytes", "max_query_chars", "max_k", "max_n", "max_depth", "max_new_tokens",
+        for name in ("max_body_bytes", "max_query_chars", "max_gold_chars", "max_k", "max_n", "max_depth", "max_new_tokens",
                      "lm_queue", "max_lm_passes", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
