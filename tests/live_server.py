@@ -83,8 +83,10 @@ class _OpenAIChatHandler(BaseHTTPRequestHandler):
 
     model = None
     empty_stream = False
+    authorizations: list = []  # the Authorization header of each request ("" when none was sent)
 
     def do_POST(self):
+        self.authorizations.append(self.headers.get("Authorization", ""))
         if self.path != "/v1/chat/completions":
             self.send_error(404)
             return
@@ -110,11 +112,12 @@ class _OpenAIChatHandler(BaseHTTPRequestHandler):
 @contextmanager
 def openai_endpoint(model, *, empty_stream: bool = False):
     """An OpenAI-compatible endpoint on a loopback port, answering with `model` (a real local generator)."""
-    handler = type("Handler", (_OpenAIChatHandler,), {"model": model, "empty_stream": empty_stream})
+    handler = type("Handler", (_OpenAIChatHandler,), {"model": model, "empty_stream": empty_stream,
+                                                      "authorizations": []})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{server.server_port}"
+        yield f"http://127.0.0.1:{server.server_port}", handler.authorizations
     finally:
         server.shutdown()
         server.server_close()

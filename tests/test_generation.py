@@ -64,15 +64,28 @@ def test_ask_end_to_end_cites_retrieved_documents(workspace, smollm2):
 
 
 @pytest.mark.slow
-def test_openai_compatible_endpoint_by_url(smollm2):
-    with openai_endpoint(smollm2) as url:
+def test_openai_compatible_endpoint_by_url(smollm2, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-never-sent-unasked")
+    monkeypatch.setenv("ENDPOINT_KEY", "sk-test-asked-for")
+    with openai_endpoint(smollm2) as (url, authorizations):
         remote = make_generator(url)
         messages = build_messages("What is the capital of Australia?", PASSAGES[:1])
         assert remote.generate(messages, max_new_tokens=20) == smollm2.generate(messages, max_new_tokens=20)
+        make_generator(url, api_key_env="ENDPOINT_KEY").generate(messages, max_new_tokens=2)
+        assert authorizations == ["", "Bearer sk-test-asked-for"]  # a key goes only where it was asked for
         with pytest.raises(EndpointError, match="answered 404"):
             make_generator(url + "/other/chat/completions").generate(messages)
     with pytest.raises(EndpointError, match="unreachable"):
         make_generator(url).generate(messages)
+
+
+def test_a_key_is_never_sent_over_plain_http_to_another_machine(monkeypatch):
+    monkeypatch.setenv("ENDPOINT_KEY", "sk-test-plain")
+    with pytest.raises(EndpointError, match="refusing to send ENDPOINT_KEY over plain http to 192.0.2.7"):
+        make_generator("http://192.0.2.7:8000/v1", api_key_env="ENDPOINT_KEY")  # refused before any request
+    with pytest.raises(EndpointError, match="MISSING_KEY, which is not set"):
+        make_generator("https://192.0.2.7/v1", api_key_env="MISSING_KEY")
+    assert make_generator("https://192.0.2.7/v1", api_key_env="ENDPOINT_KEY").name == "https://192.0.2.7/v1"
 
 
 def test_unknown_generator_spec_is_a_clear_error(tmp_path):
@@ -143,7 +156,7 @@ def test_an_answer_through_an_endpoint_reports_the_passages_its_window_could_not
 
     records = [{"id": f"p{i}", "title": f"Delta {i}", "text": f"The delta layer {i} is made of clay. " * 40}
                for i in range(8)]
-    with openai_endpoint(smollm2) as url:
+    with openai_endpoint(smollm2) as (url, _):
         ws = Workspace(Config(workspace=tmp_path / "ws", generator=url, context_tokens=1200))
         ws.index(SourceSpec("deltas", "jsonl", str(write_jsonl(tmp_path / "d.jsonl", records))))
         answer = ws.ask("What is the delta layer made of?", method="rrf", retrieval="bm25", context_k=8,
@@ -192,10 +205,10 @@ def test_llama_cpps_own_http_listener_in_our_process_refuses_every_request(smoll
 @pytest.mark.slow
 def test_an_endpoint_that_does_not_stream_still_answers_a_stream_and_an_empty_stream_is_an_error(smollm2):
     messages = build_messages("What is the capital of Australia?", PASSAGES[:1])
-    with openai_endpoint(smollm2) as url:  # answers a streamed request with one JSON completion
+    with openai_endpoint(smollm2) as (url, _):  # answers a streamed request with one JSON completion
         remote = make_generator(url)
         streamed = "".join(remote.stream(messages, max_new_tokens=12))
         assert streamed and streamed == remote.generate(messages, max_new_tokens=12)
-    with openai_endpoint(smollm2, empty_stream=True) as url:
+    with openai_endpoint(smollm2, empty_stream=True) as (url, _):
         with pytest.raises(EndpointError, match="streamed no text"):
             list(make_generator(url).stream(messages, max_new_tokens=12))

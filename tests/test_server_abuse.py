@@ -124,3 +124,22 @@ def test_streamed_asks_whose_clients_leave_early_give_their_place_in_the_lm_line
         assert status == 200, "the LM line stayed full after its clients left"
         searched = httpx.post(url + "/search", json={"query": "moons", "method": "upr", "k": 2, "n": 2}, timeout=120)
         assert searched.status_code == 200
+
+
+def test_the_access_log_is_written_and_capped_per_line_not_per_template(workspace, tmp_path):
+    """Access lines differ by client port: keyed on the formatted line, no cap merges them (keyed on the template,
+    all of them and every traceback shared one cap of 10 a minute)."""
+    log = tmp_path / "access.log"
+    with gradfuse_serve(workspace.root, "--log-level", "info", env={API_KEY_ENV: ""}, log=log) as url:
+        for _ in range(15):
+            httpx.get(url + "/healthz", timeout=10)
+        for _ in range(2):
+            assert httpx.get(url + "/options", timeout=10).status_code == 200
+        huge = httpx.post(url + "/search", json={"query": "moons", "k": 10**400}, timeout=10)
+        assert huge.status_code == 422 and "less than or equal" in huge.json()["detail"]
+        time.sleep(0.5)
+    text = log.read_text()
+    assert "Logging error" not in text, text[:2000]
+    health = [line for line in text.splitlines() if '"GET /healthz HTTP/1.1" 200' in line]
+    options = [line for line in text.splitlines() if '"GET /options HTTP/1.1" 200' in line]
+    assert len(health) >= 15 and len(options) == 2, text[-2000:]

@@ -17,6 +17,7 @@ from gradfuse.config import ConfigError
 from gradfuse.execute import RayUnavailable
 from gradfuse.fusion import UnknownMethod
 from gradfuse.generate import describe_generator
+from gradfuse.generate.openai_http import EndpointError
 from gradfuse.redact import redact
 from gradfuse.schemas import answer_record, search_record, source_record
 from gradfuse.sources import BuildReport, IngestError, SourceError, SourceSpec, check_source_name
@@ -72,7 +73,7 @@ def _run_guarded(action):
     """Turn the library's specific errors into one clear line and exit code 2, instead of a traceback."""
     try:
         return action()
-    except (SourceError, IngestError, UnknownMethod, AllSourcesFailed, ConfigError, RayUnavailable,
+    except (SourceError, IngestError, UnknownMethod, AllSourcesFailed, ConfigError, RayUnavailable, EndpointError,
             ValueError) as error:
         _fail(str(error))
 

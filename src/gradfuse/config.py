@@ -17,6 +17,8 @@ Example (every key optional)::
     max_new_tokens = 128
     context_k = 5                    # passages given to the generator (the lowest-ranked dropped if they do not fit)
     context_tokens = 8192            # an endpoint's window (a local model's is read from the model)
+    api_key_env = ""                 # the variable holding an endpoint's key (e.g. "OPENAI_API_KEY"); none sent unless
+                                     # named, and never over plain http to another machine
     cite_first = true                # local models must open by naming a passage (see generate/local.py)
     [selection]                      # stage 1 (gradfuse.selection.SelectionSettings; defaults tuned on dev)
     redundancy_weight = 0.0          # lambda: raise it when sources mirror each other
@@ -106,6 +108,7 @@ class Config:
     max_new_tokens: int = 128
     context_k: int = 5
     context_tokens: int = 8192
+    api_key_env: str = ""
     cite_first: bool = True
     sources: dict[str, SourceSettings] = field(default_factory=dict)
     selection: SelectionSettings = field(default_factory=SelectionSettings)
@@ -136,7 +139,7 @@ def _parse(path: Path) -> Config:
     base = path.resolve().parent
     config = Config(workspace=base / raw.pop("workspace", ".gradfuse"))
     sections = {"defaults": ("method", "k", "depth", "timeout_s", "retrieval"),
-                "generator": ("max_new_tokens", "context_k", "context_tokens", "cite_first")}
+                "generator": ("max_new_tokens", "context_k", "context_tokens", "api_key_env", "cite_first")}
     for section, keys in sections.items():
         values = dict(raw.pop(section, {}))
         if section == "generator" and "model" in values:

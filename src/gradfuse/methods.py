@@ -53,7 +53,8 @@ def check_method(method: str, sources: list[str]) -> None:
     if method.startswith("single:") or method in FUSION_METHODS:
         check_fusion(method, sources)  # names the missing source of a single:<source>
         return
-    raise UnknownMethod(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
+    choices = f"(choose from {', '.join(METHODS)})"
+    raise UnknownMethod(f"unknown method {method!r} {choices}", f"method: unknown method {choices}")
 
 
 @dataclass

@@ -274,7 +274,8 @@ class Workspace:
             return available
         unknown = [n for n in requested if n not in available]
         if unknown:
-            raise UnknownSource(f"unknown source(s) {', '.join(unknown)} (available: {', '.join(available)})")
+            listing = f"(available: {', '.join(available)})"
+            raise UnknownSource(f"unknown source(s) {', '.join(unknown)} {listing}", f"sources: unknown source {listing}")
         return list(dict.fromkeys(requested))
 
     def ask(
@@ -317,7 +318,8 @@ class Workspace:
 
     def _prepare_answer(self, question, generator, context_k, max_new_tokens, search_options):
         result = self.search(question, k=context_k or self.config.context_k, **search_options)
-        model = make_generator(generator or self.config.generator, context_tokens=self.config.context_tokens)
+        model = make_generator(generator or self.config.generator, context_tokens=self.config.context_tokens,
+                               api_key_env=self.config.api_key_env)
         max_new_tokens = max_new_tokens or self.config.max_new_tokens
         messages, dropped = fit_to_window(question, result.candidates, model, max_new_tokens)
         shown = len(result.candidates) - len(dropped)

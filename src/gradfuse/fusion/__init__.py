@@ -27,17 +27,24 @@ FUSION_METHODS: tuple[str, ...] = (*_RANX_METHODS, "single:<source>")
 
 
 class UnknownMethod(ValueError):
-    pass
+    """`str()` names the method given (the CLI's user typed it); `public` does not, for the server: a client's
+    input echoed back through a value-based secret mask tells it which guess is the secret."""
+
+    def __init__(self, message: str, public: str):
+        super().__init__(message)
+        self.public = public
 
 
 def check_fusion(method: str, sources: list[str]) -> None:
     """Raise UnknownMethod with the valid choices when `method` cannot run over `sources`."""
     if method.startswith("single:"):
         if method.removeprefix("single:") not in sources:
-            raise UnknownMethod(f"{method!r}: no source named {method.removeprefix('single:')!r} "
-                                f"(sources: {', '.join(sources)})")
+            listing = f"(sources: {', '.join(sources)})"
+            raise UnknownMethod(f"{method!r}: no source named {method.removeprefix('single:')!r} {listing}",
+                                f"method: single:<source> names no source of this request {listing}")
     elif method not in _RANX_METHODS:
-        raise UnknownMethod(f"unknown fusion method {method!r} (choose from {', '.join(FUSION_METHODS)})")
+        choices = f"(choose from {', '.join(FUSION_METHODS)})"
+        raise UnknownMethod(f"unknown fusion method {method!r} {choices}", f"method: unknown fusion method {choices}")
 
 
 def fuse(

@@ -29,11 +29,12 @@ class Generator(Protocol):
 
 
 def make_generator(spec: str = BUNDLED_GENERATOR, *, model: str = "default", context_tokens: int = 8192,
-                   ) -> Generator:
+                   api_key_env: str = "") -> Generator:
     """`smollm2` (bundled), a local HF folder or .gguf file, or an http(s) URL of an OpenAI-compatible server
-    (whose window, `context_tokens`, we cannot read; a local model's is its own)."""
+    (whose window, `context_tokens`, we cannot read; a local model's is its own; `api_key_env` names the variable
+    holding its key)."""
     if spec.startswith(("http://", "https://")):
-        return OpenAICompatibleGenerator(spec, model=model, context_tokens=context_tokens)
+        return OpenAICompatibleGenerator(spec, model=model, context_tokens=context_tokens, api_key_env=api_key_env)
     return load_local_generator(spec)
 
 

@@ -18,8 +18,14 @@ class EndpointError(RuntimeError):
 CHARS_PER_TOKEN = 3  # a cautious count for a tokenizer we cannot see (English BPE averages about 4)
 
 
+LOOPBACK = ("localhost", "127.0.0.1", "::1")
+
+
 class OpenAICompatibleGenerator:
-    def __init__(self, url: str, *, model: str = "default", timeout_s: float = 120.0, context_tokens: int = 8192):
+    def __init__(self, url: str, *, model: str = "default", timeout_s: float = 120.0, context_tokens: int = 8192,
+                 api_key_env: str = ""):
+        """`api_key_env`: the environment variable whose value goes to this endpoint as its Bearer key ([generator]
+        api_key_env); none is sent unless named, and never over plain http to another machine."""
         # Accept the server root, .../v1, or the full chat path.
         base = url.rstrip("/")
         if not base.endswith("/chat/completions"):
@@ -27,8 +33,17 @@ class OpenAICompatibleGenerator:
         # The URL may carry credentials (http://user:secret@host): requests use it, messages and answers never do.
         self.url, self.model, self.context_tokens = base, model, context_tokens
         self.name, self._shown = redact(url), redact(base)
-        key = os.environ.get("OPENAI_API_KEY")
-        self._client = httpx.Client(timeout=timeout_s, headers={"Authorization": f"Bearer {key}"} if key else {})
+        headers = {}
+        if api_key_env:
+            key = os.environ.get(api_key_env)
+            if not key:
+                raise EndpointError(f"[generator] api_key_env names {api_key_env}, which is not set")
+            parsed = httpx.URL(base)
+            if parsed.scheme != "https" and parsed.host not in LOOPBACK:
+                raise EndpointError(f"refusing to send {api_key_env} over plain http to {parsed.host}: use https, "
+                                    "or an endpoint on this machine")
+            headers["Authorization"] = f"Bearer {key}"
+        self._client = httpx.Client(timeout=timeout_s, headers=headers)
 
     def count_tokens(self, messages: list[dict[str, str]]) -> int:
         """An estimate: the endpoint's tokenizer is not ours to run ([generator] context_tokens is its window)."""

@@ -34,14 +34,26 @@ async def _validation(request: Request, error: RequestValidationError) -> JSONRe
     if malformed:
         context = malformed[0].get("ctx", {}).get("error", "")
         return JSONResponse({"detail": f"malformed JSON body: {context}".rstrip(": ")}, status_code=400)
+    for e in errors:  # a validator's own error that would echo the value (a source name) says what is wrong instead
+        if public := getattr(e.get("ctx", {}).get("error"), "public", None):
+            e["msg"] = public
     readable = [{"field": ".".join(str(p) for p in e.get("loc", ()) if p != "body"), "message": e["msg"]}
                 for e in errors]
-    return JSONResponse({"detail": "; ".join(_message(e) for e in errors), "errors": readable}, status_code=422)
+    detail = redact("; ".join(_message(e) for e in errors), environment=False)
+    return JSONResponse({"detail": detail, "errors": readable}, status_code=422)
 
 
-def _responder(status: int, *, headers: dict[str, str] | None = None):
+def _responder(status: int, *, headers: dict[str, str] | None = None, client_error: bool = False):
+    """`client_error`: the answer to a request's own bad input, which names what is wrong without echoing the
+    value where the error has that form (`public`), and is never masked by the secrets' values (a mask that
+    shows which guess matched would be an oracle)."""
+
     async def respond(request: Request, error: Exception) -> JSONResponse:
-        return JSONResponse({"detail": redact(str(error))}, status_code=status, headers=headers)
+        if client_error:
+            detail = redact(getattr(error, "public", None) or str(error), environment=False)
+        else:
+            detail = redact(str(error))
+        return JSONResponse({"detail": detail}, status_code=status, headers=headers)
 
     return respond
 
@@ -60,10 +72,11 @@ async def _unexpected(request: Request, error: Exception) -> JSONResponse:
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation)
     # Order matters only for subclasses: Starlette looks up the most specific class first.
-    app.add_exception_handler(UnknownSource, _responder(422))
-    app.add_exception_handler(UnknownMethod, _responder(422))
-    app.add_exception_handler(RequestLimitError, _responder(422))
-    app.add_exception_handler(ValueError, _responder(422))  # the library's invalid-option errors (gold missing, ...)
+    app.add_exception_handler(UnknownSource, _responder(422, client_error=True))
+    app.add_exception_handler(UnknownMethod, _responder(422, client_error=True))
+    app.add_exception_handler(RequestLimitError, _responder(422, client_error=True))
+    # the library's invalid-option errors (gold missing, a pass too long, ...)
+    app.add_exception_handler(ValueError, _responder(422, client_error=True))
     app.add_exception_handler(AllSourcesFailed, _all_failed)
     app.add_exception_handler(SourceError, _responder(503))  # nothing built, an index unreadable
     app.add_exception_handler(Busy, _responder(503, headers={"Retry-After": str(RETRY_AFTER_S)}))

@@ -99,7 +99,8 @@ class RepeatLimit(logging.Filter):
         self._lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        key = f"{record.name}:{record.levelno}:{record.msg}"
+        # The formatted line: keyed on the template, every access line (and every traceback) shared one cap.
+        key = f"{record.name}:{record.levelno}:{record.getMessage()}"
         now = time.monotonic()
         with self._lock:
             times = [t for t in self._seen.pop(key, []) if now - t < 60]

@@ -11,6 +11,10 @@ from gradfuse.server.settings import ServerSettings
 from gradfuse.sources.base import check_source_name
 
 
+# A type bound on every count, far above any server's limit: a 400-digit k is a 422, not an OverflowError.
+LARGEST = 2**31 - 1
+
+
 class RequestLimitError(ValueError):
     """A value is well-typed but beyond what this server accepts."""
 
@@ -23,14 +27,14 @@ class SearchRequest(BaseModel):
     method: str | None = Field(None, description="concat | rrf | combsum[-z] | combmnz[-z] | single:<source> | "
                                                  "dense | select | gradient | gro | upr | relevance | "
                                                  "cross-encoder | loo | loo-greedy")
-    k: int | None = Field(None, ge=1, description="results returned (for /ask: passages given to the generator)")
+    k: int | None = Field(None, ge=1, le=LARGEST, description="results returned (for /ask: passages given to the generator)")
     sources: list[str] | None = Field(None, min_length=1, description="query only these sources")
     retrieval: Literal["bm25", "dense", "hybrid"] | None = None
-    timeout_s: float | None = Field(None, gt=0, description="seconds each source may take")
-    depth: int | None = Field(None, ge=1, description="candidates asked of each source")
+    timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False, description="seconds each source may take")
+    depth: int | None = Field(None, ge=1, le=LARGEST, description="candidates asked of each source")
     target: Literal["draft", "gold", "query"] | None = Field(None, description="stage-2 target")
     estimator: Literal["gate", "reader_gate", "grad_x_input"] | None = Field(None, description="stage-2 estimator")
-    n: int | None = Field(None, ge=1, description="candidates entering the stage-2 LM pass")
+    n: int | None = Field(None, ge=1, le=LARGEST, description="candidates entering the stage-2 LM pass")
     pool: Literal["cosine", "rrf", "combsum-z"] | None = Field(None, description="stage-2 pool and prior")
     gold: str | None = Field(None, description="reference answer (needed by target 'gold')")
 
@@ -71,7 +75,7 @@ class SearchRequest(BaseModel):
 
 
 class AskRequest(SearchRequest):
-    max_new_tokens: int | None = Field(None, ge=1)
+    max_new_tokens: int | None = Field(None, ge=1, le=LARGEST)
     stream: bool = Field(False, description="answer as server-sent events: search, token..., answer")
 
     def check_limits(self, limits: ServerSettings, config) -> None:

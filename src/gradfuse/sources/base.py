@@ -22,7 +22,12 @@ class SourceError(RuntimeError):
 
 
 class UnknownSource(SourceError):
-    """A request named a source that is not built (or is disabled) in this workspace."""
+    """A request named a source that is not built (or is disabled) in this workspace. `public`: the message
+    without the names given (see `fusion.UnknownMethod`)."""
+
+    def __init__(self, message: str, public: str | None = None):
+        super().__init__(message)
+        self.public = public or "sources: no source of that name is built in this workspace"
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,8 @@ class SourceSpec:
 
 
 class InvalidSourceName(ValueError):
-    pass
+    public = ("invalid source name: use 1 to 64 ASCII letters, digits, '-' or '_', starting with a letter or "
+              "digit")
 
 
 _SOURCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", re.ASCII)

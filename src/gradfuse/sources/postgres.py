@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from gradfuse.candidate import Candidate
-from gradfuse.redact import has_url_password, redact
+from gradfuse.redact import driver_message, has_url_password, redact
 from gradfuse.sources.base import TIE_SLACK, SourceError, SourceStats, rank_by_score
 from gradfuse.sources.embedded import RETRIEVAL_MODES, hybrid_depth, rrf_in_source
 
@@ -157,7 +157,7 @@ def _probe(url: str, name: str) -> None:
         psycopg.connect(url, connect_timeout=5).close()
     except psycopg.Error as error:
         raise PostgresError(f"postgres source {name!r}: cannot connect to {safe_url(url)}: "
-                            f"{redact(str(error).strip().splitlines()[0])}") from error
+                            f"{driver_message(error)}") from error
 
 
 class PostgresSource:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from gradfuse.redact import redact
+from gradfuse.redact import driver_message
 from gradfuse.sources.base import SourceSpec
 from gradfuse.sources.build import BuildReport, read_documents
 from gradfuse.sources.documents import Document, IngestError, IngestReport
@@ -97,7 +97,7 @@ def load_into_postgres(
     try:
         conn = psycopg.connect(url, connect_timeout=10)
     except psycopg.Error as error:
-        raise PostgresError(f"cannot connect to {safe_url(url)}: {redact(str(error).strip().splitlines()[0])}") from error
+        raise PostgresError(f"cannot connect to {safe_url(url)}: {driver_message(error)}") from error
     with conn:
         _create(conn, settings, DIMENSION)
         _check_compatible(conn, settings, encoder)
