@@ -1,5 +1,6 @@
 import json
 import sqlite3
+import subprocess
 
 import pytest
 
@@ -194,3 +195,74 @@ def test_beir_ids_long_records_binary_and_utf16_files(ws, tmp_path):
     report = ws.index(SourceSpec("files", "files", str(files)))
     assert report.ingest["skipped_binary"] == 1 and report.documents == 1
     assert ws.source("files", "bm25").search("delta notes", 1)[0].text.startswith("Unicode notes")
+
+
+def test_a_file_swapped_for_a_link_after_the_listing_is_never_read_from_outside(tmp_path):
+    import threading
+
+    from gradfuse.sources.documents import IngestReport, read_files
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("TOP-SECRET outside the folder")
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    target, real, link = notes / "note.txt", tmp_path / "real.txt", tmp_path / "link.txt"
+    real.write_text("an ordinary note")
+    link.symlink_to(outside)
+    stop, leaked, runs = threading.Event(), 0, 0
+
+    def swap():  # the file flips between a regular file and a link out of the folder, atomically each time
+        staged = notes / ".staged.tmp"
+        while not stop.is_set():
+            for source in (real, link):
+                if source.is_symlink():
+                    staged.unlink(missing_ok=True)
+                    staged.symlink_to(outside)
+                else:
+                    staged.write_text(source.read_text())
+                staged.replace(target)
+
+    swapper = threading.Thread(target=swap, daemon=True)
+    swapper.start()
+    try:
+        for _ in range(3000):
+            report = IngestReport()
+            try:
+                documents = list(read_files(notes, report))
+            except FileNotFoundError:
+                continue  # caught between unlink and replace
+            runs += 1
+            leaked += sum("TOP-SECRET" in d.text for d in documents)
+    finally:
+        stop.set()
+        swapper.join()
+    assert runs > 1000 and leaked == 0, (runs, leaked)
+
+
+@pytest.fixture
+def notes(tmp_path):
+    """A folder the test fills; removed here, since pytest's own clean-up recurses and a 1,200-level tree
+    exceeds Python's recursion limit."""
+    folder = tmp_path / "notes"
+    yield folder
+    subprocess.run(["rm", "-rf", str(folder)], check=True)
+
+
+def test_odd_inputs_are_indexed_or_skipped_without_reading_them_whole(ws, tmp_path, notes):
+    notes.mkdir()
+    deep = notes
+    for _ in range(1200):  # deeper than Python's recursion limit
+        deep = deep / "d"
+        deep.mkdir()
+    (deep / "bottom.txt").write_text("The deepest note mentions the lighthouse keeper.")
+    with open(notes / "sparse.txt", "wb") as handle:  # 1 GB of zeros that take no disk
+        handle.truncate(1 << 30)
+    (notes / "one-word.txt").write_text("x" * 200_000)
+    report = ws.index(SourceSpec("odd", "files", str(notes)))
+    assert report.ingest["skipped_binary"] == 1
+    assert report.documents > 100  # the one 200,000-character word is cut into chunks, and the deep note kept
+    hits = ws.source("odd", "bm25").search("lighthouse keeper", 1)
+    assert hits and hits[0].doc_id.startswith("d/d/d/") and hits[0].doc_id.endswith("bottom.txt#0")
+    records = write_jsonl(tmp_path / "records.jsonl", [{"id": "blob", "text": "A" * 100_000}])
+    chunked = ws.index(SourceSpec("blobs", "jsonl", str(records)))
+    assert chunked.ingest["chunked_long_records"] == 1 and chunked.documents > 1

@@ -20,6 +20,7 @@ from gradfuse.sources.base import (
 )
 from gradfuse.sources.docstore import write_documents
 from gradfuse.sources.documents import (
+    CHARS_PER_WORD,
     Document,
     IngestError,
     IngestReport,
@@ -85,7 +86,8 @@ def read_documents(spec: SourceSpec, report: IngestReport) -> list[Document]:
 
 def _chunk_long_records(documents, report: IngestReport):
     for document in documents:
-        if len(document.text.split(maxsplit=LONG_RECORD_WORDS)) <= LONG_RECORD_WORDS:
+        short = len(document.text) <= LONG_RECORD_WORDS * CHARS_PER_WORD  # a record without spaces is long too
+        if short and len(document.text.split(maxsplit=LONG_RECORD_WORDS)) <= LONG_RECORD_WORDS:
             yield document
             continue
         report.chunked_long_records.append(document.doc_id)

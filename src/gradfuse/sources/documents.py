@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import codecs
 import json
+import os
 import re
+import stat
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -128,18 +131,30 @@ FILE_SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm")
 _WORD = re.compile(r"\S+")
 
 
+CHARS_PER_WORD = 12  # a chunk's character cap is this many per word: English averages about 6 with its space
+
+
 def chunk_text(text: str, *, words: int, overlap: int) -> list[tuple[int, int]]:
-    """Character spans of windows of `words` words, consecutive windows sharing `overlap` words."""
+    """Character spans of windows of `words` words, consecutive windows sharing `overlap` words. A window longer
+    than `words` x CHARS_PER_WORD characters (text without spaces: CJK, base64, one 10 MB word) is cut by
+    characters too, with the same share of overlap."""
     if overlap >= words:
         raise ValueError(f"overlap ({overlap}) must be smaller than the chunk size ({words} words)")
     bounds = [(m.start(), m.end()) for m in _WORD.finditer(text)]
     spans, step = [], words - overlap
     for first in range(0, len(bounds), step):
         last = min(first + words, len(bounds)) - 1
-        spans.append((bounds[first][0], bounds[last][1]))
+        spans += _by_characters(bounds[first][0], bounds[last][1], words * CHARS_PER_WORD,
+                                overlap * CHARS_PER_WORD)
         if last == len(bounds) - 1:
             break
     return spans
+
+
+def _by_characters(start: int, end: int, size: int, overlap: int) -> list[tuple[int, int]]:
+    if end - start <= size:
+        return [(start, end)]
+    return [(first, min(first + size, end)) for first in range(start, end - overlap, size - overlap)]
 
 
 def chunk_documents(documents: Iterator[Document], *, words: int, overlap: int) -> Iterator[Document]:
@@ -156,18 +171,19 @@ def chunk_documents(documents: Iterator[Document], *, words: int, overlap: int) 
 
 
 def read_files(folder: Path, report: IngestReport, *, links_outside: bool = False) -> Iterator[Document]:
-    """Every .txt/.md/.html file under `folder` as one document named by its relative path. A symbolic link that
-    resolves outside the folder is skipped and reported (a link to /etc/passwd must not end up served by search)
-    unless `links_outside` allows it."""
+    """Every .txt/.md/.html file under `folder` as one document named by its relative path. A file whose opened
+    descriptor lies outside the folder (a symbolic link out of it, or one swapped in after the listing) is skipped
+    and reported (a link to /etc/passwd must not end up served by search) unless `links_outside` allows it."""
     if not folder.is_dir():
         raise IngestError(f"{folder} is not a folder")
     root = folder.resolve()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in FILE_SUFFIXES):
+    for path in _walk(folder):
         relative = path.relative_to(folder).as_posix()
-        if not links_outside and not path.resolve().is_relative_to(root):
-            report.skipped_links_outside.append(relative)
-            continue
-        decoded = _read_text_file(path, relative, report)
+        with _opened(path, root, links_outside) as (handle, outside):
+            if outside:
+                report.skipped_links_outside.append(relative)
+                continue
+            decoded = _read_text_file(handle, path, relative, report) if handle else None
         if decoded is None:
             report.skipped_binary.append(relative)
             continue
@@ -178,17 +194,47 @@ def read_files(folder: Path, report: IngestReport, *, links_outside: bool = Fals
         yield Document(doc_id=relative, text=text, title=title)
 
 
+def _walk(folder: Path) -> list[Path]:
+    """The text files under `folder`, sorted, without recursion (a folder 1,200 levels deep is fine) and without
+    entering linked folders (as Path.rglob)."""
+    found, pending = [], [folder]
+    while pending:
+        with os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(Path(entry.path))
+                elif Path(entry.name).suffix.lower() in FILE_SUFFIXES and entry.is_file():
+                    found.append(Path(entry.path))
+    return sorted(found)
+
+
+@contextmanager
+def _opened(path: Path, root: Path, links_outside: bool):
+    """(a binary handle on `path`, or None when it is not a regular file; whether it lies outside `root`). The
+    check is on the opened descriptor, not on the name: checking the name, then opening it, let a file swapped for
+    a link in between be read from outside the folder. O_NONBLOCK: a FIFO swapped in does not block the build."""
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    handle = os.fdopen(descriptor, "rb")
+    try:
+        outside = not links_outside and not Path(os.readlink(f"/proc/self/fd/{descriptor}")).is_relative_to(root)
+        yield (handle if stat.S_ISREG(os.fstat(descriptor).st_mode) else None), outside
+    finally:
+        handle.close()
+
+
 _BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
          (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))  # UTF-32 first: its LE BOM starts
 # with UTF-16's
 
 
-def _read_text_file(path: Path, relative: str, report: IngestReport) -> tuple[str, str] | None:
-    """(title, text), or None for binary data behind a text suffix (NUL bytes in a file without a BOM)."""
-    raw = path.read_bytes()
-    encoding = next((name for bom, name in _BOMS if raw.startswith(bom)), None)
-    if encoding is None and b"\x00" in raw[:8192]:
+def _read_text_file(handle, path: Path, relative: str, report: IngestReport) -> tuple[str, str] | None:
+    """(title, text), or None for binary data behind a text suffix (NUL bytes in a file without a BOM), known
+    from the first 8 KiB before the rest is read (a 1.5 GB binary file took 1.8 GB of memory to skip)."""
+    head = handle.read(8192)
+    encoding = next((name for bom, name in _BOMS if head.startswith(bom)), None)
+    if encoding is None and b"\x00" in head:
         return None
+    raw = head + handle.read()
     try:
         content = raw.decode(encoding or "utf-8")
     except UnicodeDecodeError:
