@@ -21,13 +21,16 @@ MAX_CONNECTIONS = 24
 def _config(tmp_path, workspace) -> str:
     path = tmp_path / "gradfuse.toml"
     path.write_text(f'workspace = "{workspace.root}"\n[server]\nmax_connections = {MAX_CONNECTIONS}\n'
+                    f'max_client_connections = {MAX_CONNECTIONS}\n'  # every test client is 127.0.0.1 here
                     'header_timeout_s = 3.0\nbody_timeout_s = 4.0\nkeep_alive_s = 600.0\n')
     return str(path)
 
 
-def _open(url: str) -> socket.socket:
+def _open(url: str, source: str | None = None) -> socket.socket:
+    """A connection to the server, from `source` (another loopback address, as another client) if given."""
     parsed = urlparse(url)
-    return socket.create_connection((parsed.hostname, parsed.port), timeout=30)
+    return socket.create_connection((parsed.hostname, parsed.port), timeout=30,
+                                    source_address=(source, 0) if source else None)
 
 
 def _closed_by_server(sock: socket.socket, within_s: float) -> bytes | None:
@@ -143,3 +146,18 @@ def test_the_access_log_is_written_and_capped_per_line_not_per_template(workspac
     health = [line for line in text.splitlines() if '"GET /healthz HTTP/1.1" 200' in line]
     options = [line for line in text.splitlines() if '"GET /options HTTP/1.1" 200' in line]
     assert len(health) >= 15 and len(options) == 2, text[-2000:]
+
+
+def test_one_client_address_cannot_hold_every_connection(workspace, tmp_path):
+    config = tmp_path / "per-client.toml"
+    config.write_text(f'workspace = "{workspace.root}"\n[server]\nmax_connections = 12\n'
+                      'max_client_connections = 4\nheader_timeout_s = 30.0\n')
+    with ExitStack() as stack:
+        url = stack.enter_context(gradfuse_serve(workspace.root, "--config", str(config), env={API_KEY_ENV: ""}))
+        greedy = [stack.enter_context(_open(url, "127.0.0.2")) for _ in range(12)]  # never send a byte
+        for sock in greedy:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\n")  # half a request: held until the header deadline
+        held = [s for s in greedy if _closed_by_server(s, 1.0) is None]
+        assert len(held) == 4  # the rest were closed unread
+        answer = httpx.post(url + "/search", json={"query": "moons of Mars", "method": "rrf", "k": 2}, timeout=30)
+        assert answer.status_code == 200  # another client still gets in

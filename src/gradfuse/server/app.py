@@ -276,7 +276,8 @@ def serve(workspace: Workspace, settings: ServerSettings, *, preload_lm: bool = 
     app = create_app(workspace, settings, preload_lm=preload_lm)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
                             timeout_graceful_shutdown=5, timeout_keep_alive=settings.keep_alive_s,
-                            http=guarded_protocol(settings.max_connections, settings.header_timeout_s))
+                            http=guarded_protocol(settings.max_connections, settings.header_timeout_s,
+                                                  settings.max_client_connections))
     server = uvicorn.Server(config)
     bound_logs()  # after uvicorn configured its loggers
     for name in ("uvicorn.error", "uvicorn.access", "gradfuse.server", "asyncio"):

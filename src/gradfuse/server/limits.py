@@ -22,22 +22,34 @@ log = logging.getLogger("gradfuse.server")
 FD_HEADROOM = 64  # descriptors beyond the connections: indexes, the log, the model files
 
 
-def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[H11Protocol]:
-    """uvicorn's HTTP/1.1 protocol with a connection cap and a header deadline, re-armed for each kept-alive
-    request."""
+def guarded_protocol(max_connections: int, header_timeout_s: float,
+                     max_client_connections: int | None = None) -> type[H11Protocol]:
+    """uvicorn's HTTP/1.1 protocol with a connection cap, a cap per client address below it (one client that
+    reconnects as fast as it is cut off must not hold every place), and a header deadline, re-armed for each
+    kept-alive request."""
+    per_client = max_client_connections or max_connections
 
     class GuardedH11Protocol(H11Protocol):
         refused = False
         header_deadline = None
 
         def connection_made(self, transport) -> None:
+            address = _client_address(transport)
             if len(self.connections) >= max_connections:
-                self.refused, self.transport = True, transport
-                log.warning("refused a connection: %d open, the limit (max_connections)", len(self.connections))
-                transport.abort()
+                self._refuse(transport, "refused a connection: %d open, the limit (max_connections)",
+                             len(self.connections))
+                return
+            if sum(_client_address(c.transport) == address for c in self.connections) >= per_client:
+                self._refuse(transport, "refused a connection: %d open from one client address, the limit "
+                             "(max_client_connections)", per_client)
                 return
             super().connection_made(transport)
             self._arm_header_deadline()
+
+        def _refuse(self, transport, message: str, count: int) -> None:
+            self.refused, self.transport = True, transport
+            log.warning(message, count)
+            transport.abort()
 
         def data_received(self, data: bytes) -> None:
             if self.refused:
@@ -74,6 +86,11 @@ def guarded_protocol(max_connections: int, header_timeout_s: float) -> type[H11P
                 self.transport.close()
 
     return GuardedH11Protocol
+
+
+def _client_address(transport) -> str | None:
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    return peer[0] if isinstance(peer, tuple) and peer else None
 
 
 def raise_descriptor_limit(max_connections: int) -> None:

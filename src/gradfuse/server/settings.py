@@ -33,6 +33,9 @@ class ServerSettings:
     # request's line and headers must arrive within header_timeout_s, its body within body_timeout_s (408);
     # an idle kept-alive connection is closed after keep_alive_s.
     max_connections: int = 256
+    # Connections one client address may hold at once (behind a reverse proxy every client shares its address:
+    # raise it to max_connections there).
+    max_client_connections: int = 32
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
     keep_alive_s: float = 5.0
@@ -48,9 +51,11 @@ class ServerSettings:
         object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
         object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
         for name in ("max_body_bytes", "max_query_chars", "max_gold_chars", "max_k", "max_n", "max_depth", "max_new_tokens",
-                     "lm_queue", "max_lm_passes", "max_connections"):
+                     "lm_queue", "max_lm_passes", "max_connections", "max_client_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        if self.max_client_connections > self.max_connections:
+            raise ValueError("max_client_connections must not be above max_connections")
         if self.ray_replicas < 0:
             raise ValueError("ray_replicas must be 0 (one per GPU or node) or more")
         for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
