@@ -266,3 +266,58 @@ def test_odd_inputs_are_indexed_or_skipped_without_reading_them_whole(ws, tmp_pa
     records = write_jsonl(tmp_path / "records.jsonl", [{"id": "blob", "text": "A" * 100_000}])
     chunked = ws.index(SourceSpec("blobs", "jsonl", str(records)))
     assert chunked.ingest["chunked_long_records"] == 1 and chunked.documents > 1
+
+
+def _open_on_deleted_files(folder) -> int:
+    import os
+
+    links = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+             if os.path.islink(f"/proc/self/fd/{fd}")]
+    return sum(str(folder) in link and link.endswith("(deleted)") for link in links)
+
+
+def test_replaced_versions_are_closed_when_their_last_request_ends(ws, tmp_path):
+    corpus = write_jsonl(tmp_path / "notes.jsonl", ASTRONOMY)
+    ws.index(SourceSpec("notes", "jsonl", str(corpus)))
+    source_dir = ws.root / "sources" / "notes"
+    for round_ in range(6):  # publish, then search, as a long-running server sees rebuilds
+        write_jsonl(corpus, ASTRONOMY + [{"id": f"extra-{round_}", "text": f"Extra note number {round_}."}])
+        ws.index(SourceSpec("notes", "jsonl", str(corpus)))
+        assert ws.search("moons of Mars", method="rrf", k=2).candidates
+    assert _open_on_deleted_files(source_dir) == 0
+
+    with ws.holding("notes", "bm25") as held:  # a request in flight across a publish keeps its version open
+        write_jsonl(corpus, ASTRONOMY)
+        ws.index(SourceSpec("notes", "jsonl", str(corpus)))
+        assert ws.search("Phobos", method="rrf", retrieval="bm25", k=1).candidates[0].doc_id == "mars"
+        assert held.search("Phobos", 1)[0].doc_id == "mars"
+        assert _open_on_deleted_files(source_dir) > 0
+    assert _open_on_deleted_files(source_dir) == 0
+
+
+def test_a_reader_racing_publishes_always_finds_a_version(tmp_path):
+    import threading
+
+    from gradfuse.sources.base import publish_version
+
+    source_dir = tmp_path / "source"
+    (source_dir / "v-0").mkdir(parents=True)
+    publish_version(source_dir, source_dir / "v-0")
+    stop, missing = threading.Event(), 0
+
+    def publish():
+        number = 0
+        while not stop.is_set():
+            number += 1
+            (source_dir / f"v-{number}").mkdir()
+            publish_version(source_dir, source_dir / f"v-{number}")  # deletes the one before
+
+    publisher = threading.Thread(target=publish, daemon=True)
+    publisher.start()
+    try:
+        for _ in range(5000):
+            missing += current_version(source_dir) is None
+    finally:
+        stop.set()
+        publisher.join()
+    assert missing == 0

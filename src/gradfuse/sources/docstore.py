@@ -87,4 +87,5 @@ class DocStore:
             ) if doc_ids else {}
 
     def close(self) -> None:
-        self._db.close()
+        with self._lock:
+            self._db.close()

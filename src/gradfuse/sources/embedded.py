@@ -120,6 +120,11 @@ class EmbeddedSource:
 
             self._ann = faiss.read_index(str(version / ANN_FILE))
 
+    def close(self) -> None:
+        """Let go of the version's files (a replaced version's are deleted: open, they hold their disk space)."""
+        self._docs.close()
+        self._searcher = self._index = self._vectors = self._ann = None
+
     def search(self, query: str, k: int, *, mode: str | None = None) -> list[Candidate]:
         mode, deeper = mode or self.mode, k + TIE_SLACK
         if mode == "bm25":

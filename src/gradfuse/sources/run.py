@@ -69,6 +69,11 @@ class RunSource:
         self._db = sqlite3.connect(f"file:{version / 'docs.sqlite'}?mode=ro", uri=True, check_same_thread=False)
         self._lock = threading.Lock()
 
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+        self._docs.close()
+
     def search(self, query: str, k: int) -> list[Candidate]:
         with self._lock:
             match = self._db.execute(
