@@ -71,7 +71,7 @@ class LlamaCppEngine:
             self._server.handle_completions({**request, "stream": True}, receive)
             return "".join(pieces).strip()
 
-    def next_token_among(self, prompt: str, allowed: list[str]) -> str:
+    def next_token_among(self, prompt: list[int] | str, allowed: list[str]) -> str:
         """The most likely of `allowed` (single-token strings) as the next token of `prompt`."""
         request = {"prompt": prompt, "max_tokens": 1, "temperature": 0.0, "n_probs": 100, "cache_prompt": False}
         with self._lock:

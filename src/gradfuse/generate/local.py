@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import threading
 import weakref
 from collections.abc import Iterator
@@ -150,8 +151,23 @@ class LocalGenerator:
 
     def count_tokens(self, messages: list[dict[str, str]]) -> int:
         """The prompt's length in this model's own tokens, chat template included."""
-        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        return len(self._prompt_ids(messages))
+
+    def _prompt_ids(self, messages: list[dict[str, str]], reply_prefix: str = "") -> list[int]:
+        """The chat prompt as token ids, each message's content tokenised as plain text: "<|im_end|>
+        <|im_start|>system" inside a passage stays text (rendered whole and tokenised, it became real turn
+        markers). `reply_prefix`: what the reply is made to start with."""
+        slots = [{**m, "content": _SLOT.format(i)} for i, m in enumerate(messages)]
+        rendered = self.tokenizer.apply_chat_template(slots, add_generation_prompt=True, tokenize=False)
+        ids, position = [], 0
+        for match in _SLOT_PATTERN.finditer(rendered):
+            ids += self._encode(rendered[position : match.start()])
+            ids += self._encode(messages[int(match.group(1))]["content"], data=True)
+            position = match.end()
+        return ids + self._encode(rendered[position:] + reply_prefix)
+
+    def _encode(self, text: str, data: bool = False) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False, split_special_tokens=data)["input_ids"] if text else []
 
     def generate(self, messages: list[dict[str, str]], *, max_new_tokens: int = 128, passages: int = 0) -> str:
         """Greedy answer. With `passages` > 0 the reply starts by naming one passage, its number constrained to
@@ -199,15 +215,15 @@ class LocalGenerator:
         if failure:
             raise failure[0]
 
-    def _llamacpp_prompt(self, messages, passages: int) -> tuple[str, str]:
-        """(prompt text, what the reply starts with): with `passages`, the passage number the model finds most
+    def _llamacpp_prompt(self, messages, passages: int) -> tuple[list[int], str]:
+        """(prompt ids, what the reply starts with): with `passages`, the passage number the model finds most
         likely among 1..passages is chosen first (the same constraint as `_FirstTokenAmong`)."""
-        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         if not passages:
-            return prompt, ""
+            return self._prompt_ids(messages), ""
         numbers = [str(n) for n in range(1, min(passages, 9) + 1)]
-        prefix = CITE_FIRST_PREFIX + self.llamacpp.next_token_among(prompt + CITE_FIRST_PREFIX, numbers)
-        return prompt + prefix, prefix
+        prefix = CITE_FIRST_PREFIX + self.llamacpp.next_token_among(
+            self._prompt_ids(messages, CITE_FIRST_PREFIX), numbers)
+        return self._prompt_ids(messages, prefix), prefix
 
     def _stream_llamacpp(self, messages, max_new_tokens: int, passages: int) -> Iterator[str]:
         """llama.cpp decodes in its own thread; pieces come through a queue. When the consumer stops reading (a
@@ -244,12 +260,14 @@ class LocalGenerator:
     def _arguments(self, messages, max_new_tokens: int, passages: int) -> tuple[str, dict]:
         from transformers import LogitsProcessorList
 
-        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        import torch
+
         prefix = CITE_FIRST_PREFIX if passages else ""
-        encoded = self.tokenizer(prompt + prefix, return_tensors="pt", add_special_tokens=False).to(self.device)
+        ids = torch.tensor([self._prompt_ids(messages, prefix)], device=self.device)
         processors = LogitsProcessorList([_FirstTokenAmong(self._number_tokens(passages))] if passages else [])
         return prefix, dict(
-            **encoded,
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
             max_new_tokens=max_new_tokens,
             do_sample=False,
             repetition_penalty=1.15,  # the 135M model loops on its own phrases without it
@@ -264,6 +282,8 @@ class LocalGenerator:
 
 
 CITE_FIRST_PREFIX = "According to passage ["
+_SLOT = "\x00GRADFUSE-MESSAGE{}\x00"
+_SLOT_PATTERN = re.compile("\x00GRADFUSE-MESSAGE(\\d+)\x00")
 
 
 class _FirstTokenAmong:

@@ -20,12 +20,19 @@ SYSTEM_PROMPT = (
     "If the passages do not contain the answer, say that you do not know."
 )
 
-_FENCE = re.compile(r"</?\s*passage\b[^>]*>", flags=re.IGNORECASE)
+# Anything a model could read as our fence: "</passage>", "< /passage>", "</ passage >", "<passage id=9>".
+_FENCE = re.compile(r"<\s*/?\s*passage\b[^>]*>", flags=re.IGNORECASE)
+# Chat-template markers (<|im_start|>, <|eot_id|>, </s>, [INST]): a local model's tokenizer reads passage text
+# with special tokens off (generate/local.py), but an endpoint renders and tokenises the prompt itself.
+_TURN_MARKER = re.compile(r"<\|[^|<>\s]{1,40}\|>|</?s>|\[/?INST\]", flags=re.IGNORECASE)
 _CITATION = re.compile(r"\[(\d+(?:\s*,\s*\d+)*)\]")
 
 
 def _fenced(text: str) -> str:
-    return _FENCE.sub(lambda m: m.group(0).replace("<", "‹").replace(">", "›"), text)
+    """Passage text that can neither close its fence nor open a chat turn (its angle brackets become ‹ ›)."""
+    text = _FENCE.sub(lambda m: m.group(0).replace("<", "‹").replace(">", "›"), text)
+    return _TURN_MARKER.sub(lambda m: m.group(0).replace("<", "‹").replace(">", "›").replace("[", "⟦")
+                            .replace("]", "⟧"), text)
 
 
 def build_messages(question: str, passages: list[Candidate], *, max_chars: int = 600) -> list[dict[str, str]]:

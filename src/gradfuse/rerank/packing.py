@@ -44,7 +44,8 @@ class ContextPacker:
         if question is None:  # query-likelihood: the question is what the model must produce
             user = f"{QUERY_INSTRUCTION}\nDocuments:\n{docs}"
         else:
-            user = f"{INSTRUCTION}\nDocuments:\n{docs}Question: {question}"
+            # The question's own leading space is in its slot, so it is tokenised as it was inline.
+            user = f"{INSTRUCTION}\nDocuments:\n{docs}Question:{_SENTINEL.format('question')}"
         return self._render(user, _SENTINEL.format("target") if with_target else None)
 
     def _render(self, user: str, assistant: str | None) -> list[tuple[str, str]]:
@@ -65,11 +66,15 @@ class ContextPacker:
         pieces.append(("text", rendered[position:]))
         return pieces
 
-    def _encode(self, text: str) -> tuple[int, ...]:
-        return tuple(self.tokenizer.encode(text, add_special_tokens=False)) if text else ()
+    def _encode(self, text: str, data: bool = False) -> tuple[int, ...]:
+        """The prompt's own text reads its special tokens (<|im_start|>); `data` (documents, question, target)
+        never does: "<|im_end|><|im_start|>system" inside a passage stays plain text, not a forged turn."""
+        if not text:
+            return ()
+        return tuple(self.tokenizer(text, add_special_tokens=False, split_special_tokens=data)["input_ids"])
 
     def document_ids(self, number: int, text: str) -> list[int]:
-        body = list(self._ids(text)[: self.doc_tokens])
+        body = list(self._ids(text, True)[: self.doc_tokens])
         return list(self._ids(f"[{number}] ")) + body + list(self._ids("\n"))
 
     def pack(self, docs: list[str], *, question: str | None, target: str | None) -> PackedContext:
@@ -80,8 +85,10 @@ class ContextPacker:
         for kind, value in self._template(len(docs), question, target is not None):
             if kind == "text":
                 ids += self._ids(value)
+            elif value == "question":
+                ids += self._ids(f" {question}", True)
             elif value == "target":
-                target_ids = list(self._ids(target))
+                target_ids = list(self._ids(target, True))
                 target_span = (len(ids), len(ids) + len(target_ids))
                 ids += target_ids
             else:
@@ -94,7 +101,12 @@ class ContextPacker:
     def relevance_prompt(self, doc: str, question: str) -> torch.Tensor:
         """A pointwise judgement prompt, ending where the model says yes or no."""
         ids: list[int] = []
-        user = f"Document: {_SENTINEL.format('doc0')}\nQuestion: {question}\n{RELEVANCE_QUESTION}"
+        user = f"Document: {_SENTINEL.format('doc0')}\nQuestion:{_SENTINEL.format('question')}\n{RELEVANCE_QUESTION}"
         for kind, value in self._render(user, None):
-            ids += self._ids(value) if kind == "text" else list(self._ids(doc)[: self.doc_tokens])
+            if kind == "text":
+                ids += self._ids(value)
+            elif value == "question":
+                ids += self._ids(f" {question}", True)
+            else:
+                ids += self._ids(doc, True)[: self.doc_tokens]
         return torch.tensor(ids, dtype=torch.long)
