@@ -321,3 +321,64 @@ def test_a_reader_racing_publishes_always_finds_a_version(tmp_path):
         stop.set()
         publisher.join()
     assert missing == 0
+
+
+def test_a_failed_build_leaves_nothing_behind_and_a_build_is_private_to_its_owner(ws, tmp_path):
+    import stat
+
+    corpus = write_jsonl(tmp_path / "notes.jsonl", ASTRONOMY + [ASTRONOMY[0]])  # a duplicate id
+    with pytest.raises(ValueError, match="duplicate document id"):
+        ws.index(SourceSpec("notes", "jsonl", str(corpus)))
+    assert not list((ws.root / "sources" / "notes").glob("build-*"))
+    write_jsonl(corpus, ASTRONOMY)
+    ws.index(SourceSpec("notes", "jsonl", str(corpus)))
+    version = current_version(ws.root / "sources" / "notes")
+    for path in [ws.root, ws.root / "sources", version, *version.rglob("*"), ws.root / "cache" / "embeddings.sqlite"]:
+        assert stat.S_IMODE(path.stat().st_mode) & 0o077 == 0, path  # nothing readable by others
+
+
+def test_run_files_with_unusable_ranks_or_scores_are_refused_by_line(ws, tmp_path):
+    from gradfuse.sources.run import read_trec_run
+
+    for line in ("q1 Q0 d1 1 nan tag", "q1 Q0 d1 1 inf tag", f"q1 Q0 d1 {10**30} 1.0 tag"):
+        (tmp_path / "run.trec").write_text("q1 Q0 d0 1 2.0 tag\n" + line + "\n")
+        with pytest.raises(IngestError, match="run.trec:2: the rank must be"):
+            list(read_trec_run(tmp_path / "run.trec"))
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text('{"id": "ok", "text": "fine"}\n' + "[" * 100_000 + "\n" + '{"id": ' + "9" * 5000 + ', "text": "x"}\n')
+    report = ws.index(SourceSpec("deep", "jsonl", str(deep), {"skip_malformed": True}))
+    assert report.documents == 1 and report.ingest["skipped_malformed"] == 2
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MB file system of its own (tmpfs; needs root, as `make test` here runs)."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "--lazy", str(mount)], check=True)
+
+
+def test_a_full_disk_is_one_clear_error_and_the_published_version_stays(small_disk, tmp_path):
+    ws = Workspace(Config(workspace=small_disk / "ws"))
+    corpus = write_jsonl(tmp_path / "notes.jsonl", ASTRONOMY)
+    try:
+        _fill_the_disk(ws, corpus, small_disk)
+    finally:
+        ws.close()
+
+
+def _fill_the_disk(ws, corpus, small_disk):
+    ws.index(SourceSpec("notes", "jsonl", str(corpus)))
+    published = current_version(small_disk / "ws" / "sources" / "notes")
+    big = [{"id": f"log-{i}", "text": f"Entry {i}: " + " ".join(f"w{i}x{j}" for j in range(1200))} for i in range(300)]
+    write_jsonl(corpus, big)
+    with pytest.raises(IngestError, match="the disk is full") as raised:
+        ws.index(SourceSpec("notes", "jsonl", str(corpus)))
+    assert "\n" not in str(raised.value)
+    assert current_version(small_disk / "ws" / "sources" / "notes") == published
+    assert not list((small_disk / "ws" / "sources" / "notes").glob("build-*"))
+    assert ws.search("Phobos", method="rrf", retrieval="bm25", k=1).candidates[0].doc_id == "mars"

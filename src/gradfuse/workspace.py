@@ -108,6 +108,26 @@ class Workspace:
     def open(cls, config_file: Path | None = None, *, workspace: Path | None = None) -> Workspace:
         return cls(load_config(config_file, workspace=workspace))
 
+    def close(self) -> None:
+        """Close every opened source, database pool and the embedding cache (from this thread: a pool left to
+        the garbage collector was closed from its own worker thread, which cannot join itself)."""
+        with self._lock:
+            opened, self._sources = list(self._sources.values()), {}
+            tables, self._tables = list(self._tables.values()), {}
+            embeddings, self._embeddings = self._embeddings, None
+        for source in opened:
+            source.close()
+        for table in tables:
+            table.close()
+        if embeddings is not None:
+            embeddings.close()
+
+    def __enter__(self) -> Workspace:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     # --- building
 
     def index(self, spec: SourceSpec, *, into: str | None = None, table: str | None = None,
@@ -199,9 +219,11 @@ class Workspace:
             table = self._tables.get(name)
         if table is None or table.settings != settings:
             timeout = self.config.settings(name).timeout_s or self.config.timeout_s
-            table = PostgresTable(name, settings, timeout_s=timeout)
+            replaced, table = table, PostgresTable(name, settings, timeout_s=timeout)
             with self._lock:
                 self._tables[name] = table
+            if replaced is not None:
+                replaced.close()
         return PostgresSource(table, mode=mode, encoder=self.config.encoder)
 
     def source_health(self) -> list[tuple[str, SourceStats | None, str | None]]:

@@ -133,13 +133,29 @@ def publish_version(source_dir: Path, version: Path) -> None:
             shutil.rmtree(stale, ignore_errors=True)
 
 
+def private_folder(folder: Path, *, up_to: Path | None = None) -> Path:
+    """`folder` (made if missing), and each folder above it up to `up_to`, readable by its owner only: an index
+    holds the documents' text, and under the usual umask 022 anyone on the machine could read it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    level = folder
+    while True:
+        os.chmod(level, 0o700)
+        if up_to is None or level == up_to or level.parent == level:
+            return folder
+        level = level.parent
+
+
 def _sync_tree(folder: Path) -> None:
+    """Every file under `folder` on disk (and private: 0600 files, 0700 folders), then the folders."""
     for path in sorted(folder.rglob("*"), reverse=True):  # files before the folders that hold them
         if path.is_file():
+            os.chmod(path, 0o600)
             with open(path, "rb") as handle:
                 os.fsync(handle.fileno())
         elif path.is_dir():
+            os.chmod(path, 0o700)
             _sync_folder(path)
+    os.chmod(folder, 0o700)
     _sync_folder(folder)
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import shutil
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -14,6 +17,7 @@ from gradfuse.sources.base import (
     FORMAT_VERSION,
     SourceSpec,
     current_version,
+    private_folder,
     publish_version,
     read_manifest,
     write_manifest,
@@ -94,6 +98,11 @@ def _chunk_long_records(documents, report: IngestReport):
         yield from chunk_documents([document], words=FILE_CHUNK_WORDS, overlap=FILE_CHUNK_OVERLAP)
 
 
+def _disk_full(error: BaseException) -> bool:
+    return ((isinstance(error, OSError) and error.errno == errno.ENOSPC)
+            or (isinstance(error, sqlite3.OperationalError) and "disk is full" in str(error)))
+
+
 def _run_inputs(spec: SourceSpec) -> tuple[Path, Path]:
     corpus = Path(spec.options["corpus"])
     queries = Path(spec.options.get("queries") or corpus.parent / "queries.jsonl")
@@ -137,36 +146,45 @@ def _build(workspace: Path, spec: SourceSpec, encoder: str, progress: bool) -> B
         return BuildReport(spec.name, "unchanged", len(documents), time.perf_counter() - started,
                            ingest=report.summary())
 
-    source_dir.mkdir(parents=True, exist_ok=True)
+    private_folder(source_dir, up_to=workspace)
+    for stale in source_dir.glob("build-*"):  # left by a build that was killed: this one holds the lock now
+        shutil.rmtree(stale, ignore_errors=True)
     stamp = datetime.now(timezone.utc)
     building = source_dir / f"build-{stamp:%Y%m%dT%H%M%S%f}-{os.getpid()}"
     building.mkdir()
-    count = write_documents(building / "docs.sqlite", documents)
-    manifest = {
-        "name": spec.name,
-        "kind": spec.kind,
-        "input": str(Path(spec.path).resolve()),
-        "options": spec.options,
-        "documents": count,
-        "fingerprint": fingerprint,
-        "built_at": stamp.isoformat(timespec="seconds"),
-        "format_version": FORMAT_VERSION,
-        "ingest": report.summary(),
-        "encoder": None,
-    }
-    embedded_now = 0
-    if spec.kind == "run":
-        manifest.update(write_run_tables(building, Path(spec.path), queries, report))
-        manifest["corpus"] = str(corpus.resolve())
-    else:
-        cache = EmbeddingCache(workspace / "cache" / "embeddings.sqlite", load_encoder(encoder))
-        try:
-            embedded_now = write_embedded_index(building, documents, cache, progress)
-        finally:
-            cache.close()
-        manifest["encoder"] = encoder
-    write_manifest(building, manifest)
-    version = building.with_name("v-" + building.name.removeprefix("build-"))
-    building.rename(version)
-    publish_version(source_dir, version)
+    try:
+        count = write_documents(building / "docs.sqlite", documents)
+        manifest = {
+            "name": spec.name,
+            "kind": spec.kind,
+            "input": str(Path(spec.path).resolve()),
+            "options": spec.options,
+            "documents": count,
+            "fingerprint": fingerprint,
+            "built_at": stamp.isoformat(timespec="seconds"),
+            "format_version": FORMAT_VERSION,
+            "ingest": report.summary(),
+            "encoder": None,
+        }
+        embedded_now = 0
+        if spec.kind == "run":
+            manifest.update(write_run_tables(building, Path(spec.path), queries, report))
+            manifest["corpus"] = str(corpus.resolve())
+        else:
+            cache = EmbeddingCache(workspace / "cache" / "embeddings.sqlite", load_encoder(encoder))
+            try:
+                embedded_now = write_embedded_index(building, documents, cache, progress)
+            finally:
+                cache.close()
+            manifest["encoder"] = encoder
+        write_manifest(building, manifest)
+        version = building.with_name("v-" + building.name.removeprefix("build-"))
+        building.rename(version)
+        publish_version(source_dir, version)
+    except BaseException as error:
+        shutil.rmtree(building, ignore_errors=True)
+        if _disk_full(error):
+            raise IngestError(f"source {spec.name!r}: the disk is full (building in {source_dir}): free some "
+                              "space and index again; the published version is unchanged") from None
+        raise
     return BuildReport(spec.name, "built", count, time.perf_counter() - started, embedded_now, report.summary())

@@ -95,6 +95,10 @@ def _record(raw: bytes, id_fields: tuple[str, ...], text_field: str, title_field
         record = json.loads(line)
     except json.JSONDecodeError as error:
         raise _BadRecord(f"invalid JSON ({error.msg} at column {error.colno})") from None
+    except RecursionError:
+        raise _BadRecord("JSON nested too deeply to read") from None
+    except ValueError:  # an integer of more than 4,300 digits
+        raise _BadRecord("a number too long to read (over 4,300 digits)") from None
     if not isinstance(record, dict):
         raise _BadRecord(f"expected a JSON object, got {type(record).__name__}")
     present = [f for f in id_fields if f in record]

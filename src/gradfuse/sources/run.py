@@ -6,6 +6,7 @@ A run only knows the queries it was made for, so this source answers a query who
 
 from __future__ import annotations
 
+import math
 import re
 import sqlite3
 import threading
@@ -16,6 +17,9 @@ from gradfuse.candidate import Candidate
 from gradfuse.sources.base import SourceError, SourceStats, read_manifest, stats_from_manifest
 from gradfuse.sources.docstore import DocStore
 from gradfuse.sources.documents import IngestError, IngestReport, read_jsonl
+
+
+MAX_RANK = 2**31 - 1  # SQLite's integers overflow far above; no run ranks that deep
 
 
 def normalise_query(text: str) -> str:
@@ -32,9 +36,14 @@ def read_trec_run(path: Path) -> Iterator[tuple[str, str, int, float]]:
             if len(fields) != 6:
                 raise IngestError(f"{path}:{line_number}: expected 'qid Q0 docid rank score tag', got {len(fields)} fields")
             try:
-                yield fields[0], fields[2], int(fields[3]), float(fields[4])
+                rank, score = int(fields[3]), float(fields[4])
             except ValueError as error:
                 raise IngestError(f"{path}:{line_number}: bad rank or score ({error})") from error
+            if not 0 <= rank <= MAX_RANK or not math.isfinite(score):
+                # A NaN score built and then failed every query; inf went out as "Infinity", which is not JSON.
+                raise IngestError(f"{path}:{line_number}: the rank must be 0 to {MAX_RANK} and the score a finite "
+                                  "number")
+            yield fields[0], fields[2], rank, score
 
 
 def write_run_tables(version: Path, run_path: Path, queries_path: Path, report: IngestReport) -> dict[str, int]:
