@@ -37,14 +37,24 @@ def test_toml_declares_sources_models_and_defaults_and_flags_override(tmp_path):
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("[defaults]\nfusoin = 'rrf'\n", "unknown keys \\['fusoin'\\]"),
-        ("[defaults]\nk = 'ten'\n", "k must be int"),
+        ("[defaults]\nfusoin = 'rrf'\n", "\\[defaults\\]: fusoin: Extra inputs are not permitted"),
+        ("[defaults]\nk = 'ten'\n", "k: Input should be a valid integer"),
+        ("[defaults]\nk = -3\n", "k: Input should be greater than or equal to 1"),
+        ("[defaults]\ndepth = 1000000000000\n", "depth: Input should be less than or equal to 100000"),
+        ("[defaults]\ntimeout_s = 'fast'\n", "timeout_s: Input should be a valid number"),
+        ("[server]\ncors_origins = 'https://a.example'\n", "cors_origins: Input should be a valid tuple"),
+        ("[server]\nport = 70000\n", "port: Input should be less than or equal to 65535"),
+        ("[rerank]\nn = 0\n", "\\[rerank\\]: n: Input should be greater than or equal to 1"),
+        ("[rerank]\nprior_weight = nan\n", "prior_weight: Input should be a finite number"),
+        ("[sources.x]\nweight = nan\n", "\\[sources.x\\]: weight: Input should be a finite number"),
+        ("[sources.x]\ntimeout_s = 'fast'\n", "\\[sources.x\\]: timeout_s: Input should be a valid number"),
+        ("[generator]\ncite_first = 1\n", "cite_first: Input should be a valid boolean"),
         ("[sources.x]\nkind = 'beir'\n", "missing \\['path'\\]"),
         ("[sources.x]\nkind = 'sql'\npath = 'a'\n", "unknown kind 'sql'"),
         ("[defaults\n", "gradfuse.toml"),
         ("[rerank]\nestimator = 'magic'\n", "unknown estimator 'magic'"),
         ("[selection]\nlambda = 1\n", "\\[selection\\].*lambda"),
-        ("[server]\nray_replicas = -1\n", "\\[server\\].*ray_replicas must be 0"),
+        ("[server]\nray_replicas = -1\n", "\\[server\\]: ray_replicas: Input should be greater than or equal to 0"),
     ],
 )
 def test_config_errors_name_the_problem(tmp_path, text, message):

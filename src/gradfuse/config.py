@@ -68,8 +68,13 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+from typing_extensions import TypedDict  # pydantic reads typing.TypedDict only from Python 3.12
+
+from pydantic import Field, TypeAdapter, ValidationError, with_config
+
+from gradfuse.checked import FILE_SETTINGS, Count, Depth, Flag, Seconds, Text, Weight
 from gradfuse.rerank import RerankSettings
 from gradfuse.selection import SelectionSettings
 from gradfuse.server.settings import ServerSettings
@@ -137,25 +142,18 @@ def _parse(path: Path) -> Config:
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: {error}") from error
     base = path.resolve().parent
-    config = Config(workspace=base / raw.pop("workspace", ".gradfuse"))
-    sections = {"defaults": ("method", "k", "depth", "timeout_s", "retrieval"),
-                "generator": ("max_new_tokens", "context_k", "context_tokens", "api_key_env", "cite_first")}
-    for section, keys in sections.items():
-        values = dict(raw.pop(section, {}))
-        if section == "generator" and "model" in values:
+    workspace = _checked(Text, raw.pop("workspace", ".gradfuse"), f"{path}: workspace")
+    config = Config(workspace=base / workspace)
+    for section, keys in (("defaults", _Defaults), ("generator", _Generator)):
+        values = _checked(keys, raw.pop(section, {}), f"{path} [{section}]")
+        if "model" in values:
             config.generator = values.pop("model")
-        _assign(config, values, keys, f"{path} [{section}]")
+        for key, value in values.items():
+            setattr(config, key, float(value) if isinstance(getattr(config, key), float) else value)
     for section, settings_type in (("selection", SelectionSettings), ("rerank", RerankSettings),
                                    ("server", ServerSettings)):
-        values = raw.pop(section, {})
-        try:
-            setattr(config, section, settings_type(**values))
-        except (TypeError, ValueError) as error:
-            raise ConfigError(f"{path} [{section}]: {error}") from error
-    encoder = dict(raw.pop("encoder", {}))
-    config.encoder = encoder.pop("model", config.encoder)
-    if encoder:
-        raise ConfigError(f"{path} [encoder]: unknown keys {sorted(encoder)}")
+        setattr(config, section, _checked(settings_type, raw.pop(section, {}), f"{path} [{section}]"))
+    config.encoder = _checked(_Encoder, raw.pop("encoder", {}), f"{path} [encoder]").get("model", config.encoder)
     for name, table in raw.pop("sources", {}).items():
         try:
             check_source_name(name)
@@ -167,26 +165,54 @@ def _parse(path: Path) -> Config:
     return config
 
 
-def _assign(config: Config, values: dict[str, Any], keys: tuple[str, ...], where: str) -> None:
-    unknown = set(values) - set(keys)
-    if unknown:
-        raise ConfigError(f"{where}: unknown keys {sorted(unknown)} (known: {', '.join(keys)})")
-    for key, value in values.items():
-        expected = type(getattr(config, key))
-        if expected is float and isinstance(value, int):
-            value = float(value)
-        if not isinstance(value, expected):
-            raise ConfigError(f"{where}: {key} must be {expected.__name__}, got {value!r}")
-        setattr(config, key, value)
+@with_config(FILE_SETTINGS)
+class _Defaults(TypedDict, total=False):
+    method: Text
+    k: Annotated[int, Field(ge=1, le=10_000, strict=True)]
+    depth: Depth
+    timeout_s: Seconds
+    retrieval: Literal["bm25", "dense", "hybrid"]
+
+
+@with_config(FILE_SETTINGS)
+class _Generator(TypedDict, total=False):
+    model: Text
+    max_new_tokens: Count
+    context_k: Count
+    context_tokens: Count
+    api_key_env: Text
+    cite_first: Flag
+
+
+@with_config(FILE_SETTINGS)
+class _Encoder(TypedDict, total=False):
+    model: Text
+
+
+@with_config(FILE_SETTINGS)
+class _SourceOptions(TypedDict, total=False):
+    weight: Weight
+    timeout_s: Seconds
+    retrieval: Literal["bm25", "dense", "hybrid"]
+    enabled: Flag
+
+
+def _checked(kind, values, where: str):
+    """`values` validated as `kind` (a settings dataclass, a section's keys, a value type), or a ConfigError
+    that names each key at fault and what it must be."""
+    try:
+        return TypeAdapter(kind).validate_python(values)
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(str(part) for part in e['loc']) or 'value'}: "
+                             f"{e['msg'].removeprefix('Value error, ')}" for e in error.errors())
+        raise ConfigError(f"{where}: {problems}") from None
 
 
 def _source_settings(name: str, table: dict[str, Any], base: Path, path: Path) -> SourceSettings:
-    settings = SourceSettings(
-        weight=float(table.pop("weight", 1.0)),
-        timeout_s=table.pop("timeout_s", None),
-        retrieval=table.pop("retrieval", None),
-        enabled=bool(table.pop("enabled", True)),
-    )
+    options = _checked(_SourceOptions, {k: table.pop(k) for k in _SOURCE_SETTINGS if k in table},
+                       f"{path} [sources.{name}]")
+    settings = SourceSettings(weight=float(options.get("weight", 1.0)), timeout_s=options.get("timeout_s"),
+                              retrieval=options.get("retrieval"), enabled=options.get("enabled", True))
     if table.get("kind") == "postgres":
         table.pop("kind")
         table.setdefault("table", default_table(name))

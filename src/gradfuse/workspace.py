@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from gradfuse.candidate import Candidate
+from gradfuse.checked import MAX_DEPTH
 from gradfuse.config import Config, load_config
 from gradfuse.generate import Citation, fit_to_window, make_generator, parse_citations
 from gradfuse.execute import LOCAL, Executor
@@ -275,6 +276,8 @@ class Workspace:
         """Every named (default: every enabled) source's own ranking of `query`, queried concurrently."""
         if not query.strip():
             raise ValueError("the query is empty")
+        if depth is not None and not 1 <= depth <= MAX_DEPTH:
+            raise ValueError(f"depth must be 1 to {MAX_DEPTH} (candidates asked of each source)")
         names = self._resolve_sources(sources)
         timeouts = {n: timeout_s or self.config.settings(n).timeout_s or self.config.timeout_s for n in names}
         opened, unopened = [], []

@@ -14,6 +14,8 @@ from typing import Protocol
 
 import numpy as np
 
+from gradfuse.checked import FILE_SETTINGS, Count, Flag, Number, Text
+
 from gradfuse.candidate import Candidate
 
 ESTIMATORS = ("gate", "reader_gate", "grad_x_input")
@@ -26,29 +28,30 @@ DTYPES = ("float32", "bfloat16")
 
 @dataclass(frozen=True)
 class RerankSettings:
-    model: str = "smollm2"  # the white-box scoring LM: bundled SmolLM2, a local HF folder or a .gguf file
-    n: int = 10  # candidates that enter the pass
-    doc_tokens: int = 128  # token budget per document
+    __pydantic_config__ = FILE_SETTINGS
+    model: Text = "smollm2"  # the white-box scoring LM: bundled SmolLM2, a local HF folder or a .gguf file
+    n: Count = 10  # candidates that enter the pass
+    doc_tokens: Count = 128  # token budget per document
     # The reader gate: about 5 times cheaper than the full gate at n = 10 x 128 tokens on a CPU (results/stage2).
-    estimator: str = "reader_gate"
-    target: str = "draft"
-    length_normalise: bool = False
-    both_orders: bool = False  # average the scores of the prior order and its reverse (position bias)
+    estimator: Text = "reader_gate"
+    target: Text = "draft"
+    length_normalise: Flag = False
+    both_orders: Flag = False  # average the scores of the prior order and its reverse (position bias)
     # final = z(score) + prior_weight * z(prior); 0 ranks by the score alone. 4.0 was the dev choice for the
     # draft target on benchmarks/federated.toml (dev nDCG@10 0.320 at 0, 0.503 at 2, 0.519 at 4; 2.0 for the query
     # target): with the 135M scorer the gradient is best used to reorder what the prior already ranks well.
-    prior_weight: float = 4.0
-    pool: str = "cosine"  # which ranking picks the n candidates and gives their prior (see pools.py)
-    prior: str = "pool"  # the prior in the mix: the pool's own score, or UPR's query likelihood over the pool
-    mix: str = "zsum"
-    within_m: int = 3  # mix "within": how many of the prior's first candidates the score may reorder
-    dtype: str = "float32"  # of the gradient pass; bfloat16 only where its scores keep the fp32 order (see README)
-    draft_tokens: int = 32  # the draft target's length cap
-    cross_encoder: str = ""  # a local sentence-transformers CrossEncoder folder, for the cross-encoder method
+    prior_weight: Number = 4.0
+    pool: Text = "cosine"  # which ranking picks the n candidates and gives their prior (see pools.py)
+    prior: Text = "pool"  # the prior in the mix: the pool's own score, or UPR's query likelihood over the pool
+    mix: Text = "zsum"
+    within_m: Count = 3  # mix "within": how many of the prior's first candidates the score may reorder
+    dtype: Text = "float32"  # of the gradient pass; bfloat16 only where its scores keep the fp32 order (see README)
+    draft_tokens: Count = 32  # the draft target's length cap
+    cross_encoder: Text = ""  # a local sentence-transformers CrossEncoder folder, for the cross-encoder method
     # The longest sequence one LM pass may read: question, target and the packed documents. A backward pass's
     # memory grows faster than linearly with it (a 1,165-character query took a server from 2.8 to 5.6 GB; 800
     # words failed to allocate under 16 GB); the default n = 10 x 128 tokens with a short question is about 1,450.
-    max_pass_tokens: int = 2048
+    max_pass_tokens: Count = 2048
 
     def __post_init__(self):
         for name, allowed in (("estimator", ESTIMATORS), ("target", TARGETS), ("pool", POOLS), ("prior", PRIORS),

@@ -19,25 +19,28 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gradfuse.checked import FILE_SETTINGS, Count, Number, Text, Weight
+
 
 SELECT_FUSIONS = ("rrf", "combsum-z", "concat", "dense")
 
 
 @dataclass(frozen=True)
 class SelectionSettings:
+    __pydantic_config__ = FILE_SETTINGS
     # Chosen by grid search on the dev queries of benchmarks/federated.toml (192 queries from 8 folders, disjoint
     # from its test queries; results/federated/results.json, tuned.selection, lists every grid point's dev nDCG@10):
     # lambda 0, threshold 0.3, at most 3 sources, the chosen sources ranked by encoder cosine scored 0.571; the best
     # point with RRF over the chosen sources 0.505 (threshold 0.5, 2 sources), with lambda > 0 0.570. Those sources
     # are disjoint collections, so redundancy rarely matters there: raise lambda for mirrored sources.
-    redundancy_weight: float = 0.0  # lambda
-    threshold: float = 0.3  # minimum marginal gain to add a source after the first
-    max_sources: int = 3
-    top: int = 3  # documents per source that define its relevance
-    candidates: int = 20  # m: a source's first m candidates stand for it (relevance and redundancy)
+    redundancy_weight: Weight = 0.0  # lambda
+    threshold: Number = 0.3  # minimum marginal gain to add a source after the first
+    max_sources: Count = 3
+    top: Count = 3  # documents per source that define its relevance
+    candidates: Count = 20  # m: a source's first m candidates stand for it (relevance and redundancy)
     # How `select` ranks the chosen sources' candidates: a fusion method, or "dense" (encoder cosine, the federated
     # dev choice). On multi-hop QA, RRF over the chosen sources pulled the right one down; benchmarks choose on dev.
-    fusion: str = "dense"
+    fusion: Text = "dense"
 
     def __post_init__(self):
         if self.fusion not in SELECT_FUSIONS:

@@ -5,47 +5,50 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from gradfuse.checked import FILE_SETTINGS, Count, Depth, NonNegative, Port, Seconds, Text
+
 API_KEY_ENV = "GRADFUSE_API_KEY"
 
 
 @dataclass(frozen=True)
 class ServerSettings:
-    host: str = "127.0.0.1"  # loopback unless asked: the API has no key by default
-    port: int = 8321
-    api_key: str | None = None  # prefer the environment variable GRADFUSE_API_KEY to a key in a committed file
-    cors_origins: tuple[str, ...] = ()  # CORS is off unless origins are listed
-    max_body_bytes: int = 64 * 1024
-    max_query_chars: int = 8000  # ArguAna's queries (whole arguments) run to 5,500 characters
-    max_gold_chars: int = 2000  # a reference answer (target "gold"); the LM pass's own bound is [rerank] max_pass_tokens
-    max_k: int = 100
-    max_n: int = 50  # candidates in one stage-2 LM pass
-    max_depth: int = 500  # candidates asked of each source
-    max_new_tokens: int = 512
-    max_timeout_s: float = 60.0
+    __pydantic_config__ = FILE_SETTINGS
+    host: Text = "127.0.0.1"  # loopback unless asked: the API has no key by default
+    port: Port = 8321
+    api_key: Text | None = None  # prefer the environment variable GRADFUSE_API_KEY to a key in a committed file
+    cors_origins: tuple[Text, ...] = ()  # CORS is off unless origins are listed
+    max_body_bytes: Count = 64 * 1024
+    max_query_chars: Count = 8000  # ArguAna's queries (whole arguments) run to 5,500 characters
+    max_gold_chars: Count = 2000  # a reference answer (target "gold"); the LM pass's own bound is [rerank] max_pass_tokens
+    max_k: Count = 100
+    max_n: Count = 50  # candidates in one stage-2 LM pass
+    max_depth: Depth = 500  # candidates asked of each source
+    max_new_tokens: Count = 512
+    max_timeout_s: Seconds = 60.0
     # Requests that need the LM (gradient, gro, loo, loo-greedy, ask) admitted at once, running or waiting; one
     # runs at a time (the model is shared and uses every core), so the rest wait in line and the next is refused
     # with 503 and Retry-After instead of piling up behind a minutes-long queue.
-    lm_queue: int = 8
+    lm_queue: Count = 8
     # LM passes one request may cost (gradfuse.methods.lm_passes): loo-greedy at n = 10, k = 10 is 56, at n = 50
     # about 1,275, minutes of a CPU for one request.
-    max_lm_passes: int = 64
+    max_lm_passes: Count = 64
     # Connections and slow clients (server/limits.py): beyond max_connections a connection is closed unread; a
     # request's line and headers must arrive within header_timeout_s, its body within body_timeout_s (408);
     # an idle kept-alive connection is closed after keep_alive_s.
-    max_connections: int = 256
+    max_connections: Count = 256
     # Connections one client address may hold at once (behind a reverse proxy every client shares its address:
     # raise it to max_connections there).
-    max_client_connections: int = 32
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 30.0
-    keep_alive_s: float = 5.0
+    max_client_connections: Count = 32
+    header_timeout_s: Seconds = 10.0
+    body_timeout_s: Seconds = 30.0
+    keep_alive_s: Seconds = 5.0
     # With no API key, only these Host names may reach the server (besides loopback names and the bound address),
     # so that a web page elsewhere cannot reach a local server through DNS rebinding.
-    allowed_hosts: tuple[str, ...] = ()
+    allowed_hosts: tuple[Text, ...] = ()
     # A Ray cluster ("auto", "HOST:PORT", "ray://HOST:PORT") whose scorer replicas run stage 2's LM passes
     # (gradfuse.execute); empty: this process. ray_replicas 0: one per GPU, or one per node without GPUs.
-    ray: str = ""
-    ray_replicas: int = 0
+    ray: Text = ""
+    ray_replicas: NonNegative = 0
 
     def __post_init__(self):
         object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
