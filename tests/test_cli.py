@@ -61,6 +61,7 @@ def test_document_text_and_help_texts_are_printed_as_written(tmp_path):
     write_jsonl(tmp_path / "odd.jsonl", [
         {"id": "passwd", "text": "root:x:0:0:root:/root:/bin/bash is the first line of the file"},
         {"id": "markup", "text": "Use [bold]loud[/bold] text and :smile: codes in the chat client"},
+        {"id": "esc\x1b[2J\x07", "title": "\x1b]0;owned\x07", "text": "root line \x1b[2J\x1b[31m cleared"},
     ])
     assert runner.invoke(app, ["index", "jsonl", str(tmp_path / "odd.jsonl"), "-s", "odd", *ws]).exit_code == 0
     shown = runner.invoke(app, ["search", "root line file loud text smile", "--method", "concat", "--retrieval",
@@ -69,6 +70,7 @@ def test_document_text_and_help_texts_are_printed_as_written(tmp_path):
     cells = "".join(line.strip("│ ") for line in shown.output.splitlines())  # table cells wrap over lines
     assert "root:x:0:0" in cells and "[bold]loud[/bold]" in cells and ":smile:" in cells, shown.output
     assert "❌" not in shown.output and "😄" not in shown.output
+    assert "\x1b" not in shown.output and "\x07" not in shown.output and "\\x1b[2J" in cells  # shown, not obeyed
     assert "[server]" in " ".join(runner.invoke(app, ["serve", "--help"], env={"COLUMNS": "200"}).output.split())
 
 

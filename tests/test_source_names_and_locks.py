@@ -77,3 +77,18 @@ def test_a_second_build_of_one_source_fails_naming_the_holder_or_waits_for_it(tm
     assert [o.returncode for o in outputs] == [0, 0], [o.stdout + o.stderr for o in outputs]
     said = "".join(o.stdout for o in outputs)
     assert "built 3 documents" in said and "unchanged" in said  # the second found the first's build
+
+
+def test_a_badly_named_folder_under_sources_is_skipped_and_reported(tmp_path):
+    import shutil
+
+    from gradfuse import Workspace
+    from gradfuse.config import Config
+
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    ws.index(SourceSpec("astronomy", "jsonl", str(write_jsonl(tmp_path / "a.jsonl", ASTRONOMY))))
+    shutil.copytree(ws.root / "sources" / "astronomy", ws.root / "sources" / "copied by hand!")
+    result = ws.search("Phobos", method="rrf", retrieval="bm25", k=1)
+    assert result.candidates[0].doc_id == "mars" and result.failures == []
+    health = {name: error for name, _, error in ws.source_health()}
+    assert health["astronomy"] is None and "not a valid source name" in health["copied by hand!"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
+from rich.markup import escape as escape_markup
 from rich.table import Table
 
 from gradfuse.config import ConfigError
@@ -34,6 +35,15 @@ app.add_typer(index_app, name="index")
 console = Console(emoji=False)
 if not console.is_terminal:  # piped or logged output: do not squeeze tables into 80 columns
     console = Console(width=160, emoji=False)
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def escape(text: str) -> str:
+    """Data (document text, ids, titles, answers) as printable text: control characters are shown as \\x1b,
+    never sent to the terminal (an indexed ESC[2J cleared the user's screen), and markup is escaped."""
+    return escape_markup(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text))
+
 
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="Workspace TOML (default ./gradfuse.toml)")]
 WorkspaceOpt = Annotated[Optional[Path], typer.Option("--workspace", "-w", help="Index folder (overrides the config)")]

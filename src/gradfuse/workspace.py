@@ -29,6 +29,7 @@ from gradfuse.sources import (
     build_source,
     built_source_names,
     check_source_name,
+    misnamed_source_folders,
     open_source,
 )
 from gradfuse.sources.base import current_version
@@ -228,8 +229,11 @@ class Workspace:
         return PostgresSource(table, mode=mode, encoder=self.config.encoder)
 
     def source_health(self) -> list[tuple[str, SourceStats | None, str | None]]:
-        """(name, stats, None) for each source that opens and answers its stats, (name, None, why) for the rest."""
-        health = []
+        """(name, stats, None) for each source that opens and answers its stats, (name, None, why) for the rest,
+        including folders under sources/ that are skipped for their name."""
+        health = [(name, None, "skipped: not a valid source name (1 to 64 ASCII letters, digits, '-' or '_'); "
+                               "rename the folder to use it")
+                  for name in misnamed_source_folders(self.root)]
         for name in self.source_names():
             try:
                 with self.holding(name) as source:

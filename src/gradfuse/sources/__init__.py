@@ -30,17 +30,37 @@ __all__ = [
     "UnknownSource",
     "build_source",
     "check_source_name",
+    "misnamed_source_folders",
     "open_source",
     "built_source_names",
 ]
 
 
 def built_source_names(workspace: Path) -> list[str]:
-    """Sources built in the workspace folder, and database tables loaded with `--into` (registered there)."""
+    """Sources built in the workspace folder, and database tables loaded with `--into` (registered there). A
+    folder whose name is no valid source name is left out (see `misnamed_source_folders`): one such folder broke
+    every default search."""
+    return [name for name in _source_folders(workspace) if _valid_name(name)]
+
+
+def misnamed_source_folders(workspace: Path) -> list[str]:
+    """Folders under sources/ that hold an index but have no valid source name (made by hand or another tool)."""
+    return [name for name in _source_folders(workspace) if not _valid_name(name)]
+
+
+def _source_folders(workspace: Path) -> list[str]:
     root = workspace / "sources"
     if not root.is_dir():
         return []
-    return sorted(p.name for p in root.iterdir() if current_version(p) or registered(p) is not None)
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and (current_version(p) or registered(p) is not None))
+
+
+def _valid_name(name: str) -> bool:
+    try:
+        check_source_name(name)
+    except ValueError:
+        return False
+    return True
 
 
 def open_source(workspace: Path, name: str, *, mode: str = "hybrid", version: Path | None = None) -> Source:
