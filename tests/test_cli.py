@@ -83,3 +83,10 @@ def test_ask_names_the_generator_and_its_size(tmp_path):
     assert asked.exit_code == 0, asked.output
     assert "SmolLM2-135M" in asked.output and "135M parameters" in asked.output
     assert "[generator] model" in asked.output  # how to plug in a real one
+
+
+def test_serve_beyond_loopback_needs_a_key_or_an_explicit_opt_out(tmp_path, monkeypatch):
+    monkeypatch.delenv("GRADFUSE_API_KEY", raising=False)
+    refused = runner.invoke(app, ["serve", "--host", "0.0.0.0", "--workspace", str(tmp_path / "ws")],
+                            terminal_width=200)
+    assert refused.exit_code == 2 and "without an API key" in refused.output and "--insecure-no-key" in refused.output

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gradfuse.config import ConfigError
+from gradfuse import Workspace
+from gradfuse.config import Config, ConfigError
 from gradfuse.eval import load_benchmark
 from gradfuse.eval.benchmark import read_qrels, sample_queries
 from gradfuse.eval.expected import check_expected, write_expected
@@ -202,3 +203,29 @@ def test_a_method_that_ran_on_some_queries_is_judged_on_those_alone():
     rows = {row["method"]: row for row in _rows(evaluation, ["rrf", "loo/gold"], [q.query_id for q in queries])}
     assert rows["loo/gold"]["queries"] == 2 and rows["loo/gold"]["ndcg@10"]["mean"] == 1.0
     assert rows["rrf"]["queries"] == 4 and rows["rrf"]["source_recall"] == 1.0
+
+
+def test_a_run_is_judged_as_trec_eval_judges_its_file_with_copies_of_one_text_kept(tmp_path):
+    """Copies of one passage under two ids (MS MARCO has many) are merged for the user, not for the score."""
+    from ranx import Qrels, Run, evaluate
+
+    from gradfuse.candidate import Candidate
+    from gradfuse.eval.benchmark import Benchmark
+    from gradfuse.eval.runner import outcome_of
+    from gradfuse.sources.federated import FederatedResult
+
+    texts = ["a passage about moons", "a passage about rings", "a passage about moons", "a passage about dust"]
+    run = [Candidate("bm25", f"d{i}", text, 10.0 - i, i + 1) for i, text in enumerate(texts)]
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    result = ws.rank("moons", FederatedResult({"bm25": run}), method="single:bm25", k=4)
+    assert len(result.candidates) == 3 and result.candidates[0].merged[0].doc_id == "d2"  # the user sees one copy
+    bench = Benchmark(name="b", file=tmp_path / "b.toml", data=tmp_path, workspace=tmp_path / "ws", sources={},
+                      query_sets={}, methods=[], metrics=["ndcg@10"], shared_collection=True)
+    judged = outcome_of(bench, result).ranking
+    assert [key for key, _ in judged] == ["d0", "d1", "d2", "d3"]  # the run's own order, every id kept
+    qrels = Qrels({"q": {"d2": 1, "d3": 1}})
+    ours = evaluate(qrels, Run({"q": dict(judged)}), "ndcg@10")
+    as_filed = evaluate(qrels, Run({"q": {c.doc_id: c.native_score for c in run}}), "ndcg@10")
+    assert ours == pytest.approx(as_filed)
+    fused = outcome_of(bench, ws.rank("moons", FederatedResult({"bm25": run}), method="rrf", k=4)).ranking
+    assert {key for key, _ in fused} == {"d0", "d1", "d2", "d3"}  # fusion keeps the copy, after its primary

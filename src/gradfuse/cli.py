@@ -404,6 +404,8 @@ def serve(
     port: Annotated[Optional[int], typer.Option(help="Port (default 8321, or [server] port)")] = None,
     preload_lm: Annotated[bool, typer.Option(help="Load the scoring LM and generator at start, not on first use")] = False,
     log_level: str = "info",
+    insecure_no_key: Annotated[bool, typer.Option(
+        help="Serve beyond loopback without an API key (anyone who can reach the port can use it)")] = False,
     config: ConfigOpt = None,
     workspace: WorkspaceOpt = None,
 ):
@@ -418,11 +420,26 @@ def serve(
     settings = ws.config.server
     settings = replace(settings, host=host or settings.host, port=port if port is not None else settings.port)
     key = "API key required (X-API-Key)" if settings.resolved_api_key() else "no API key"
+    if not settings.resolved_api_key() and not _loopback(settings.host) and not insecure_no_key:
+        # Without a key only the Host check stands, and a client anywhere can send "Host: localhost".
+        _fail(f"refusing to serve on {settings.host} without an API key: set GRADFUSE_API_KEY, or pass "
+              "--insecure-no-key if every machine that can reach this port may use it")
     if settings.ray:
         ws.executor = _run_guarded(lambda: make_executor(settings.ray, replicas=settings.ray_replicas or None))
     console.print(f"gradfuse serving {ws.root} on http://{settings.host}:{settings.port}/ ({key}; "
                   f"API docs at /docs; stage 2 scores in {ws.executor.describe()})")
     run_server(ws, settings, preload_lm=preload_lm, log_level=log_level)
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve anywhere
 
 
 @app.command("eval")
