@@ -398,3 +398,24 @@ def test_stage2_passes_are_bounded_in_tokens_and_gold_in_characters(server, work
     assert gold.status_code == 422 and "max_gold_chars" in gold.json()["detail"]
     with pytest.raises(PassTooLong, match="max_pass_tokens"):
         workspace.search(long_query, method="gradient", target="query")
+
+
+def test_a_read_only_workspace_is_the_servers_503_and_healthz_says_so(tmp_path):
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    ws.index(SourceSpec("astronomy", "jsonl", str(write_jsonl(tmp_path / "a.jsonl", ASTRONOMY))))
+    frozen = tmp_path / "read-only"
+    frozen.mkdir()
+    bind = subprocess.run(["mount", "--bind", str(ws.root), str(frozen)], capture_output=True, text=True)
+    if bind.returncode != 0:
+        pytest.skip(f"cannot bind-mount here: {bind.stderr.strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(frozen)], check=True)
+        with serving(create_app(Workspace(Config(workspace=frozen)))) as url:
+            searched = post(url, "/search", {"query": "moons", "method": "rrf"})
+            assert searched.status_code == 503 and "read-only" in searched.json()["detail"], searched.text
+            health = httpx.get(url + "/healthz", timeout=30)
+            assert health.status_code == 503 and "read-only" in health.json()["detail"]
+        with serving(create_app(ws)) as url:  # the same index, writable: ready
+            assert httpx.get(url + "/healthz", timeout=30).json()["status"] == "ok"
+    finally:
+        subprocess.run(["umount", "--lazy", str(frozen)], check=True)

@@ -76,9 +76,10 @@ class Options(BaseModel):
 
 
 class Health(BaseModel):
-    status: str
+    status: str  # "ok", or "degraded" when some sources cannot be opened (named in `unavailable`)
     version: str
-    sources: int
+    sources: int  # sources that open
+    unavailable: dict[str, str] = {}  # source → why it cannot be opened
     scorer_replicas: int  # stage 2's LM passes: 1 in this process, or the Ray cluster's replicas alive or starting
 
 
@@ -203,11 +204,17 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
 
     @app.get("/healthz", response_model=Health, responses={503: {"description": "no source is built"}})
     def healthz():
-        """Liveness and readiness: 200 when at least one source is built (no key needed)."""
-        count = len(workspace.source_names())
+        """Liveness and readiness: 200 when at least one source opens, "degraded" with the others named; 503 when
+        none does (no key needed)."""
+        health = workspace.source_health()
+        unavailable = {name: error for name, _, error in health if error}
+        count = len(health) - len(unavailable)
         if not count:
-            raise HTTPException(503, "no sources are built in this server's workspace")
-        return Health(status="ok", version=__version__, sources=count, scorer_replicas=workspace.executor.replicas)
+            detail = "; ".join(f"{n}: {e}" for n, e in unavailable.items()) or "no sources are built"
+            raise HTTPException(503, f"no source of this server's workspace can answer ({redact(detail)})")
+        return Health(status="degraded" if unavailable else "ok", version=__version__, sources=count,
+                      unavailable={n: redact(e) for n, e in unavailable.items()},
+                      scorer_replicas=workspace.executor.replicas)
 
     @app.get("/", include_in_schema=False)
     def page() -> FileResponse:

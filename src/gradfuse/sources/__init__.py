@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 from gradfuse.sources.base import (
@@ -70,6 +71,12 @@ def open_source(workspace: Path, name: str, *, mode: str = "hybrid", version: Pa
     if version is None:
         known = ", ".join(built_source_names(workspace)) or "none"
         raise UnknownSource(f"no built source named {name!r} in {workspace} (built: {known})")
-    if read_manifest(version)["kind"] == "run":
-        return RunSource(name, version)
-    return EmbeddedSource(name, version, mode=mode)
+    try:
+        if read_manifest(version)["kind"] == "run":
+            return RunSource(name, version)
+        return EmbeddedSource(name, version, mode=mode)
+    except (OSError, ValueError, sqlite3.Error) as error:
+        # The server's problem, not the request's: tantivy, for one, cannot open an index on a read-only file
+        # system (it writes a lock file), which the service answered with 422 while /healthz said ok.
+        raise SourceError(f"source {name!r}: its index in {version} cannot be opened ({type(error).__name__}: "
+                          f"{error}); a read-only workspace cannot be served") from None

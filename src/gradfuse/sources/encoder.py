@@ -105,9 +105,12 @@ class EmbeddingCache:
     """Vectors keyed by (encoder, text hash) in SQLite, so rebuilding a changed source embeds only new text."""
 
     def __init__(self, path: Path, encoder: Encoder):
-        private_folder(path.parent)
-        self._db = sqlite3.connect(path, check_same_thread=False)
-        os.chmod(path, 0o600)  # the cache is keyed by text hashes, but its vectors still describe the documents
+        try:
+            private_folder(path.parent)
+            self._db = sqlite3.connect(path, check_same_thread=False)
+            os.chmod(path, 0o600)  # the cache is keyed by text hashes, but its vectors still describe the documents
+        except (OSError, sqlite3.Error):  # a read-only workspace: vectors are computed and kept in memory only
+            self._db = sqlite3.connect(":memory:", check_same_thread=False)
         self._lock = threading.Lock()
         self._db.execute("CREATE TABLE IF NOT EXISTS vectors (encoder TEXT, text_hash TEXT, vector BLOB, "
                          "PRIMARY KEY (encoder, text_hash))")
@@ -136,9 +139,12 @@ class EmbeddingCache:
                 batch = missing[start : start + CACHE_BATCH]
                 vectors = self._encoder.encode([text for _, text in batch])
                 found.update(zip((h for h, _ in batch), vectors))
-                self._db.executemany("INSERT OR REPLACE INTO vectors VALUES (?, ?, ?)",
-                                     [(self._encoder.name, h, v.tobytes()) for (h, _), v in zip(batch, vectors)])
-                self._db.commit()
+                rows = [(self._encoder.name, h, v.tobytes()) for (h, _), v in zip(batch, vectors)]
+                try:
+                    self._db.executemany("INSERT OR REPLACE INTO vectors VALUES (?, ?, ?)", rows)
+                    self._db.commit()
+                except sqlite3.OperationalError:  # a read-only file: the vectors serve this call only
+                    self._db.rollback()
                 bar.update(len(batch))
         self.last_computed = len(missing)
         return np.stack([found[h] for h in hashes]) if hashes else np.zeros((0, DIMENSION), dtype=np.float32)
