@@ -216,6 +216,9 @@ class Workspace:
             old.close()
         return opened
 
+    def _is_database(self, name: str) -> bool:
+        return (self.config.settings(name).postgres or registered(self.root / "sources" / name)) is not None
+
     def _open_postgres(self, name: str, settings: PostgresSettings, mode: str) -> Source:
         with self._lock:
             table = self._tables.get(name)
@@ -228,13 +231,16 @@ class Workspace:
                 replaced.close()
         return PostgresSource(table, mode=mode, encoder=self.config.encoder)
 
-    def source_health(self) -> list[tuple[str, SourceStats | None, str | None]]:
+    def source_health(self, *, databases: bool = True) -> list[tuple[str, SourceStats | None, str | None]]:
         """(name, stats, None) for each source that opens and answers its stats, (name, None, why) for the rest,
-        including folders under sources/ that are skipped for their name."""
+        including folders under sources/ that are skipped for their name. Without `databases`, PostgreSQL
+        sources are left out (a readiness probe must not wait for a database's connect timeout)."""
         health = [(name, None, "skipped: not a valid source name (1 to 64 ASCII letters, digits, '-' or '_'); "
                                "rename the folder to use it")
                   for name in misnamed_source_folders(self.root)]
         for name in self.source_names():
+            if not databases and self._is_database(name):
+                continue
             try:
                 with self.holding(name) as source:
                     health.append((name, source.stats(), None))

@@ -204,11 +204,12 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
 
     @app.get("/healthz", response_model=Health, responses={503: {"description": "no source is built"}})
     def healthz():
-        """Liveness and readiness: 200 when at least one source opens, "degraded" with the others named; 503 when
-        none does (no key needed)."""
-        health = workspace.source_health()
+        """Liveness and readiness: 200 when at least one source can answer, "degraded" with the indexes that
+        cannot be opened named; 503 when none can (no key needed). Database sources count as configured: their
+        failures are reported per request and in /sources."""
+        health = workspace.source_health(databases=False)
         unavailable = {name: error for name, _, error in health if error}
-        count = len(health) - len(unavailable)
+        count = len(workspace.source_names()) - len(unavailable)
         if not count:
             detail = "; ".join(f"{n}: {e}" for n, e in unavailable.items()) or "no sources are built"
             raise HTTPException(503, f"no source of this server's workspace can answer ({redact(detail)})")
