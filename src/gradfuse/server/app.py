@@ -209,7 +209,8 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
         failures are reported per request and in /sources."""
         health = workspace.source_health(databases=False)
         unavailable = {name: error for name, _, error in health if error}
-        count = len(workspace.source_names()) - len(unavailable)
+        count = len(health) - len(unavailable) + len([n for n in workspace.source_names() if n not in
+                                                      {name for name, _, _ in health}])  # + the databases
         if not count:
             detail = "; ".join(f"{n}: {e}" for n, e in unavailable.items()) or "no sources are built"
             raise HTTPException(503, f"no source of this server's workspace can answer ({redact(detail)})")
