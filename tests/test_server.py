@@ -353,7 +353,7 @@ def test_a_request_that_would_cost_too_many_lm_passes_is_refused_naming_the_limi
 
 
 @pytest.mark.slow
-def test_a_streamed_answer_stops_generating_when_its_client_leaves(workspace, monkeypatch):
+def test_an_answer_stops_generating_when_its_client_leaves(workspace, monkeypatch):
     from gradfuse.generate import make_generator
 
     engine = make_generator("smollm2").llamacpp
@@ -379,6 +379,15 @@ def test_a_streamed_answer_stops_generating_when_its_client_leaves(workspace, mo
         assert engine._lock.acquire(timeout=60)  # the engine is free again...
         engine._lock.release()
         assert len(decoded) < full / 2, (len(decoded), full)  # ...long before a full answer was decoded
+        assert post(url, "/ask", {**body, "max_new_tokens": 8}).status_code == 200
+
+        decoded.clear()
+        with pytest.raises(httpx.ReadTimeout):  # a plain /ask whose client gives up while it is generated
+            httpx.post(url + "/ask", json=body, timeout=httpx.Timeout(120, read=0.6))
+        time.sleep(0.5)
+        assert engine._lock.acquire(timeout=60)
+        engine._lock.release()
+        assert len(decoded) < full * 0.8, (len(decoded), full)
         assert post(url, "/ask", {**body, "max_new_tokens": 8}).status_code == 200
 
 

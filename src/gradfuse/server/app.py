@@ -13,11 +13,11 @@ from pathlib import Path
 from fastapi import Depends, FastAPI, HTTPException, Request, Security
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.middleware.trustedhost import TrustedHostMiddleware
-from fastapi.responses import FileResponse, StreamingResponse
+from fastapi.responses import FileResponse, Response, StreamingResponse
 from fastapi.security import APIKeyHeader
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
-from starlette.concurrency import iterate_in_threadpool
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from pydantic import BaseModel
 
 from gradfuse import __version__
@@ -149,7 +149,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
               responses={401: {}, 413: {}, 415: {}, 422: {}, 502: {"description": "the generator endpoint failed"}, 503: {},
                          200: {"content": {"text/event-stream": {}},
                                "description": "with stream: events search, token (repeated), answer"}})
-    def ask_endpoint(request: AskRequest):
+    async def ask_endpoint(request: AskRequest, http: Request):
         """An answer with citations [n] mapped to source/doc id; `stream: true` sends server-sent events."""
         request.check_limits(settings, config)
         local_generator = not config.generator.startswith(("http://", "https://"))
@@ -157,18 +157,23 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
         try:
             events = workspace.ask_stream(request.query, context_k=request.k, max_new_tokens=request.max_new_tokens,
                                           **request.search_options())
-            searched = next(events)  # retrieval and ranking errors become plain HTTP errors, before any event
+            # retrieval and ranking errors become plain HTTP errors, before any event
+            searched = await run_in_threadpool(next, events)
             health.record(list(searched.ranked_lists), searched.failures)
         except BaseException:
             release()
             raise
         if request.stream:
             return EventStream(_event_stream(searched, events), events, release)
-        try:
-            *_, answer = events
+        try:  # piece by piece, so that a client who left stops the generator (it ran to max_new_tokens)
+            async for event in iterate_in_threadpool(events):
+                if isinstance(event, Answer):
+                    return answer_record(event)
+                if await http.is_disconnected():
+                    return Response(status_code=499)  # nobody reads it: the client is gone
         finally:
+            events.close()
             release()
-        return answer_record(answer)
 
     @app.get("/sources", dependencies=guarded, response_model=list[SourceHealthRecord])
     def sources_endpoint() -> list[SourceHealthRecord]:
