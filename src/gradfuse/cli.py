@@ -353,6 +353,11 @@ def print_answer(answer: Answer) -> None:
         console.print(f"  \\[{number}] [cyan]{escape(p.source)}[/]/{escape(p.doc_id)} "
                       f"(rank {p.native_rank} in source) {escape((p.title or ' '.join(p.text.split()))[:70])}")
     console.print(f"\n[bold]Answer[/]: {escape(answer.text)}\n")
+    if answer.evidence:
+        console.print("  [bold]Evidence[/] (the passages' sentences most needed, best first):")
+    for e in answer.evidence:
+        console.print(f"    \\[{e.passage}] [cyan]{escape(e.source)}[/]/{escape(e.doc_id)} characters "
+                      f"{e.span[0]}-{e.span[1]}: “{escape(e.text)}”")
     console.print(f"  [dim]written by {escape(describe_generator(answer.generator))}[/]")
     for c in answer.citations:
         console.print(f"  cites \\[{c.number}] → [cyan]{escape(c.source)}[/]/{escape(c.doc_id)}")

@@ -37,6 +37,10 @@ Example (every key optional)::
     dtype = "float32"                # of the passes: float32 | bfloat16
     cross_encoder = ""               # a local CrossEncoder folder, for --method cross-encoder
     max_pass_tokens = 2048           # the longest LM pass (question + target + n documents); beyond it: an error
+    [evidence]                       # the sentences an answer quotes (gradfuse.rerank.sentences.EvidenceSettings)
+    scorer = "gate"                  # gate | cosine | upr | loo | none
+    calibrated = true                # the gate minus its value under the content-free target "N/A"
+    top = 4                          # sentences quoted with each answer
     [server]                         # `gradfuse serve` (gradfuse.server.settings.ServerSettings)
     host = "127.0.0.1"
     port = 8321
@@ -76,6 +80,7 @@ from pydantic import Field, TypeAdapter, ValidationError, with_config
 
 from gradfuse.checked import FILE_SETTINGS, Count, Depth, Flag, Seconds, Text, Weight
 from gradfuse.rerank import RerankSettings
+from gradfuse.rerank.sentences import EvidenceSettings
 from gradfuse.selection import SelectionSettings
 from gradfuse.server.settings import ServerSettings
 from gradfuse.sources.base import SourceSpec, check_source_name
@@ -118,6 +123,7 @@ class Config:
     sources: dict[str, SourceSettings] = field(default_factory=dict)
     selection: SelectionSettings = field(default_factory=SelectionSettings)
     rerank: RerankSettings = field(default_factory=RerankSettings)
+    evidence: EvidenceSettings = field(default_factory=EvidenceSettings)
     server: ServerSettings = field(default_factory=ServerSettings)
 
     def settings(self, source: str) -> SourceSettings:
@@ -151,7 +157,7 @@ def _parse(path: Path) -> Config:
         for key, value in values.items():
             setattr(config, key, float(value) if isinstance(getattr(config, key), float) else value)
     for section, settings_type in (("selection", SelectionSettings), ("rerank", RerankSettings),
-                                   ("server", ServerSettings)):
+                                   ("evidence", EvidenceSettings), ("server", ServerSettings)):
         setattr(config, section, _checked(settings_type, raw.pop(section, {}), f"{path} [{section}]"))
     config.encoder = _checked(_Encoder, raw.pop("encoder", {}), f"{path} [encoder]").get("model", config.encoder)
     for name, table in raw.pop("sources", {}).items():

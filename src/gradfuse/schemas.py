@@ -8,6 +8,7 @@ JSON has no infinity.
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 
 from pydantic import BaseModel, Field
 
@@ -92,6 +93,16 @@ class CitationRecord(BaseModel):
     title: str
 
 
+class EvidenceRecord(BaseModel):
+    passage: int = Field(description="the passage's number, as the answer cites it [n]")
+    source: str
+    doc_id: str
+    span: tuple[int, int] = Field(description="characters of the passage's text")
+    parent_span: tuple[int, int] | None = Field(None, description="characters of the parent document (chunks)")
+    text: str
+    score: float = Field(description="the evidence scorer's value; comparable within one answer only")
+
+
 class AnswerRecord(BaseModel):
     question: str
     answer: str
@@ -107,6 +118,8 @@ class AnswerRecord(BaseModel):
     selection: SelectionRecord | None = None
     rerank: RerankRecord | None = None
     timings: dict[str, float]
+    evidence: list[EvidenceRecord] = Field(default_factory=list, description="the passages' sentences the answer "
+                                           "quotes, best first ([evidence] scorer)")
 
 
 class SourceRecord(BaseModel):
@@ -175,7 +188,7 @@ def answer_record(answer: Answer) -> AnswerRecord:
         failures=[failure_record(f) for f in answer.failures], generator=answer.generator,
         generator_note=describe_generator(answer.generator),
         method=answer.search.method, selection=_selection(answer.search), rerank=_rerank(answer.search),
-        timings=answer.timings,
+        timings=answer.timings, evidence=[EvidenceRecord(**asdict(e)) for e in answer.evidence],
     )
 
 

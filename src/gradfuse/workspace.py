@@ -14,10 +14,14 @@ import numpy as np
 from gradfuse.candidate import Candidate
 from gradfuse.checked import MAX_DEPTH
 from gradfuse.config import Config, load_config
+from gradfuse.evidence import Evidence, sentence_spans
 from gradfuse.generate import Citation, fit_to_window, make_generator, parse_citations
+from gradfuse.generate.prompt import PASSAGE_CHARS
 from gradfuse.execute import LOCAL, Executor
 from gradfuse.methods import PIPELINE_METHODS, TARGET_METHODS, MethodContext, check_method, run_method
-from gradfuse.rerank import RerankOutcome
+from gradfuse.rerank import RerankOutcome, load_scorer
+from gradfuse.rerank.sentences import LM_SENTENCE_SCORERS, EvidenceSettings, score_sentences
+from gradfuse.rerank.sentences import Passage as SentencePassage
 from gradfuse.selection import SelectionDecision, SelectionSettings
 from gradfuse.sources import (
     BuildReport,
@@ -83,6 +87,7 @@ class Answer:
     search: SearchResult  # how the passages were chosen (selection decision, rerank scores)
     timings: dict[str, float] = field(default_factory=dict)
     dropped: list[Candidate] = field(default_factory=list)  # the lowest-ranked, left out to fit the window
+    evidence: list[Evidence] = field(default_factory=list)  # the passages' sentences it quotes, best first
 
     @property
     def passages(self) -> list[Candidate]:
@@ -372,11 +377,11 @@ class Workspace:
         max_new_tokens: int | None = None,
         **search_options,
     ) -> Answer:
-        result, model, messages, dropped, options = self._prepare_answer(question, generator, context_k,
-                                                                          max_new_tokens, search_options)
+        result, model, messages, left_out, options = self._prepare_answer(question, generator, context_k,
+                                                                           max_new_tokens, search_options)
         started = time.perf_counter()
         text = model.generate(messages, **options)
-        return self._answer(question, text, result, dropped, model, time.perf_counter() - started)
+        return self._answer(question, text, result, left_out, model, time.perf_counter() - started)
 
     def ask_stream(
         self,
@@ -389,8 +394,8 @@ class Workspace:
     ) -> Iterator[SearchResult | str | Answer]:
         """`ask`, step by step: first the SearchResult (the passages the generator will see), then the answer's
         text in pieces as they are decoded, last the Answer with its citations."""
-        result, model, messages, dropped, options = self._prepare_answer(question, generator, context_k,
-                                                                          max_new_tokens, search_options)
+        result, model, messages, left_out, options = self._prepare_answer(question, generator, context_k,
+                                                                           max_new_tokens, search_options)
         yield result
         started = time.perf_counter()
         pieces = []
@@ -399,7 +404,31 @@ class Workspace:
                 if piece:
                     pieces.append(piece)
                     yield piece
-        yield self._answer(question, "".join(pieces).strip(), result, dropped, model, time.perf_counter() - started)
+        yield self._answer(question, "".join(pieces).strip(), result, left_out, model, time.perf_counter() - started)
+
+    def evidence(self, question: str, passages: list[Candidate], *, settings: EvidenceSettings | None = None,
+                 gold: str | None = None) -> list[Evidence]:
+        """Every sentence of `passages` (numbered from 1, as far as the generator's prompt shows them) with the
+        `[evidence]` scorer's value, best first; none with scorer "none"."""
+        settings = settings or self.config.evidence
+        if settings.scorer == "none" or not passages:
+            return []
+        shown = [c.text[:PASSAGE_CHARS] for c in passages]
+        units = [SentencePassage(f"{c.title}: " if c.title else "", text, sentence_spans(text))
+                 for c, text in zip(passages, shown)]
+        if settings.target == "gold" and not gold:
+            raise ValueError("[evidence] target 'gold' needs a reference answer (gold)")
+        lm = None
+        if settings.scorer in LM_SENTENCE_SCORERS:
+            rerank = self.config.rerank
+            lm = load_scorer(rerank.model, rerank.doc_tokens, rerank.dtype)
+        values = iter(score_sentences(settings.scorer, question, units, lm=lm, embed=self._encoder().encode,
+                                      query_vector=self._encoder().encode_query(question),
+                                      target=gold if settings.target == "gold" else None,
+                                      calibrated=settings.calibrated))
+        scored = [Evidence.of(number, candidate, span, next(values))
+                  for number, (candidate, unit) in enumerate(zip(passages, units), start=1) for span in unit.sentences]
+        return sorted(scored, key=lambda e: -e.score)
 
     def _prepare_answer(self, question, generator, context_k, max_new_tokens, search_options):
         result = self.search(question, k=context_k or self.config.context_k, **search_options)
@@ -408,12 +437,16 @@ class Workspace:
         max_new_tokens = max_new_tokens or self.config.max_new_tokens
         messages, dropped = fit_to_window(question, result.candidates, model, max_new_tokens)
         shown = len(result.candidates) - len(dropped)
+        started = time.perf_counter()
+        evidence = self.evidence(question, result.candidates[:shown], gold=search_options.get("gold"))
+        result.timings["evidence"] = time.perf_counter() - started
         options = {"max_new_tokens": max_new_tokens, "passages": shown if self.config.cite_first else 0}
-        return result, model, messages, dropped, options
+        return result, model, messages, (dropped, evidence[: self.config.evidence.top]), options
 
     @staticmethod
-    def _answer(question: str, text: str, result: SearchResult, dropped: list[Candidate], model,
-                seconds: float) -> Answer:
-        answer = Answer(question, text, [], [], model.name, result, {**result.timings, "generation": seconds}, dropped)
+    def _answer(question: str, text: str, result: SearchResult, left_out, model, seconds: float) -> Answer:
+        dropped, evidence = left_out
+        answer = Answer(question, text, [], [], model.name, result, {**result.timings, "generation": seconds},
+                        dropped, evidence)
         answer.citations, answer.invalid_citations = parse_citations(text, answer.passages)
         return answer

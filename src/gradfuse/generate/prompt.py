@@ -35,7 +35,10 @@ def _fenced(text: str) -> str:
                             .replace("]", "⟧"), text)
 
 
-def build_messages(question: str, passages: list[Candidate], *, max_chars: int = 600) -> list[dict[str, str]]:
+PASSAGE_CHARS = 600  # of each passage's text in the prompt (the bundled generator has a small window)
+
+
+def build_messages(question: str, passages: list[Candidate], *, max_chars: int = PASSAGE_CHARS) -> list[dict[str, str]]:
     """Chat messages: fixed system rules, then the numbered passages and the question as the user turn."""
     blocks = []
     for number, candidate in enumerate(passages, start=1):

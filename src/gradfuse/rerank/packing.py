@@ -98,6 +98,36 @@ class ContextPacker:
                 ids += piece
         return PackedContext(torch.tensor(ids, dtype=torch.long), spans, target_span)
 
+    def pack_units(self, passages: list[tuple[str, str, list[tuple[int, int]]]], *, question: str | None,
+                   target: str | None) -> PackedContext:
+        """Like `pack`, with each passage (prefix, text, sentence spans) whole, not cut to doc_tokens, and the
+        context's gated spans (`doc_spans`) its sentences' tokens in order, not its documents'. Each sentence is
+        tokenised with the white space before it, so the spans are exact token ranges."""
+        ids: list[int] = []
+        spans: list[tuple[int, int]] = []
+        target_span = (0, 0)
+        for kind, value in self._template(len(passages), question, target is not None):
+            if kind == "text":
+                ids += self._ids(value)
+            elif value == "question":
+                ids += self._ids(f" {question}", True)
+            elif value == "target":
+                target_ids = list(self._ids(target, True))
+                target_span = (len(ids), len(ids) + len(target_ids))
+                ids += target_ids
+            else:
+                index = int(value.removeprefix("doc"))
+                prefix, text, units = passages[index]
+                ids += list(self._ids(f"[{index + 1}] ")) + list(self._ids(prefix, True))
+                position = 0
+                for start, end in units:
+                    piece = list(self._ids(text[position:end], True))
+                    spans.append((len(ids), len(ids) + len(piece)))
+                    ids += piece
+                    position = end
+                ids += list(self._ids(text[position:], True)) + list(self._ids("\n"))
+        return PackedContext(torch.tensor(ids, dtype=torch.long), spans, target_span)
+
     def relevance_prompt(self, doc: str, question: str) -> torch.Tensor:
         """A pointwise judgement prompt, ending where the model says yes or no."""
         ids: list[int] = []

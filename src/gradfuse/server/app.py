@@ -25,6 +25,7 @@ from gradfuse.fusion import warm_up
 from gradfuse.methods import METHODS
 from gradfuse.redact import RedactingFilter, redact
 from gradfuse.rerank import ESTIMATORS, TARGETS
+from gradfuse.rerank.sentences import LM_SENTENCE_SCORERS
 from gradfuse.schemas import (
     AnswerRecord,
     SearchRecord,
@@ -153,7 +154,9 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
         """An answer with citations [n] mapped to source/doc id; `stream: true` sends server-sent events."""
         request.check_limits(settings, config)
         local_generator = not config.generator.startswith(("http://", "https://"))
-        release = admission.place(local_generator or (request.method or config.method) in LM_METHODS)
+        needs_lm = (local_generator or (request.method or config.method) in LM_METHODS
+                    or config.evidence.scorer in LM_SENTENCE_SCORERS)  # the evidence's pass is the LM's too
+        release = admission.place(needs_lm)
         try:
             events = workspace.ask_stream(request.query, context_k=request.k, max_new_tokens=request.max_new_tokens,
                                           **request.search_options())

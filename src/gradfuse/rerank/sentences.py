@@ -1,0 +1,113 @@
+"""Stage 2 at the sentence level: a value for every sentence of the passages the generator will see, by one
+scorer of one interface (`SentenceScorer`), next to the document-level scorers.
+
+The reader gate's one pass is where the gradient's cost advantage is largest: 5 passages of 5-10 sentences are
+25-50 units, which UPR scores with 25-50 passes and leave-one-out with 26-51, while the gate's forward + backward
+pass covers them all at once (documents encoded once without gradients, see lm_scorer.py).
+
+- gate: -dL/dlog(alpha_s) for each sentence s, the first-order rise of the target's loss as attention to s is
+  turned down; `calibrated`: minus the same gate under the content-free target "N/A" (its second pass reuses the
+  documents' cache), which removes what the position alone earns a sentence;
+- cosine: the encoder's cosine between the question and each sentence (milliseconds);
+- upr: log P(question | sentence), batched, one short pass per sentence;
+- loo: L(context without s) - L(context), exactly, with one pass per sentence (the reference; an oracle).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from gradfuse.checked import FILE_SETTINGS, Count, Flag, Text
+from gradfuse.rerank.lm_scorer import LMScorer
+from gradfuse.rerank.upr import UPRScorer
+
+CONTENT_FREE = "N/A"  # the calibration target: what the gate gives a sentence for no answer at all
+SENTENCE_SCORERS = ("gate", "cosine", "upr", "loo")
+LM_SENTENCE_SCORERS = ("gate", "upr", "loo")
+
+
+@dataclass(frozen=True)
+class EvidenceSettings:
+    """`[evidence]`: which sentences of the passages an answer quotes as its evidence."""
+
+    __pydantic_config__ = FILE_SETTINGS
+    scorer: Text = "gate"  # gate | cosine | upr | loo | none (no evidence)
+    calibrated: Flag = True  # the gate minus its value under the content-free target
+    target: Text = "query"  # query (likelihood of the question) | gold (a reference answer, where one is given)
+    top: Count = 4  # sentences quoted with an answer
+
+    def __post_init__(self):
+        if self.scorer not in (*SENTENCE_SCORERS, "none"):
+            raise ValueError(f"unknown evidence scorer {self.scorer!r} (choose from "
+                             f"{', '.join(SENTENCE_SCORERS)}, none)")
+        if self.target not in ("query", "gold"):
+            raise ValueError(f"unknown evidence target {self.target!r} (choose from query, gold)")
+
+
+@dataclass(frozen=True)
+class Passage:
+    """One passage as the sentence scorers see it: a prefix that is never scored (its title), its text and the
+    character spans of its sentences."""
+
+    prefix: str
+    text: str
+    sentences: list[tuple[int, int]]
+
+    def sentence_texts(self) -> list[str]:
+        return [self.text[start:end] for start, end in self.sentences]
+
+
+def score_sentences(scorer: str, question: str, passages: list[Passage], *, lm: LMScorer | None = None,
+                    embed: Callable[[list[str]], np.ndarray] | None = None, query_vector: np.ndarray | None = None,
+                    target: str | None = None, calibrated: bool = False) -> np.ndarray:
+    """One value per sentence, in passage order then sentence order. `target`: the text whose loss the gate and
+    leave-one-out score (None: the question, as query likelihood)."""
+    if not any(p.sentences for p in passages):
+        return np.zeros(0)
+    if scorer == "cosine":
+        return embed([s for p in passages for s in p.sentence_texts()]) @ query_vector
+    if scorer == "upr":
+        return UPRScorer(lm).values(question, [s for p in passages for s in p.sentence_texts()])
+    if scorer == "gate":
+        return _gate(lm, question, passages, target, calibrated)
+    if scorer == "loo":
+        return _leave_one_out(lm, question, passages, target)
+    raise ValueError(f"unknown sentence scorer {scorer!r} (choose from {', '.join(SENTENCE_SCORERS)})")
+
+
+def _packed(lm: LMScorer, question: str, passages: list[Passage], target: str | None):
+    units = [(p.prefix, p.text, p.sentences) for p in passages]
+    if target is None:  # query likelihood: the question is the target, not in the prompt
+        return lm.packer.pack_units(units, question=None, target=question)
+    return lm.packer.pack_units(units, question=question, target=target)
+
+
+def _gate(lm: LMScorer, question: str, passages: list[Passage], target: str | None, calibrated: bool) -> np.ndarray:
+    packed = _packed(lm, question, passages, target)
+    documents = lm.encode_documents(packed)
+    length = documents.get_seq_length()
+    _, gate = lm.attribute_reader(packed, documents)
+    if not calibrated:
+        return gate
+    documents.crop(length - documents.get_seq_length())  # back to the documents alone, for the second target
+    # The same prompt up to the last document (so the cache is shared), with "N/A" as the answer, or as the
+    # question for query likelihood.
+    units = [(p.prefix, p.text, p.sentences) for p in passages]
+    free = lm.packer.pack_units(units, question=None if target is None else question, target=CONTENT_FREE)
+    _, content_free = lm.attribute_reader(free, documents)
+    return gate - content_free
+
+
+def _leave_one_out(lm: LMScorer, question: str, passages: list[Passage], target: str | None) -> np.ndarray:
+    contexts = [_packed(lm, question, passages, target)]
+    for p, passage in enumerate(passages):
+        for start, end in passage.sentences:
+            width = end - start
+            kept = [(a, b) if b <= start else (a - width, b - width) for a, b in passage.sentences if a != start]
+            shrunk = Passage(passage.prefix, passage.text[:start] + passage.text[end:], kept)
+            contexts.append(_packed(lm, question, passages[:p] + [shrunk] + passages[p + 1:], target))
+    losses = lm.losses(contexts)
+    return losses[1:] - losses[0]

@@ -1,0 +1,76 @@
+"""Sentence evidence: passages cut into sentences with their spans, every sentence scored in one pass of the real
+scoring LM (or by the baselines), and the answer quoting its evidence in the library, JSON and CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from conftest import ASTRONOMY, write_jsonl
+from gradfuse import SourceSpec, Workspace
+from gradfuse.candidate import Candidate
+from gradfuse.cli import app
+from gradfuse.config import Config
+from gradfuse.evidence import Evidence, sentence_spans
+from gradfuse.rerank import load_scorer
+from gradfuse.rerank.sentences import Passage, score_sentences
+
+MOONS = Passage("Mars: ", "Mars is the fourth planet from the Sun. It has two small moons, Phobos and Deimos. "
+                          "Its surface is covered in iron oxide dust.", [])
+
+
+def _split(passage: Passage) -> Passage:
+    return Passage(passage.prefix, passage.text, sentence_spans(passage.text))
+
+
+def test_sentences_keep_their_spans_across_wrapped_lines_and_abbreviations():
+    text = "Dr. Smith measured 3.5 km of the\nriver in 1990. The river then\nflooded.\n\n***\n\nA new paragraph starts."
+    spans = sentence_spans(text)
+    assert [text[a:b] for a, b in spans] == ["Dr. Smith measured 3.5 km of the\nriver in 1990.",
+                                             "The river then\nflooded.", "A new paragraph starts."]
+    chunk = Candidate("notes", "river.md#1", text, 1.0, 1, parent_id="river.md", span=(500, 500 + len(text)))
+    evidence = Evidence.of(2, chunk, spans[1], 0.5)
+    assert evidence.text == "The river then\nflooded." and evidence.parent_span == (500 + spans[1][0], 500 + spans[1][1])
+
+
+@pytest.mark.slow
+def test_every_scorer_gives_one_value_per_sentence_and_calibration_subtracts_the_content_free_gate():
+    lm = load_scorer("smollm2")
+    passages = [_split(MOONS), _split(Passage("Bread: ", "Bread rises because yeast ferments sugar. It is baked "
+                                                        "at high heat for an hour.", []))]
+    question = "Which planet has the moons Phobos and Deimos?"
+    units = sum(len(p.sentences) for p in passages)
+    gate = score_sentences("gate", question, passages, lm=lm)
+    content_free = score_sentences("gate", "N/A", passages, lm=lm)  # "N/A" as the query target
+    calibrated = score_sentences("gate", question, passages, lm=lm, calibrated=True)
+    assert len(gate) == units == 5
+    np.testing.assert_allclose(calibrated, gate - content_free, atol=1e-6)  # the shared cache changes nothing
+    loo = score_sentences("loo", question, passages, lm=lm)
+    upr = score_sentences("upr", question, passages, lm=lm)
+    assert len(loo) == len(upr) == units and int(np.argmax(upr)) == 1  # the moons sentence
+    with pytest.raises(ValueError, match="unknown sentence scorer"):
+        score_sentences("magic", question, passages, lm=lm)
+
+
+@pytest.mark.slow
+def test_an_answer_quotes_its_evidence_in_the_library_the_json_and_the_cli(tmp_path):
+    ws_root = tmp_path / "ws"
+    ws = Workspace(Config(workspace=ws_root))
+    ws.index(SourceSpec("astronomy", "jsonl", str(write_jsonl(tmp_path / "a.jsonl", ASTRONOMY))))
+    answer = ws.ask("Which planet has two moons?", method="rrf", context_k=2, max_new_tokens=8)
+    assert 1 <= len(answer.evidence) <= ws.config.evidence.top and "evidence" in answer.timings
+    for e in answer.evidence:
+        passage = answer.passages[e.passage - 1]
+        assert (e.source, e.doc_id) == (passage.source, passage.doc_id)
+        assert passage.text[e.span[0]:e.span[1]] == e.text  # a person can check it against the passage
+    assert [e.score for e in answer.evidence] == sorted((e.score for e in answer.evidence), reverse=True)
+    shown = CliRunner().invoke(app, ["ask", "Which planet has two moons?", "--method", "rrf", "-k", "2",
+                                     "--max-new-tokens", "8", "--workspace", str(ws_root), "--json"])
+    record = json.loads(shown.output)
+    assert record["evidence"] and set(record["evidence"][0]) >= {"passage", "source", "doc_id", "span", "text", "score"}
+    printed = CliRunner().invoke(app, ["ask", "Which planet has two moons?", "--method", "rrf", "-k", "2",
+                                       "--max-new-tokens", "8", "--workspace", str(ws_root)], terminal_width=200)
+    assert "Evidence" in printed.output and "characters" in printed.output
