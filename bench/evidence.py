@@ -10,7 +10,10 @@ data set's own (`sentences.jsonl`), so the supporting facts (`qrels_sentences.ts
 Reported: supporting-sentence recall@k and precision@k (k = 2, 4, 6, from ranx), answer-in-evidence (the gold
 answer inside the top-4 sentences, against inside the whole pool), the tokens kept by the top 4, seconds per
 question per scorer, and the gate's and UPR's and leave-one-out's seconds at n = 20, 50 and 100 sentence units.
-Writes results/evidence/results.{md,json}.
+On the dense pool it also compares three answers: the bundled generator (SmolLM2-135M, llama.cpp) over the whole
+passages, the same generator over the evidence sentences only (`[generator] context = "evidence"`, 256 tokens,
+chosen by the calibrated gate), and the extractive answer (the two best sentences themselves, `answer =
+"extractive"`): answer-contains-gold, prompt tokens and generation seconds. Writes results/evidence/results.{md,json}.
 
     python bench/evidence.py --queries 100 --oracle 10
 """
@@ -27,7 +30,10 @@ from pathlib import Path
 import numpy as np
 from ranx import Qrels, Run, evaluate
 
+from gradfuse.candidate import Candidate
 from gradfuse.eval.qa import answer_in_context
+from gradfuse.evidence import Evidence, excerpts, extractive_answer
+from gradfuse.generate import build_messages, make_generator
 from gradfuse.rerank import load_scorer
 from gradfuse.rerank.sentences import Passage, score_sentences
 from gradfuse.sources.encoder import load_encoder
@@ -39,6 +45,8 @@ ENCODER = "all-MiniLM-L6-v2@float32"
 METRICS = ["recall@2", "recall@4", "recall@6", "precision@2", "precision@4", "precision@6"]
 SCORERS = [("gate", {}), ("gate-calibrated", {"calibrated": True}), ("cosine", {}), ("upr", {}), ("loo", {})]
 KEPT = 4
+EVIDENCE_TOKENS = 256  # the evidence context's budget (the [generator] evidence_tokens default)
+ANSWER_TOKENS = 48
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -66,6 +74,10 @@ def main() -> None:
     encoder, lm = load_encoder(ENCODER), load_scorer("smollm2")
     ids = list(corpus)
     vectors = encoder.encode([f"{corpus[i]['title']}\n{corpus[i]['text']}" for i in ids])
+    generator = make_generator("smollm2")
+    answers_by: dict[str, list] = {}
+    prompt_tokens: dict[str, list] = {}
+    generation_seconds: dict[str, list] = {}
     runs = {pool: {name: {} for name, _ in SCORERS} for pool in ("gold", "dense")}
     seconds = {pool: {name: [] for name, _ in SCORERS} for pool in runs}
     in_evidence = {pool: {name: [] for name, _ in SCORERS} for pool in runs}
@@ -94,28 +106,69 @@ def main() -> None:
                     in_evidence[pool][name].append(found)
                 if name == "gate":
                     kept_tokens[pool].append(sum(len(lm.tokenizer.encode(t)) for t in top))
+                if pool == "dense" and name != "loo":
+                    ranked = evidence_of(docs, corpus, passages, values)
+                    answers_by.setdefault(f"extractive ({name})", []).append(
+                        answer_in_context(answers, [extractive_answer(ranked)]))
+                    if name in ("gate-calibrated", "cosine"):
+                        compare_generation(generator, query["text"], docs, corpus, ranked, lm, answers, answers_by,
+                                           prompt_tokens, generation_seconds, f"evidence ({name})",
+                                           with_passages=name == "cosine")
         print(f"{number + 1}/{len(queries)}", file=sys.stderr, flush=True)
 
-    qrels = Qrels({q: judged for q, judged in support.items() if q in {x["id"] for x in queries}})
     table = {}
     for pool in runs:
         for name, _ in SCORERS:
             run = runs[pool][name]
-            scores = evaluate(Qrels({q: qrels.qrels[q] for q in run}), Run(run), METRICS, make_comparable=True)
+            if not run:
+                continue
+            scores = evaluate(Qrels({q: support[q] for q in run}), Run(run), METRICS, make_comparable=True)
             table[f"{pool}/{name}"] = {**{m: float(v) for m, v in scores.items()}, "questions": len(run),
                                        "answer_in_top4": float(np.mean(in_evidence[pool][name])),
                                        "seconds": float(np.mean(seconds[pool][name]))}
     growth = timings_by_units(lm, encoder, corpus, spans)
+    answered = {how: float(np.mean([v for v in found if v is not None])) for how, found in answers_by.items()}
     summary = {"queries": len(queries), "oracle_queries": min(args.oracle, len(queries)), "pool": args.pool,
                "table": table, "answer_in_pool": {p: float(np.mean(v)) for p, v in in_pool.items()},
                "tokens_top4": {p: float(np.mean(v)) for p, v in kept_tokens.items()},
                "tokens_pool": {p: float(np.mean(v)) for p, v in pool_tokens.items()},
+               "answer_contains_gold": answered,
+               "prompt_tokens": {k: float(np.mean(v)) for k, v in prompt_tokens.items()},
+               "generation_seconds": {k: float(np.mean(v)) for k, v in generation_seconds.items()},
                "seconds_by_units": growth, "machine": f"{platform.processor() or platform.machine()}, "
                                                       f"{__import__('os').cpu_count()} cores"}
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "results.json").write_text(json.dumps(summary, indent=2))
     (OUT / "results.md").write_text(report(summary))
     print(report(summary))
+
+
+def evidence_of(docs, corpus, passages, values) -> list[Evidence]:
+    """The pool's sentences as Evidence records, best first."""
+    values = iter(values)
+    scored = [Evidence.of(number, candidate(doc, corpus), span, next(values))
+              for number, (doc, passage) in enumerate(zip(docs, passages), start=1) for span in passage.sentences]
+    return sorted(scored, key=lambda e: -e.score)
+
+
+def candidate(doc: str, corpus: dict) -> Candidate:
+    return Candidate("hotpotqa", doc, corpus[doc]["text"], 0.0, 1, title=corpus[doc]["title"])
+
+
+def compare_generation(generator, question, docs, corpus, ranked, lm, answers, answers_by, prompt_tokens,
+                       generation_seconds, name: str, *, with_passages: bool) -> None:
+    """The bundled generator over the evidence sentences alone (and, once a question, over whole passages)."""
+    shown = [candidate(d, corpus) for d in docs]
+    budget = excerpts(ranked, lambda text: len(lm.tokenizer.encode(text, add_special_tokens=False)), EVIDENCE_TOKENS)
+    contexts = [(name, build_messages(question, shown, excerpts=budget))]
+    if with_passages:
+        contexts.append(("passages", build_messages(question, shown)))
+    for how, messages in contexts:
+        started = time.perf_counter()
+        text = generator.generate(messages, max_new_tokens=ANSWER_TOKENS, passages=len(shown))
+        generation_seconds.setdefault(how, []).append(time.perf_counter() - started)
+        prompt_tokens.setdefault(how, []).append(generator.count_tokens(messages))
+        answers_by.setdefault(how, []).append(answer_in_context(answers, [text]))
 
 
 def timings_by_units(lm, encoder, corpus, spans) -> dict[str, dict[str, float]]:
@@ -158,7 +211,15 @@ def report(summary: dict) -> str:
         f"{p} {v:.3f}" for p, v in summary["answer_in_pool"].items()) + ". Tokens of the top 4 sentences (gate) "
         "against the whole pool: " + ", ".join(f"{p} {summary['tokens_top4'][p]:.0f} / {summary['tokens_pool'][p]:.0f}"
                                               for p in summary["tokens_pool"]) + ".", "",
-              "Seconds for one question by the number of sentence units:", "",
+              "Answers on the dense pool (the gold answer string inside the answer; generator SmolLM2-135M, "
+              f"{ANSWER_TOKENS} new tokens at most):", "",
+              "| answer | contains gold | prompt tokens | generation s |", "|---|---:|---:|---:|"]
+    for how, value in summary["answer_contains_gold"].items():
+        tokens = summary["prompt_tokens"].get(how)
+        seconds = summary["generation_seconds"].get(how)
+        lines.append(f"| {how} | {value:.3f} | {tokens:.0f} | {seconds:.2f} |" if tokens is not None
+                     else f"| {how} | {value:.3f} | - | 0 |")
+    lines += ["", "Seconds for one question by the number of sentence units:", "",
               "| units | " + " | ".join(summary["seconds_by_units"]["20"]) + " |",
               "|---:|" + "---:|" * len(summary["seconds_by_units"]["20"])]
     for n, row in summary["seconds_by_units"].items():

@@ -74,3 +74,33 @@ def test_an_answer_quotes_its_evidence_in_the_library_the_json_and_the_cli(tmp_p
     printed = CliRunner().invoke(app, ["ask", "Which planet has two moons?", "--method", "rrf", "-k", "2",
                                        "--max-new-tokens", "8", "--workspace", str(ws_root)], terminal_width=200)
     assert "Evidence" in printed.output and "characters" in printed.output
+
+
+@pytest.mark.slow
+def test_extractive_answers_and_evidence_contexts_keep_the_passage_numbers(tmp_path):
+    from dataclasses import replace
+
+    ws = Workspace(Config(workspace=tmp_path / "ws", answer="extractive"))
+    ws.index(SourceSpec("astronomy", "jsonl", str(write_jsonl(tmp_path / "a.jsonl", ASTRONOMY))))
+    answer = ws.ask("Which planet has two moons?", method="rrf", context_k=3)
+    assert answer.generator == "extractive" and answer.citations and not answer.invalid_citations
+    quoted = answer.evidence[0]
+    assert answer.text.startswith(f"{quoted.text} [{quoted.passage}]")  # the sentence itself, nothing generated
+    streamed = list(ws.ask_stream("Which planet has two moons?", method="rrf", context_k=3))
+    assert streamed[-1].text == answer.text
+
+    ws.config = replace(ws.config, answer="generate", context="evidence", evidence_tokens=20)
+    from gradfuse.generate import local
+
+    seen = []
+    generator = local.load_local_generator("smollm2")
+    real = generator.generate
+    generator.generate = lambda messages, **options: seen.append(messages) or real(messages, **options)
+    try:
+        generated = ws.ask("Which planet has two moons?", method="rrf", context_k=3, max_new_tokens=8)
+    finally:
+        generator.generate = real
+    prompt = seen[0][1]["content"]
+    best = generated.evidence[0]
+    assert f"<passage id={best.passage} " in prompt and best.text in prompt
+    assert prompt.count("<passage id=") < 3  # passages with no kept sentence are left out, numbers kept

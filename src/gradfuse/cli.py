@@ -15,10 +15,12 @@ from rich.markup import escape as escape_markup
 from rich.table import Table
 
 from gradfuse.config import ConfigError
+from gradfuse.evidence import extractive_answer
 from gradfuse.execute import RayUnavailable
 from gradfuse.fusion import UnknownMethod
 from gradfuse.generate import describe_generator
 from gradfuse.generate.openai_http import EndpointError
+from gradfuse.generate.prompt import EXTRACTIVE
 from gradfuse.redact import redact
 from gradfuse.schemas import answer_record, search_record, source_record
 from gradfuse.sources import BuildReport, IngestError, SourceError, SourceSpec, check_source_name
@@ -372,6 +374,14 @@ def print_answer(answer: Answer) -> None:
     console.print(_timing_line(answer.timings))
 
 
+def _print_with_extractive(answer: Answer) -> None:
+    """The generated answer, then what `[generator] answer = "extractive"` would have said: its best evidence."""
+    print_answer(answer)
+    if answer.evidence and answer.generator != EXTRACTIVE:
+        console.print(f"[bold]Extractive answer[/] (the passages' own sentences, nothing generated): "
+                      f"{escape(extractive_answer(answer.evidence))}\n")
+
+
 @app.command()
 def demo(workspace: Annotated[Path, typer.Option("--workspace", "-w")] = Path(".gradfuse/demo")):
     """Build three sources from text every Python has, then ask questions that need different sources.
@@ -391,12 +401,12 @@ def demo(workspace: Annotated[Path, typer.Option("--workspace", "-w")] = Path(".
         _print_build(ws.index(spec, progress=True))
     sources(None, workspace)
     for question in QUESTIONS[:-1]:
-        print_answer(ws.ask(question, method="concat", retrieval="dense", context_k=3, max_new_tokens=80))
+        _print_with_extractive(ws.ask(question, method="concat", retrieval="dense", context_k=3, max_new_tokens=80))
     # The last question goes through the full method: stage 1, then stage 2's pass with the draft target.
     preload.join()
     started = time.perf_counter()
     answer = ws.ask(QUESTIONS[-1], method="gro", retrieval="dense", context_k=3, max_new_tokens=80)
-    print_answer(answer)
+    _print_with_extractive(answer)
     console.print(f"(gro: {time.perf_counter() - started:.1f} s from question to answer)")
     console.print(escape(f"The answers come from {describe_generator(ws.config.generator)}. To ask your own "
                          f"questions over these sources: gradfuse ask \"...\" --workspace {workspace} (add --method "

@@ -19,6 +19,9 @@ Example (every key optional)::
     context_tokens = 8192            # an endpoint's window (a local model's is read from the model)
     api_key_env = ""                 # the variable holding an endpoint's key (e.g. "OPENAI_API_KEY"); none sent unless
                                      # named, and never over plain http to another machine
+    context = "passages"             # or "evidence": the generator reads only the passages' best sentences
+    evidence_tokens = 256            # their budget, with context = "evidence"
+    answer = "generate"              # or "extractive": the best evidence sentences are the answer
     cite_first = true                # local models must open by naming a passage (see generate/local.py)
     [selection]                      # stage 1 (gradfuse.selection.SelectionSettings; defaults tuned on dev)
     redundancy_weight = 0.0          # lambda: raise it when sources mirror each other
@@ -119,6 +122,9 @@ class Config:
     context_k: int = 5
     context_tokens: int = 8192
     api_key_env: str = ""
+    context: str = "passages"  # what the generator reads: whole passages, or their evidence sentences
+    evidence_tokens: int = 256  # with context "evidence": the sentences' token budget
+    answer: str = "generate"  # or "extractive": the best evidence sentences are the answer, nothing generated
     cite_first: bool = True
     sources: dict[str, SourceSettings] = field(default_factory=dict)
     selection: SelectionSettings = field(default_factory=SelectionSettings)
@@ -188,6 +194,9 @@ class _Generator(TypedDict, total=False):
     context_tokens: Count
     api_key_env: Text
     cite_first: Flag
+    context: Literal["passages", "evidence"]
+    evidence_tokens: Count
+    answer: Literal["generate", "extractive"]
 
 
 @with_config(FILE_SETTINGS)

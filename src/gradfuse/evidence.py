@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -64,3 +65,29 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
         if len(_WORD.findall(text[start:end])) >= 3:
             spans.append((start, end))
     return spans
+
+
+EXTRACTIVE_SENTENCES = 2  # sentences an extractive answer quotes
+
+
+def extractive_answer(evidence: list[Evidence], sentences: int = EXTRACTIVE_SENTENCES) -> str:
+    """The best evidence sentences themselves as the answer, each with its passage's number: nothing generated,
+    so nothing is made up."""
+    return " ".join(f"{e.text} [{e.passage}]" for e in evidence[:sentences]) or \
+        "The passages hold no sentence to answer from."
+
+
+def excerpts(evidence: list[Evidence], count_tokens: Callable[[str], int], budget: int) -> dict[int, list[str]]:
+    """The best sentences that fit `budget` tokens (the first always), grouped by passage, in document order:
+    what a generator reads instead of whole passages."""
+    kept, used = [], 0
+    for sentence in evidence:  # best first
+        tokens = count_tokens(sentence.text)
+        if kept and used + tokens > budget:
+            continue
+        kept.append(sentence)
+        used += tokens
+    grouped: dict[int, list[str]] = {}
+    for sentence in sorted(kept, key=lambda e: (e.passage, e.span)):
+        grouped.setdefault(sentence.passage, []).append(sentence.text)
+    return grouped

@@ -14,9 +14,10 @@ import numpy as np
 from gradfuse.candidate import Candidate
 from gradfuse.checked import MAX_DEPTH
 from gradfuse.config import Config, load_config
-from gradfuse.evidence import Evidence, sentence_spans
+from gradfuse.evidence import Evidence, excerpts, extractive_answer, sentence_spans
 from gradfuse.generate import Citation, fit_to_window, make_generator, parse_citations
-from gradfuse.generate.prompt import PASSAGE_CHARS
+from gradfuse.generate.local import load_tokenizer
+from gradfuse.generate.prompt import EXTRACTIVE, PASSAGE_CHARS, build_messages
 from gradfuse.execute import LOCAL, Executor
 from gradfuse.methods import PIPELINE_METHODS, TARGET_METHODS, MethodContext, check_method, run_method
 from gradfuse.rerank import RerankOutcome, load_scorer
@@ -63,6 +64,21 @@ class _Opened:
     def close(self) -> None:
         if hasattr(self.source, "close"):
             self.source.close()
+
+
+@dataclass
+class _Prepared:
+    """What an answer is made from: the passages, the generator (None: extractive) and its prompt."""
+
+    result: SearchResult
+    model: object | None
+    messages: list[dict[str, str]]
+    dropped: list[Candidate]
+    evidence: list[Evidence]  # every sentence of the passages shown, best first
+    options: dict
+
+    def extract(self) -> str:
+        return extractive_answer(self.evidence)
 
 
 @dataclass
@@ -377,11 +393,11 @@ class Workspace:
         max_new_tokens: int | None = None,
         **search_options,
     ) -> Answer:
-        result, model, messages, left_out, options = self._prepare_answer(question, generator, context_k,
-                                                                           max_new_tokens, search_options)
+        prepared = self._prepare_answer(question, generator, context_k, max_new_tokens, search_options)
         started = time.perf_counter()
-        text = model.generate(messages, **options)
-        return self._answer(question, text, result, left_out, model, time.perf_counter() - started)
+        text = prepared.extract() if prepared.model is None else prepared.model.generate(prepared.messages,
+                                                                                          **prepared.options)
+        return self._answer(question, text, prepared, time.perf_counter() - started)
 
     def ask_stream(
         self,
@@ -394,17 +410,20 @@ class Workspace:
     ) -> Iterator[SearchResult | str | Answer]:
         """`ask`, step by step: first the SearchResult (the passages the generator will see), then the answer's
         text in pieces as they are decoded, last the Answer with its citations."""
-        result, model, messages, left_out, options = self._prepare_answer(question, generator, context_k,
-                                                                           max_new_tokens, search_options)
-        yield result
+        prepared = self._prepare_answer(question, generator, context_k, max_new_tokens, search_options)
+        yield prepared.result
         started = time.perf_counter()
+        if prepared.model is None:
+            yield (text := prepared.extract())
+            yield self._answer(question, text, prepared, time.perf_counter() - started)
+            return
         pieces = []
-        with closing(model.stream(messages, **options)) as stream:  # closed at once when our reader stops
-            for piece in stream:
+        with closing(prepared.model.stream(prepared.messages, **prepared.options)) as stream:  # closed at once
+            for piece in stream:                                                               # when our reader stops
                 if piece:
                     pieces.append(piece)
                     yield piece
-        yield self._answer(question, "".join(pieces).strip(), result, left_out, model, time.perf_counter() - started)
+        yield self._answer(question, "".join(pieces).strip(), prepared, time.perf_counter() - started)
 
     def evidence(self, question: str, passages: list[Candidate], *, settings: EvidenceSettings | None = None,
                  gold: str | None = None) -> list[Evidence]:
@@ -422,6 +441,11 @@ class Workspace:
         if settings.scorer in LM_SENTENCE_SCORERS:
             rerank = self.config.rerank
             lm = load_scorer(rerank.model, rerank.doc_tokens, rerank.dtype)
+            if settings.scorer != "upr":  # one pass over every passage: as many as fit max_pass_tokens
+                while len(units) > 1 and lm.packer.pack_units(
+                        [(u.prefix, u.text, u.sentences) for u in units], question=question,
+                        target=question).length > rerank.max_pass_tokens:
+                    units, passages = units[:-1], passages[:-1]
         values = iter(score_sentences(settings.scorer, question, units, lm=lm, embed=self._encoder().encode,
                                       query_vector=self._encoder().encode_query(question),
                                       target=gold if settings.target == "gold" else None,
@@ -430,23 +454,33 @@ class Workspace:
                   for number, (candidate, unit) in enumerate(zip(passages, units), start=1) for span in unit.sentences]
         return sorted(scored, key=lambda e: -e.score)
 
-    def _prepare_answer(self, question, generator, context_k, max_new_tokens, search_options):
+    def _prepare_answer(self, question, generator, context_k, max_new_tokens, search_options) -> _Prepared:
         result = self.search(question, k=context_k or self.config.context_k, **search_options)
-        model = make_generator(generator or self.config.generator, context_tokens=self.config.context_tokens,
-                               api_key_env=self.config.api_key_env)
+        extractive = self.config.answer == "extractive" and generator is None
+        model = None if extractive else make_generator(generator or self.config.generator,
+                                                       context_tokens=self.config.context_tokens,
+                                                       api_key_env=self.config.api_key_env)
         max_new_tokens = max_new_tokens or self.config.max_new_tokens
-        messages, dropped = fit_to_window(question, result.candidates, model, max_new_tokens)
-        shown = len(result.candidates) - len(dropped)
+        if model is None:
+            messages, dropped = [], []
+        else:
+            messages, dropped = fit_to_window(question, result.candidates, model, max_new_tokens)
+        shown = result.candidates[: len(result.candidates) - len(dropped)]
         started = time.perf_counter()
-        evidence = self.evidence(question, result.candidates[:shown], gold=search_options.get("gold"))
+        evidence = self.evidence(question, shown, gold=search_options.get("gold"))
         result.timings["evidence"] = time.perf_counter() - started
-        options = {"max_new_tokens": max_new_tokens, "passages": shown if self.config.cite_first else 0}
-        return result, model, messages, (dropped, evidence[: self.config.evidence.top]), options
+        if model is not None and self.config.context == "evidence" and evidence:
+            tokenizer = load_tokenizer(self.config.rerank.model)
+            kept = excerpts(evidence, lambda text: len(tokenizer.encode(text, add_special_tokens=False)),
+                            self.config.evidence_tokens)
+            messages = build_messages(question, shown, excerpts=kept)
+        options = {"max_new_tokens": max_new_tokens, "passages": len(shown) if self.config.cite_first else 0}
+        return _Prepared(result, model, messages, dropped, evidence, options)
 
-    @staticmethod
-    def _answer(question: str, text: str, result: SearchResult, left_out, model, seconds: float) -> Answer:
-        dropped, evidence = left_out
-        answer = Answer(question, text, [], [], model.name, result, {**result.timings, "generation": seconds},
-                        dropped, evidence)
+    def _answer(self, question: str, text: str, prepared: _Prepared, seconds: float) -> Answer:
+        result = prepared.result
+        answer = Answer(question, text, [], [], prepared.model.name if prepared.model else EXTRACTIVE, result,
+                        {**result.timings, "generation": seconds}, prepared.dropped,
+                        prepared.evidence[: self.config.evidence.top])
         answer.citations, answer.invalid_citations = parse_citations(text, answer.passages)
         return answer

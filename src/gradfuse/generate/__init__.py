@@ -8,7 +8,7 @@ from typing import Protocol
 from gradfuse.generate.budget import ContextTooLong, fit_to_window
 from gradfuse.generate.local import BUNDLED_GENERATOR, load_local_generator
 from gradfuse.generate.openai_http import OpenAICompatibleGenerator
-from gradfuse.generate.prompt import Citation, build_messages, parse_citations
+from gradfuse.generate.prompt import EXTRACTIVE, Citation, build_messages, parse_citations
 
 __all__ = ["BUNDLED_GENERATOR", "Citation", "ContextTooLong", "Generator", "build_messages", "describe_generator",
            "fit_to_window", "make_generator", "parse_citations"]
@@ -45,4 +45,6 @@ def describe_generator(spec: str) -> str:
                 "[generator] model to a local .gguf file or transformers folder, or an OpenAI-compatible URL")
     if spec.startswith(("http://", "https://")):
         return "an OpenAI-compatible endpoint"
+    if spec == EXTRACTIVE:
+        return "no generator: the answer is the passages' own sentences, chosen by the [evidence] scorer"
     return f"the local model {spec}"

@@ -36,15 +36,21 @@ def _fenced(text: str) -> str:
 
 
 PASSAGE_CHARS = 600  # of each passage's text in the prompt (the bundled generator has a small window)
+EXTRACTIVE = "extractive"  # the "generator" of an answer made of the passages' own sentences
 
 
-def build_messages(question: str, passages: list[Candidate], *, max_chars: int = PASSAGE_CHARS) -> list[dict[str, str]]:
-    """Chat messages: fixed system rules, then the numbered passages and the question as the user turn."""
+def build_messages(question: str, passages: list[Candidate], *, max_chars: int = PASSAGE_CHARS,
+                   excerpts: dict[int, list[str]] | None = None) -> list[dict[str, str]]:
+    """Chat messages: fixed system rules, then the numbered passages and the question as the user turn. With
+    `excerpts` (passage number → its kept sentences, in document order) a passage shows only those, under its own
+    number (so citations still map back), and a passage with none is left out."""
     blocks = []
     for number, candidate in enumerate(passages, start=1):
+        if excerpts is not None and not excerpts.get(number):
+            continue
         # Attribute values are escaped: a quote in a title or name must not add attributes to the tag.
         title = f" title=\"{html.escape(candidate.title[:120])}\"" if candidate.title else ""
-        body = _fenced(candidate.text[:max_chars])
+        body = _fenced(" … ".join(excerpts[number]) if excerpts is not None else candidate.text[:max_chars])
         blocks.append(f"<passage id={number} source=\"{html.escape(candidate.source)}\"{title}>\n{body}\n</passage>")
     user = "Passages:\n" + "\n".join(blocks) + f"\n\nQuestion: {question}\nAnswer in one or two sentences using the passages, and cite the passage you used by its number in brackets, like [2]."
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
