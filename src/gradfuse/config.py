@@ -42,7 +42,7 @@ Example (every key optional)::
     max_pass_tokens = 2048           # the longest LM pass (question + target + n documents); beyond it: an error
     [evidence]                       # the sentences an answer quotes (gradfuse.rerank.sentences.EvidenceSettings)
     scorer = "gate"                  # gate | cosine | upr | loo | none
-    calibrated = true                # the gate minus its value under the content-free target "N/A"
+    calibrated = false               # the gate minus its value under the content-free target "N/A"
     top = 4                          # sentences quoted with each answer
     [server]                         # `gradfuse serve` (gradfuse.server.settings.ServerSettings)
     host = "127.0.0.1"

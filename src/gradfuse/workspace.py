@@ -52,6 +52,12 @@ from gradfuse.sources.encoder import EmbeddingCache, embedding_text, load_encode
 from gradfuse.sources.federated import AllSourcesFailed, FederatedResult, SourceFailure, query_sources
 
 
+def _whole_sentences(shown: str, length: int) -> list[tuple[int, int]]:
+    """The sentences of a passage's shown text, less the last one where the prompt's cut ended it mid-way."""
+    spans = sentence_spans(shown)
+    return spans[:-1] if length > len(shown) and spans and spans[-1][1] == len(shown.rstrip()) else spans
+
+
 @dataclass(eq=False)
 class _Opened:
     """One opened version of a source, and how many requests hold it."""
@@ -433,7 +439,7 @@ class Workspace:
         if settings.scorer == "none" or not passages:
             return []
         shown = [c.text[:PASSAGE_CHARS] for c in passages]
-        units = [SentencePassage(f"{c.title}: " if c.title else "", text, sentence_spans(text))
+        units = [SentencePassage(f"{c.title}: " if c.title else "", text, _whole_sentences(text, len(c.text)))
                  for c, text in zip(passages, shown)]
         if settings.target == "gold" and not gold:
             raise ValueError("[evidence] target 'gold' needs a reference answer (gold)")
