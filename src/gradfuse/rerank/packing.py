@@ -79,34 +79,39 @@ class ContextPacker:
 
     def pack(self, docs: list[str], *, question: str | None, target: str | None) -> PackedContext:
         """`question=None` packs for the query target; `target=None` packs a generation prompt."""
-        ids: list[int] = []
-        spans: list[tuple[int, int]] = []
-        target_span = (0, 0)
-        for kind, value in self._template(len(docs), question, target is not None):
-            if kind == "text":
-                ids += self._ids(value)
-            elif value == "question":
-                ids += self._ids(f" {question}", True)
-            elif value == "target":
-                target_ids = list(self._ids(target, True))
-                target_span = (len(ids), len(ids) + len(target_ids))
-                ids += target_ids
-            else:
-                index = int(value.removeprefix("doc"))
-                piece = self.document_ids(index + 1, docs[index])
-                spans.append((len(ids), len(ids) + len(piece)))
-                ids += piece
-        return PackedContext(torch.tensor(ids, dtype=torch.long), spans, target_span)
+        def document(index: int, ids: list[int]) -> list[tuple[int, int]]:
+            piece = self.document_ids(index + 1, docs[index])
+            ids += piece
+            return [(len(ids) - len(piece), len(ids))]
+
+        return self._assemble(len(docs), question, target, document)
 
     def pack_units(self, passages: list[tuple[str, str, list[tuple[int, int]]]], *, question: str | None,
                    target: str | None) -> PackedContext:
         """Like `pack`, with each passage (prefix, text, sentence spans) whole, not cut to doc_tokens, and the
         context's gated spans (`doc_spans`) its sentences' tokens in order, not its documents'. Each sentence is
         tokenised with the white space before it, so the spans are exact token ranges."""
+        def document(index: int, ids: list[int]) -> list[tuple[int, int]]:
+            prefix, text, units = passages[index]
+            ids += list(self._ids(f"[{index + 1}] ")) + list(self._ids(prefix, True))
+            spans, position = [], 0
+            for start, end in units:
+                piece = list(self._ids(text[position:end], True))
+                spans.append((len(ids), len(ids) + len(piece)))
+                ids += piece
+                position = end
+            ids += list(self._ids(text[position:], True)) + list(self._ids("\n"))
+            return spans
+
+        return self._assemble(len(passages), question, target, document)
+
+    def _assemble(self, n_docs: int, question: str | None, target: str | None, document) -> PackedContext:
+        """The template filled in: `document(index, ids)` appends document `index` to `ids` and returns the token
+        spans it gates."""
         ids: list[int] = []
         spans: list[tuple[int, int]] = []
         target_span = (0, 0)
-        for kind, value in self._template(len(passages), question, target is not None):
+        for kind, value in self._template(n_docs, question, target is not None):
             if kind == "text":
                 ids += self._ids(value)
             elif value == "question":
@@ -116,16 +121,7 @@ class ContextPacker:
                 target_span = (len(ids), len(ids) + len(target_ids))
                 ids += target_ids
             else:
-                index = int(value.removeprefix("doc"))
-                prefix, text, units = passages[index]
-                ids += list(self._ids(f"[{index + 1}] ")) + list(self._ids(prefix, True))
-                position = 0
-                for start, end in units:
-                    piece = list(self._ids(text[position:end], True))
-                    spans.append((len(ids), len(ids) + len(piece)))
-                    ids += piece
-                    position = end
-                ids += list(self._ids(text[position:], True)) + list(self._ids("\n"))
+                spans += document(int(value.removeprefix("doc")), ids)
         return PackedContext(torch.tensor(ids, dtype=torch.long), spans, target_span)
 
     def relevance_prompt(self, doc: str, question: str) -> torch.Tensor:
