@@ -71,6 +71,12 @@ def test_ask_on_the_page_then_open_the_cited_passage(workspace, browser):
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "page-cited-passage.png"), full_page=True)
         page.keyboard.press("Escape")
+
+        # The answer's best evidence sentence is marked inside its passage, exactly where it stands.
+        quoted = page.evaluate("() => { const e = shown.evidence[0]; openPassage(e.passage); return e.text; }")
+        expect(page.locator("#passage-view-text mark.evidence").first).to_have_text(quoted)
+        page.screenshot(path=str(ARTIFACTS / "page-evidence.png"), full_page=True)
+        page.keyboard.press("Escape")
         page.screenshot(path=str(ARTIFACTS / "page-answer.png"), full_page=True)
 
         page.goto(url + "/docs")  # the API docs render from files this server serves

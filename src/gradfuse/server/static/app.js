@@ -9,7 +9,7 @@ const TIMING_STEPS = [  // what the latency bar shows, in pipeline order
   ["lm_pass", "gradient pass", "#d06a2f"], ["generation", "generation", "#8b5cc7"],
 ];
 let options = null;
-let shown = { passages: [], estimator: "gate" };
+let shown = { passages: [], estimator: "gate", evidence: [] };
 
 function escapeHtml(text) {
   return text.replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
@@ -143,6 +143,7 @@ function showSearch(search) {
 
 function showAnswer(answer) {
   shown.passages = answer.passages;
+  shown.evidence = answer.evidence || [];
   showFailures(answer.failures);
   showStage1(answer);
   showChart(answer.passages, answer.method, answer.rerank);
@@ -259,6 +260,16 @@ function showTimings(timings) {
   $("timings-section").hidden = false;
 }
 
+function withMarks(text, spans) {
+  let html = "", at = 0;
+  for (const [start, end] of spans) {
+    if (start < at) continue;
+    html += escapeHtml(text.slice(at, start)) + `<mark class="evidence">${escapeHtml(text.slice(start, end))}</mark>`;
+    at = end;
+  }
+  return html + escapeHtml(text.slice(at));
+}
+
 function openPassage(number) {
   const p = shown.passages[number - 1];
   if (!p) return;
@@ -267,7 +278,9 @@ function openPassage(number) {
   $("passage-view-provenance").textContent =
     `${p.source}/${p.doc_id}, rank ${p.native_rank} in its source` + (copies.length ? `; also in ${copies.join(", ")}` : "") +
     (p.span ? `; characters ${p.span[0]}–${p.span[1]} of ${p.parent_id}` : "");
-  $("passage-view-text").textContent = p.text;
+  // The answer's evidence sentences in this passage, marked where they stand (spans are characters of p.text).
+  const spans = shown.evidence.filter((e) => e.passage === number).map((e) => e.span).sort((a, b) => a[0] - b[0]);
+  $("passage-view-text").innerHTML = withMarks(p.text, spans);
   $("passage-view-scores").querySelector("tbody").innerHTML = Object.entries(p.scores).map(([name, value]) =>
     `<tr><td>${escapeHtml(name)}</td><td class="num">${fmt(value, 4)}</td></tr>`).join("");
   document.querySelectorAll("#passages li.highlight").forEach((li) => li.classList.remove("highlight"));
