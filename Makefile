@@ -58,6 +58,7 @@ bench-stage2: install
 # extractive (results/evidence/).
 bench-evidence: install
 	$(BIN)/python bench/evidence.py --queries 100 --oracle 10
+	$(BIN)/python bench/evidence_budget.py
 
 # Retrieval cost, memory and build time at 10k to 1M passages, and the scoring LM on 1 and 2 Ray replicas.
 bench-scale: install

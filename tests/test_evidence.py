@@ -16,7 +16,7 @@ from gradfuse.cli import app
 from gradfuse.config import Config
 from gradfuse.evidence import Evidence, sentence_spans
 from gradfuse.rerank import load_scorer
-from gradfuse.rerank.sentences import Passage, score_sentences
+from gradfuse.rerank.sentences import Passage, passages_that_fit, score_sentences
 
 MOONS = Passage("Mars: ", "Mars is the fourth planet from the Sun. It has two small moons, Phobos and Deimos. "
                           "Its surface is covered in iron oxide dust.", [])
@@ -53,6 +53,16 @@ def test_every_scorer_gives_one_value_per_sentence_and_calibration_subtracts_the
     assert len(loo) == len(upr) == units and int(np.argmax(upr)) == 1  # the moons sentence
     with pytest.raises(ValueError, match="unknown sentence scorer"):
         score_sentences("magic", question, passages, lm=lm)
+
+
+def test_the_passages_one_gate_pass_takes_are_counted_exactly_by_the_packed_tokens():
+    lm = load_scorer("smollm2")
+    passages = [_split(MOONS)] * 4
+    for target in (None, "Mars"):  # query likelihood, and a reference answer after the question
+        lengths = [lm.packer.pack_units(passages[:m], question=None if target is None else "Which planet?",
+                                        target=target or "Which planet?").length for m in range(1, 5)]
+        assert [passages_that_fit(lm, "Which planet?", passages, target, n) for n in lengths] == [1, 2, 3, 4]
+        assert [passages_that_fit(lm, "Which planet?", passages, target, n - 1) for n in lengths] == [1, 1, 2, 3]
 
 
 @pytest.mark.slow

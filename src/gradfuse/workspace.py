@@ -21,7 +21,7 @@ from gradfuse.generate.prompt import EXTRACTIVE, PASSAGE_CHARS, build_messages
 from gradfuse.execute import LOCAL, Executor
 from gradfuse.methods import PIPELINE_METHODS, TARGET_METHODS, MethodContext, check_method, run_method
 from gradfuse.rerank import RerankOutcome, load_scorer
-from gradfuse.rerank.sentences import LM_SENTENCE_SCORERS, EvidenceSettings, score_sentences
+from gradfuse.rerank.sentences import LM_SENTENCE_SCORERS, EvidenceSettings, passages_that_fit, score_sentences
 from gradfuse.rerank.sentences import Passage as SentencePassage
 from gradfuse.selection import SelectionDecision, SelectionSettings
 from gradfuse.sources import (
@@ -448,10 +448,9 @@ class Workspace:
             rerank = self.config.rerank
             lm = load_scorer(rerank.model, rerank.doc_tokens, rerank.dtype)
             if settings.scorer != "upr":  # one pass over every passage: as many as fit max_pass_tokens
-                while len(units) > 1 and lm.packer.pack_units(
-                        [(u.prefix, u.text, u.sentences) for u in units], question=question,
-                        target=question).length > rerank.max_pass_tokens:
-                    units, passages = units[:-1], passages[:-1]
+                fit = passages_that_fit(lm, question, units, gold if settings.target == "gold" else None,
+                                        rerank.max_pass_tokens)
+                units, passages = units[:fit], passages[:fit]
         values = iter(score_sentences(settings.scorer, question, units, lm=lm, embed=self._encoder().encode,
                                       query_vector=self._encoder().encode_query(question),
                                       target=gold if settings.target == "gold" else None,

@@ -89,21 +89,27 @@ class ContextPacker:
     def pack_units(self, passages: list[tuple[str, str, list[tuple[int, int]]]], *, question: str | None,
                    target: str | None) -> PackedContext:
         """Like `pack`, with each passage (prefix, text, sentence spans) whole, not cut to doc_tokens, and the
-        context's gated spans (`doc_spans`) its sentences' tokens in order, not its documents'. Each sentence is
-        tokenised with the white space before it, so the spans are exact token ranges."""
+        context's gated spans (`doc_spans`) its sentences' tokens in order, not its documents'."""
         def document(index: int, ids: list[int]) -> list[tuple[int, int]]:
-            prefix, text, units = passages[index]
-            ids += list(self._ids(f"[{index + 1}] ")) + list(self._ids(prefix, True))
-            spans, position = [], 0
-            for start, end in units:
-                piece = list(self._ids(text[position:end], True))
-                spans.append((len(ids), len(ids) + len(piece)))
-                ids += piece
-                position = end
-            ids += list(self._ids(text[position:], True)) + list(self._ids("\n"))
-            return spans
+            piece, spans = self.passage_ids(index + 1, passages[index])
+            ids += piece
+            return [(len(ids) - len(piece) + start, len(ids) - len(piece) + end) for start, end in spans]
 
         return self._assemble(len(passages), question, target, document)
+
+    def passage_ids(self, number: int, passage: tuple[str, str, list[tuple[int, int]]],
+                    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """One passage's ids in a `pack_units` context and its sentences' token spans within them. Each sentence
+        is tokenised with the white space before it, so the spans are exact token ranges."""
+        prefix, text, units = passage
+        ids = list(self._ids(f"[{number}] ")) + list(self._ids(prefix, True))
+        spans, position = [], 0
+        for start, end in units:
+            piece = list(self._ids(text[position:end], True))
+            spans.append((len(ids), len(ids) + len(piece)))
+            ids += piece
+            position = end
+        return ids + list(self._ids(text[position:], True)) + list(self._ids("\n")), spans
 
     def _assemble(self, n_docs: int, question: str | None, target: str | None, document) -> PackedContext:
         """The template filled in: `document(index, ids)` appends document `index` to `ids` and returns the token

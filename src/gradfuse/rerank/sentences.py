@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -50,10 +51,9 @@ class EvidenceSettings:
             raise ValueError(f"unknown evidence target {self.target!r} (choose from query, gold)")
 
 
-@dataclass(frozen=True)
-class Passage:
+class Passage(NamedTuple):
     """One passage as the sentence scorers see it: a prefix that is never scored (its title), its text and the
-    character spans of its sentences."""
+    character spans of its sentences (a tuple, as `ContextPacker.pack_units` takes it)."""
 
     prefix: str
     text: str
@@ -82,10 +82,21 @@ def score_sentences(scorer: str, question: str, passages: list[Passage], *, lm: 
 
 
 def _packed(lm: LMScorer, question: str, passages: list[Passage], target: str | None):
-    units = [(p.prefix, p.text, p.sentences) for p in passages]
     if target is None:  # query likelihood: the question is the target, not in the prompt
-        return lm.packer.pack_units(units, question=None, target=question)
-    return lm.packer.pack_units(units, question=question, target=target)
+        return lm.packer.pack_units(passages, question=None, target=question)
+    return lm.packer.pack_units(passages, question=question, target=target)
+
+
+def passages_that_fit(lm: LMScorer, question: str, passages: list[Passage], target: str | None,
+                      max_tokens: int) -> int:
+    """How many of `passages`, from the first, one gate pass can take within `max_tokens` (at least one): the
+    template's tokens plus each passage's, counted once."""
+    used = _packed(lm, question, [], target).length
+    for count, passage in enumerate(passages):
+        used += len(lm.packer.passage_ids(count + 1, passage)[0])
+        if used > max_tokens:
+            return max(count, 1)
+    return len(passages)
 
 
 def _gate(lm: LMScorer, question: str, passages: list[Passage], target: str | None, calibrated: bool) -> np.ndarray:
@@ -98,8 +109,7 @@ def _gate(lm: LMScorer, question: str, passages: list[Passage], target: str | No
     documents.crop(length - documents.get_seq_length())  # back to the documents alone, for the second target
     # The same prompt up to the last document (so the cache is shared), with "N/A" as the answer, or as the
     # question for query likelihood.
-    units = [(p.prefix, p.text, p.sentences) for p in passages]
-    free = lm.packer.pack_units(units, question=None if target is None else question, target=CONTENT_FREE)
+    free = lm.packer.pack_units(passages, question=None if target is None else question, target=CONTENT_FREE)
     _, content_free = lm.attribute_reader(free, documents)
     return gate - content_free
 
