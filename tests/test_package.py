@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from gradfuse import Workspace
+from gradfuse.demo import FIRST_SEARCH, QUESTIONS
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -47,3 +50,10 @@ def test_the_wheel_installs_into_a_fresh_venv_and_runs_the_demo(tmp_path):
                           env=env, timeout=900)
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     assert "gradfuse-docs" in demo.stdout and "from question to answer" in demo.stdout
+    # The first question is about the "with" statement: its best evidence sentence is from that statement's
+    # reference, searched and scored as the demo does, over the sources the wheel's demo built.
+    with Workspace.open(None, workspace=run_in / ".gradfuse" / "demo") as workspace:
+        result = workspace.search(QUESTIONS[0], **FIRST_SEARCH)
+        evidence = workspace.evidence(QUESTIONS[0], result.candidates)
+    assert evidence[0].source == "python-reference" and evidence[0].doc_id.startswith("with#"), evidence[:2]
+    assert demo.stdout.count("Evidence") >= len(QUESTIONS)

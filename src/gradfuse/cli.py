@@ -359,7 +359,7 @@ def print_answer(answer: Answer) -> None:
         console.print("  [bold]Evidence[/] (the passages' sentences most needed, best first):")
     for e in answer.evidence:
         console.print(f"    \\[{e.passage}] [cyan]{escape(e.source)}[/]/{escape(e.doc_id)} characters "
-                      f"{e.span[0]}-{e.span[1]}: “{escape(e.text)}”")
+                      f"{e.span[0]}-{e.span[1]}: “{escape(' '.join(e.text.split()))}”")
     console.print(f"  [dim]written by {escape(describe_generator(answer.generator))}[/]")
     for c in answer.citations:
         console.print(f"  cites \\[{c.number}] → [cyan]{escape(c.source)}[/]/{escape(c.doc_id)}")
@@ -388,7 +388,7 @@ def demo(workspace: Annotated[Path, typer.Option("--workspace", "-w")] = Path(".
 
     Dense retrieval with concatenation by cosine: one encoder for all sources makes those scores comparable,
     whereas rank fusion (RRF) puts every source's first hit on top whether or not that source is relevant."""
-    from gradfuse.demo import QUESTIONS, demo_specs
+    from gradfuse.demo import FIRST_SEARCH, QUESTIONS, demo_specs
     from gradfuse.rerank import load_scorer
 
     ws = Workspace.open(None, workspace=workspace)
@@ -401,7 +401,8 @@ def demo(workspace: Annotated[Path, typer.Option("--workspace", "-w")] = Path(".
         _print_build(ws.index(spec, progress=True))
     sources(None, workspace)
     for question in QUESTIONS[:-1]:
-        _print_with_extractive(ws.ask(question, method="concat", retrieval="dense", context_k=3, max_new_tokens=80))
+        search = {key: value for key, value in FIRST_SEARCH.items() if key != "k"}
+        _print_with_extractive(ws.ask(question, context_k=FIRST_SEARCH["k"], max_new_tokens=80, **search))
     # The last question goes through the full method: stage 1, then stage 2's pass with the draft target.
     preload.join()
     started = time.perf_counter()

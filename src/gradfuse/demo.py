@@ -17,11 +17,14 @@ STDLIB_MODULES = (
 )
 
 QUESTIONS = (
-    "What does the with statement do when the block raises an exception?",
+    'What happens when the body of a "with" statement raises an exception?',
     "How do I turn a Python dictionary into a JSON string?",
     "What happens in gradfuse when one source times out?",
 )
 
+# The first questions: dense retrieval, concatenated by cosine (one encoder for every source makes the scores
+# comparable), the three best passages.
+FIRST_SEARCH = {"method": "concat", "retrieval": "dense", "k": 3}
 _CHUNKS = {"chunk_words": 150, "chunk_overlap": 30}  # short passages: the demo generator has a small window
 PROJECT_DOCS = Path(__file__).resolve().parent / "guide"  # inside the package: the demo runs from a wheel too
 
@@ -35,10 +38,19 @@ def _write_jsonl(path: Path, records: list[dict[str, str]]) -> Path:
 
 
 def _language_reference() -> list[dict[str, str]]:
+    """One record per topic, titled by the topic's own heading (its first line, 'The "with" statement'): every
+    chunk carries its title, and a chunk deep in a section still says what it is about."""
     return [
-        {"id": topic, "title": f"Python language reference: {topic}", "text": text}
+        {"id": topic, "title": f"Python language reference: {_heading(text) or topic}", "text": text}
         for topic, text in sorted(pydoc_data.topics.topics.items())
     ]
+
+
+def _heading(text: str) -> str | None:
+    """The first line, where the next one underlines it (reStructuredText: a row of * = or -)."""
+    lines = text.splitlines()
+    underlined = len(lines) > 1 and lines[1].strip() and set(lines[1].strip()) <= set("*=-")
+    return lines[0].strip() if underlined else None
 
 
 def _stdlib_docstrings() -> list[dict[str, str]]:

@@ -44,25 +44,40 @@ def _segmenter():
 
 
 _WRAPPED = re.compile(r"(?<!\n)\n(?!\n)")  # a line break inside a paragraph (hard-wrapped text, Markdown)
+# What ends a block of sentences and is none itself: a blank line, a Markdown heading, a reStructuredText heading
+# (a line underlined by * = - ~ ^) or a bare rule.
+_BREAK = re.compile(r"\n[ \t]*\n\s*|^[ \t]*#{1,6}[ \t][^\n]*$|^[^\n]*\S[^\n]*\n[ \t]*[*=\-~^]{3,}[ \t]*$"
+                    r"|^[ \t]*[*=\-~^]{3,}[ \t]*$", re.MULTILINE)
 _WORD = re.compile(r"[^\W\d_]{2,}")
 
 
 def sentence_spans(text: str) -> list[tuple[int, int]]:
     """Character spans of the sentences of `text` (pysbd, rule-based: abbreviations, decimals, quotes), without
-    the white space around them. A single line break does not end a sentence (pysbd's own cleaning, which would,
-    moves the offsets; a space of the same length keeps them). Pieces of fewer than three words (a rule of
-    asterisks, the stub a passage's cut leaves) are not sentences."""
-    unwrapped = _WRAPPED.sub(" ", text)
+    the white space around them. Headings and rules are not sentences, and no sentence runs across a blank line. A
+    single line break does not end a sentence (pysbd's own cleaning, which would, moves the offsets; a space of the
+    same length keeps them). Pieces of fewer than three words (the stub a passage's cut leaves) are dropped."""
+    spans, start = [], 0
+    for cut in (*_BREAK.finditer(text), None):
+        end = cut.start() if cut else len(text)
+        spans += [(a + start, b + start) for a, b in _block_sentences(text[start:end])]
+        if cut:
+            start = cut.end()
+    return spans
+
+
+def _block_sentences(block: str) -> list[tuple[int, int]]:
+    if not block.strip():
+        return []
     with _SPLITTING:
-        pieces = _segmenter().segment(unwrapped) if text.strip() else []
+        pieces = _segmenter().segment(_WRAPPED.sub(" ", block))
     spans = []
     for piece in pieces:
         start, end = piece.start, piece.end
-        while start < end and text[start].isspace():
+        while start < end and block[start].isspace():
             start += 1
-        while end > start and text[end - 1].isspace():
+        while end > start and block[end - 1].isspace():
             end -= 1
-        if len(_WORD.findall(text[start:end])) >= 3:
+        if len(_WORD.findall(block[start:end])) >= 3:
             spans.append((start, end))
     return spans
 
@@ -72,8 +87,8 @@ EXTRACTIVE_SENTENCES = 2  # sentences an extractive answer quotes
 
 def extractive_answer(evidence: list[Evidence], sentences: int = EXTRACTIVE_SENTENCES) -> str:
     """The best evidence sentences themselves as the answer, each with its passage's number: nothing generated,
-    so nothing is made up."""
-    return " ".join(f"{e.text} [{e.passage}]" for e in evidence[:sentences]) or \
+    so nothing is made up. Their line breaks and indentation (hard-wrapped text) become single spaces."""
+    return " ".join(f"{' '.join(e.text.split())} [{e.passage}]" for e in evidence[:sentences]) or \
         "The passages hold no sentence to answer from."
 
 
