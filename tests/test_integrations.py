@@ -37,6 +37,16 @@ def _check_retrieved(metadata: list[dict]) -> None:
     assert (top["source"], top["doc_id"]) in {("astronomy", "mars"), ("cooking", "mars-copy")}
     assert {"source", "doc_id", "rank", "native_rank", "scores", "provenance", "method"} <= set(top)
     assert all(m["failures"] and m["failures"][0]["source"] == "db" for m in metadata)  # visible, not vanished
+    _check_evidence(ASTRONOMY[0]["text"], metadata)
+
+
+def _check_evidence(first_text: str, metadata: list[dict]) -> None:
+    """The best sentence of the documents' evidence (scored together, by the real scoring LM) is the first
+    document's moons sentence, and its span points at it in that document's text."""
+    best = max((e for m in metadata for e in m["evidence"]), key=lambda e: e["score"])
+    start, end = best["span"]
+    assert best in metadata[0]["evidence"] and best["passage"] == 1
+    assert first_text[start:end] == best["text"] and "Phobos" in best["text"]
 
 
 # The scoring LM alone (no prior from the incoming order), with the question as its target: the incoming documents
@@ -47,6 +57,7 @@ LM_ALONE = {"target": "query", "prior_weight": 0.0}
 def _check_reranked(titles: list[str], metadata: list[dict]) -> None:
     assert titles[0] == "Mars" and sorted(titles) == sorted(d["title"] for d in FOREIGN)
     assert all("rerank:final" in m["scores"] for m in metadata)
+    _check_evidence(next(d["text"] for d in FOREIGN if d["title"] == "Mars"), metadata)
 
 
 @pytest.mark.slow

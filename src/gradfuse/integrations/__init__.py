@@ -6,12 +6,16 @@ haystack.py). What they share is here:
   on a retrieval result, so each document carries them);
 - a reranker over the framework's own documents runs stage 2 through `rerank_passages`: the documents become
   one source whose incoming order is the pool and the prior (they have no encoder prior of their own), and the
-  configured scoring LM reorders them.
+  configured scoring LM reorders them;
+- both put each of the first `evidence_k` documents' evidence in its metadata (`evidence`: the sentences among
+  the `[evidence] top` best of those documents, scored together as an answer's are, with their character spans
+  into the document's text), so a framework's prompt can quote or keep only them. `evidence_k` defaults to
+  `[generator] context_k`, the passages an answer reads; 0 scores none.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from gradfuse.candidate import Candidate
 from gradfuse.schemas import failure_record
@@ -52,18 +56,35 @@ def main_score(candidate: Candidate) -> float:
     return float(candidate.native_score)
 
 
-def ranked_documents(workspace: Workspace, query: str, **search_options) -> list[RankedDocument]:
-    """`Workspace.search`, as framework-neutral documents best first."""
+def evidence_by_document(workspace: Workspace, query: str, candidates: list[Candidate],
+                         evidence_k: int | None) -> list[list[dict]]:
+    """For each candidate, its sentences among the best `[evidence] top` of the first `evidence_k` candidates,
+    best first: passage (its rank), span, parent_span, text, score (comparable within one query only)."""
+    count = workspace.config.context_k if evidence_k is None else evidence_k
+    evidence = workspace.evidence(query, candidates[:count])[: workspace.config.evidence.top]
+    by_document: list[list[dict]] = [[] for _ in candidates]
+    for sentence in evidence:
+        record = asdict(sentence)
+        del record["source"], record["doc_id"]  # the document's own metadata says them
+        by_document[sentence.passage - 1].append(record)
+    return by_document
+
+
+def ranked_documents(workspace: Workspace, query: str, *, evidence_k: int | None = None,
+                     **search_options) -> list[RankedDocument]:
+    """`Workspace.search`, as framework-neutral documents best first, with their evidence."""
     result = workspace.search(query, **search_options)
-    return [RankedDocument(c.text, document_metadata(c, result, rank), main_score(c))
-            for rank, c in enumerate(result.candidates, start=1)]
+    evidence = evidence_by_document(workspace, query, result.candidates, evidence_k)
+    return [RankedDocument(c.text, {**document_metadata(c, result, rank), "evidence": sentences}, main_score(c))
+            for rank, (c, sentences) in enumerate(zip(result.candidates, evidence), start=1)]
 
 
 def rerank_passages(workspace: Workspace, query: str, passages: list[tuple[str, str]], *, method: str = "gradient",
-                    top_n: int | None = None, **rerank_options) -> list[tuple[int, float, dict]]:
+                    top_n: int | None = None, evidence_k: int | None = None,
+                    **rerank_options) -> list[tuple[int, float, dict]]:
     """Stage 2 over foreign passages ((text, title) in their incoming order): (index into `passages`, score,
-    metadata) best first, at most `top_n`. The incoming order is the pool and the prior (`pool="rrf"` over one
-    source), and every passage enters the pass unless `n` says otherwise."""
+    metadata with evidence) best first, at most `top_n`. The incoming order is the pool and the prior
+    (`pool="rrf"` over one source), and every passage enters the pass unless `n` says otherwise."""
     if not passages:
         return []
     candidates = [Candidate(FOREIGN_SOURCE, str(index), text, float(len(passages) - index), index + 1, title)
@@ -71,5 +92,6 @@ def rerank_passages(workspace: Workspace, query: str, passages: list[tuple[str, 
     options = {"pool": "rrf", "n": len(passages), **rerank_options}
     result = workspace.rank(query, FederatedResult({FOREIGN_SOURCE: candidates}), method=method,
                             k=top_n or len(passages), **options)
-    return [(int(c.doc_id), main_score(c), document_metadata(c, result, rank))
-            for rank, c in enumerate(result.candidates, start=1)]
+    evidence = evidence_by_document(workspace, query, result.candidates, evidence_k)
+    return [(int(c.doc_id), main_score(c), {**document_metadata(c, result, rank), "evidence": sentences})
+            for rank, (c, sentences) in enumerate(zip(result.candidates, evidence), start=1)]
