@@ -20,8 +20,8 @@ from gradfuse.generate.local import load_tokenizer
 from gradfuse.generate.prompt import EXTRACTIVE, PASSAGE_CHARS, build_messages
 from gradfuse.execute import LOCAL, Executor
 from gradfuse.methods import PIPELINE_METHODS, TARGET_METHODS, MethodContext, check_method, run_method
-from gradfuse.rerank import RerankOutcome, load_scorer
-from gradfuse.rerank.sentences import LM_SENTENCE_SCORERS, EvidenceSettings, passages_that_fit, score_sentences
+from gradfuse.rerank import RerankOutcome
+from gradfuse.rerank.sentences import LM_SENTENCE_SCORERS, EvidenceSettings, score_sentences
 from gradfuse.rerank.sentences import Passage as SentencePassage
 from gradfuse.selection import SelectionDecision, SelectionSettings
 from gradfuse.sources import (
@@ -443,18 +443,16 @@ class Workspace:
                  for c, text in zip(passages, shown)]
         if settings.target == "gold" and not gold:
             raise ValueError("[evidence] target 'gold' needs a reference answer (gold)")
-        lm = None
-        if settings.scorer in LM_SENTENCE_SCORERS:
-            rerank = self.config.rerank
-            lm = load_scorer(rerank.model, rerank.doc_tokens, rerank.dtype)
-            if settings.scorer != "upr":  # one pass over every passage: as many as fit max_pass_tokens
-                fit = passages_that_fit(lm, question, units, gold if settings.target == "gold" else None,
-                                        rerank.max_pass_tokens)
-                units, passages = units[:fit], passages[:fit]
-        values = iter(score_sentences(settings.scorer, question, units, lm=lm, embed=self._encoder().encode,
-                                      query_vector=self._encoder().encode_query(question),
-                                      target=gold if settings.target == "gold" else None,
-                                      calibrated=settings.calibrated))
+        target = gold if settings.target == "gold" else None
+        if settings.scorer in LM_SENTENCE_SCORERS:  # on the executor, as stage 2's passes
+            fit, values = self.executor.sentences(settings.scorer, question, units, self.config.rerank,
+                                                  target=target, calibrated=settings.calibrated)
+            units, passages = units[:fit], passages[:fit]
+        else:
+            encoder = self._encoder()
+            values = score_sentences(settings.scorer, question, units, embed=encoder.encode,
+                                     query_vector=encoder.encode_query(question))
+        values = iter(values)
         scored = [Evidence.of(number, candidate, span, next(values))
                   for number, (candidate, unit) in enumerate(zip(passages, units), start=1) for span in unit.sentences]
         return sorted(scored, key=lambda e: -e.score)

@@ -4,10 +4,13 @@ The evaluation harness and the server call one interface, whichever runs underne
 
 - `score(method, question, docs, settings, gold=, k=)`: all the scoring-LM work of one re-rank
   (`gradfuse.rerank.score_pool`), plain data in and out;
+- `sentences(scorer, question, passages, settings, target=, calibrated=)`: an answer's sentence evidence by an LM
+  scorer (`gradfuse.rerank.sentences.score_fitting`): how many passages one pass took, and their sentences' values;
 - `map(fn, items)`: `fn` over `items`, with as many in flight as there are replicas (results in order);
 - `replicas`: how many requests can score at once (the server's admission line counts them).
 
-Retrieval, fusion, stage 1 and answer generation stay in the calling process; only stage 2's LM passes move.
+Retrieval, fusion, stage 1, the encoder's evidence (cosine) and answer generation stay in the calling process;
+only the scoring LM's passes move.
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
+import numpy as np
+
 from gradfuse.rerank import RerankSettings, Scored, score_pool
+from gradfuse.rerank.sentences import Passage, score_fitting
 
 
 class RayUnavailable(RuntimeError):
@@ -27,6 +33,9 @@ class Executor(Protocol):
 
     def score(self, method: str, question: str, docs: list[str], settings: RerankSettings, *,
               gold: str | None = None, k: int = 10) -> Scored: ...
+
+    def sentences(self, scorer: str, question: str, passages: list[Passage], settings: RerankSettings, *,
+                  target: str | None = None, calibrated: bool = False) -> tuple[int, np.ndarray]: ...
 
     def map(self, fn: Callable, items: Iterable) -> Iterator: ...
 
@@ -43,6 +52,10 @@ class LocalExecutor:
     def score(self, method: str, question: str, docs: list[str], settings: RerankSettings, *,
               gold: str | None = None, k: int = 10) -> Scored:
         return score_pool(method, question, docs, settings, gold=gold, k=k)
+
+    def sentences(self, scorer: str, question: str, passages: list[Passage], settings: RerankSettings, *,
+                  target: str | None = None, calibrated: bool = False) -> tuple[int, np.ndarray]:
+        return score_fitting(scorer, question, passages, settings, target=target, calibrated=calibrated)
 
     def map(self, fn: Callable, items: Iterable) -> Iterator:
         return map(fn, items)

@@ -1,6 +1,7 @@
 """A pool of scorer replicas on a Ray cluster: Ray Core actors that each hold one loaded scoring LM.
 
-Each replica runs one re-rank at a time (`gradfuse.rerank.score_pool`), asks for `cpus_per_replica` CPUs and, when
+Each replica runs one re-rank (`gradfuse.rerank.score_pool`) or one answer's sentence evidence
+(`gradfuse.rerank.sentences.score_fitting`) at a time, asks for `cpus_per_replica` CPUs and, when
 the cluster has GPUs, for one GPU (the scorer then runs there); replicas are spread over the nodes. A replica
 that dies (its node lost, its process killed) costs nothing but time: the request it held is sent to another
 replica, and a replacement is started wherever the cluster has room. Requests fail only when no replica is left
@@ -18,8 +19,11 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
+
 from gradfuse.execute import RayUnavailable
 from gradfuse.rerank import RerankSettings, Scored
+from gradfuse.rerank.sentences import Passage
 
 # Forwarded to the replicas when the caller sets them (offline model loading, where converted models are kept).
 FORWARDED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "GRADFUSE_CACHE")
@@ -77,6 +81,13 @@ class ScorerReplica:
 
         return score_pool(method, question, docs, settings, gold=gold, k=k, device=self.device)
 
+    def sentences(self, scorer: str, question: str, passages: list[Passage], settings: RerankSettings,
+                  target: str | None, calibrated: bool) -> tuple[int, np.ndarray]:
+        from gradfuse.rerank.sentences import score_fitting
+
+        return score_fitting(scorer, question, passages, settings, target=target, calibrated=calibrated,
+                             device=self.device)
+
 
 class RayExecutor:
     def __init__(self, address: str, *, replicas: int | None = None, cpus_per_replica: float = 1,
@@ -126,11 +137,19 @@ class RayExecutor:
 
     def score(self, method: str, question: str, docs: list[str], settings: RerankSettings, *,
               gold: str | None = None, k: int = 10) -> Scored:
+        return self._on_a_replica("score", method, question, docs, settings, gold, k)
+
+    def sentences(self, scorer: str, question: str, passages: list[Passage], settings: RerankSettings, *,
+                  target: str | None = None, calibrated: bool = False) -> tuple[int, np.ndarray]:
+        return self._on_a_replica("sentences", scorer, question, passages, settings, target, calibrated)
+
+    def _on_a_replica(self, name: str, *args):
+        """The replica's method `name` on a free replica; where that replica dies, on another."""
         ray = self._ray
         for _ in range(self.attempts):
             actor, alive = self._acquire(), True
             try:
-                return ray.get(actor.score.remote(method, question, docs, settings, gold, k))
+                return ray.get(getattr(actor, name).remote(*args))
             except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
                 alive = False
                 self._replace(actor)  # the request goes to another replica

@@ -101,13 +101,12 @@ def score_pool(method: str, question: str, docs: list[str], settings: RerankSett
 def rerank(method: str, question: str, candidates: list[Candidate], settings: RerankSettings, *,
            gold: str | None = None, k: int = 10, executor=None) -> RerankOutcome:
     """Score the first `settings.n` candidates (ordered by their prior) with `method`'s scorer and re-rank them.
-    `executor` runs the LM work (gradfuse.execute; default: this process)."""
-    from gradfuse.execute import LOCAL
-
+    `executor` runs the LM work (gradfuse.execute; None: this process)."""
     started = time.perf_counter()
     pool = candidates[: settings.n]
     docs = [passage_text(c) for c in pool]
-    scored = (executor or LOCAL).score(method, question, docs, settings, gold=gold, k=k)
+    scored = (executor.score(method, question, docs, settings, gold=gold, k=k) if executor is not None
+              else score_pool(method, question, docs, settings, gold=gold, k=k))
     prior = np.array([c.scores["prior"] for c in pool])
     if scored.mixes and settings.prior == "upr":
         for candidate, value in zip(pool, scored.values["upr"]):

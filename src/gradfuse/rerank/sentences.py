@@ -87,6 +87,20 @@ def _packed(lm: LMScorer, question: str, passages: list[Passage], target: str | 
     return lm.packer.pack_units(passages, question=question, target=target)
 
 
+def score_fitting(scorer: str, question: str, passages: list[Passage], settings, *, target: str | None = None,
+                  calibrated: bool = False, device: str = "cpu") -> tuple[int, np.ndarray]:
+    """An LM scorer's sentence values with plain data in and out, as an executor runs them here or on a scorer
+    replica: the first passages one pass takes within `settings.max_pass_tokens` (gate and leave-one-out; UPR
+    reads one sentence a pass) and the values of their sentences. `settings`: the `[rerank]` settings, whose
+    scoring LM this is."""
+    from gradfuse.rerank import load_scorer
+
+    lm = load_scorer(settings.model, settings.doc_tokens, settings.dtype, device)
+    fit = len(passages) if scorer == "upr" else passages_that_fit(lm, question, passages, target,
+                                                                    settings.max_pass_tokens)
+    return fit, score_sentences(scorer, question, passages[:fit], lm=lm, target=target, calibrated=calibrated)
+
+
 def passages_that_fit(lm: LMScorer, question: str, passages: list[Passage], target: str | None,
                       max_tokens: int) -> int:
     """How many of `passages`, from the first, one gate pass can take within `max_tokens` (at least one): the
