@@ -134,7 +134,7 @@ def test_quick_benchmark_reproduces_its_expected_scores(name, tmp_path):
 
 
 def test_the_prior_mix_reorders_only_the_scored_head():
-    from gradfuse.eval.runner import Outcome
+    from gradfuse.eval.outcome import Outcome
     from gradfuse.eval.tuning import mix_prior
 
     head = [{"key": "a", "prior": 0.9, "rerank:gate": -1.0}, {"key": "b", "prior": 0.5, "rerank:gate": 2.0},
@@ -151,7 +151,7 @@ def test_the_prior_mix_reorders_only_the_scored_head():
 
 def test_the_mix_is_chosen_on_dev_and_a_useless_score_leaves_the_prior(tmp_path):
     """A score that ranks the relevant document last: the dev choice must fall back to the prior's order."""
-    from gradfuse.eval.runner import Outcome
+    from gradfuse.eval.outcome import Outcome
     from gradfuse.eval.tuning import best_mix, mix_prior
 
     qrels, outcomes = {}, {}
@@ -192,7 +192,7 @@ def test_a_method_that_ran_on_some_queries_is_judged_on_those_alone():
     """The oracles run on `[lm] oracle_sample` queries only: a query they did not rank must not count as empty."""
     from gradfuse.eval.benchmark import Benchmark, EvalQuery
     from gradfuse.eval.report import _rows
-    from gradfuse.eval.runner import Outcome
+    from gradfuse.eval.outcome import Outcome
 
     bench = Benchmark("t", Path("t.toml"), Path("."), Path("."), {}, {}, ["rrf", "loo/gold"], ["ndcg@10"])
     queries = [EvalQuery(f"s/q{i}", "q", "s", "test") for i in range(4)]

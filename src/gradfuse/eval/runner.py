@@ -21,6 +21,7 @@ from tqdm import tqdm
 from gradfuse.candidate import Candidate
 from gradfuse.config import Config
 from gradfuse.eval import tuning
+from gradfuse.eval.outcome import Outcome
 from gradfuse.eval.qa import qa_metrics
 from gradfuse.eval.benchmark import (
     EVALUATION_METHODS,
@@ -38,19 +39,6 @@ from gradfuse.methods import STAGE1_METHODS, TARGET_METHODS
 from gradfuse.selection import SelectionSettings, choose_sources
 from gradfuse.sources.federated import FederatedResult
 from gradfuse.workspace import SearchResult, Workspace
-
-
-@dataclass
-class Outcome:
-    """One method on one query: the judged ranking and what the method decided on the way."""
-
-    ranking: list[tuple[str, float]]  # (judged document key, score), best first
-    chosen: list[str]  # sources the method's ranking draws on
-    seconds: float | None  # ranking time (retrieval is shared by all methods and reported apart); None: batch
-    head: list[dict] = field(default_factory=list)  # LM methods: the re-ranked candidates and their scores
-    target: str | None = None  # LM methods: the text whose likelihood was scored
-    loss: float | None = None
-    score_key: str | None = None  # LM methods: the score in `head` that ranks (rerank:gate, rerank:upr, ...)
 
 
 @dataclass

@@ -20,6 +20,7 @@ from itertools import product
 import numpy as np
 from ranx import Qrels, Run, evaluate, fuse, optimize_fusion
 
+from gradfuse.eval.outcome import Outcome
 from gradfuse.rerank.base import combine
 from gradfuse.selection import SELECT_FUSIONS, SelectionSettings, choose_sources
 
@@ -75,8 +76,6 @@ def best_static_source(qrels, singles: dict[str, dict], dev: list[str], metric: 
 def learned_fusion(qrels, singles: dict[str, dict], dev: list[str], apply_to: list[str], norm: str, step: float,
                    metric: str):
     """Weights optimised by ranx on the dev queries, then fused by ranx for the `apply_to` queries."""
-    from gradfuse.eval.runner import Outcome
-
     _need_dev(dev, "learned-fusion")
     sources = list(singles)
     with warnings.catch_warnings():
