@@ -258,10 +258,12 @@ class Workspace:
                 replaced.close()
         return PostgresSource(table, mode=mode, encoder=self.config.encoder)
 
-    def source_health(self, *, databases: bool = True) -> list[tuple[str, SourceStats | None, str | None]]:
+    def source_health(self, *, databases: bool = True,
+                      stats: bool = True) -> list[tuple[str, SourceStats | None, str | None]]:
         """(name, stats, None) for each source that opens and answers its stats, (name, None, why) for the rest,
         including folders under sources/ that are skipped for their name. Without `databases`, PostgreSQL
-        sources are left out (a readiness probe must not wait for a database's connect timeout)."""
+        sources are left out (a readiness probe must not wait for a database's connect timeout); without `stats`
+        a source that opens is (name, None, None) (a probe need not measure index folders)."""
         health = [(name, None, "skipped: not a valid source name (1 to 64 ASCII letters, digits, '-' or '_'); "
                                "rename the folder to use it")
                   for name in misnamed_source_folders(self.root)]
@@ -270,7 +272,7 @@ class Workspace:
                 continue
             try:
                 with self.holding(name) as source:
-                    health.append((name, source.stats(), None))
+                    health.append((name, source.stats() if stats else None, None))
             except Exception as error:  # one unreadable index or unreachable database must not hide the others
                 health.append((name, None, f"{type(error).__name__}: {error}"))
         return health

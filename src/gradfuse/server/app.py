@@ -215,7 +215,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
         """Liveness and readiness: 200 when at least one source can answer, "degraded" with the indexes that
         cannot be opened named; 503 when none can (no key needed). Database sources count as configured: their
         failures are reported per request and in /sources."""
-        health = workspace.source_health(databases=False)
+        health = workspace.source_health(databases=False, stats=False)  # opening is the check
         unavailable = {name: error for name, _, error in health if error}
         count = len(health) - len(unavailable) + len([n for n in workspace.source_names() if n not in
                                                       {name for name, _, _ in health}])  # + the databases
