@@ -39,8 +39,9 @@ def corpus_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def workspace(tmp_path_factory, corpus_dir) -> Workspace:
-    """Two real sources: a BEIR folder and a JSONL file."""
-    ws = Workspace(Config(workspace=tmp_path_factory.mktemp("ws")))
+    """Two real sources: a BEIR folder and a JSONL file. Its answers are generated (the tests of generation, the
+    server's streaming and the page use it); the default with the bundled generator, extractive, has its own."""
+    ws = Workspace(Config(workspace=tmp_path_factory.mktemp("ws"), answer="generate"))
     ws.index(SourceSpec("astronomy", "beir", str(corpus_dir / "astronomy")))
     ws.index(SourceSpec("cooking", "jsonl", str(corpus_dir / "cooking.jsonl")))
     return ws

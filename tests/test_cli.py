@@ -78,11 +78,16 @@ def test_ask_names_the_generator_and_its_size(tmp_path):
     ws = ["--workspace", str(tmp_path / "ws")]
     write_jsonl(tmp_path / "astro" / "corpus.jsonl", ASTRONOMY)
     assert runner.invoke(app, ["index", "beir", str(tmp_path / "astro"), "--source", "astro", *ws]).exit_code == 0
-    asked = runner.invoke(app, ["ask", "Which planet has two moons?", "--method", "rrf", "-k", "2",
-                                "--max-new-tokens", "8", *ws], terminal_width=200)
-    assert asked.exit_code == 0, asked.output
-    assert "SmolLM2-135M" in asked.output and "135M parameters" in asked.output
-    assert "[generator] model" in asked.output  # how to plug in a real one
+    asked = runner.invoke(app, ["ask", "Which planet has two moons?", "--method", "rrf", "-k", "2", *ws],
+                          terminal_width=200)
+    assert asked.exit_code == 0, asked.output  # extractive by default with the bundled model: it says why
+    assert "passages' own sentences" in asked.output and "SmolLM2-135M" in asked.output
+    assert 'answer = "generate"' in asked.output and "[generator] model" in asked.output  # how to get another
+    written = runner.invoke(app, ["ask", "Which planet has two moons?", "--method", "rrf", "-k", "2", "--generator",
+                                  "smollm2", "--max-new-tokens", "8", *ws], terminal_width=200)
+    assert written.exit_code == 0, written.output
+    assert "SmolLM2-135M" in written.output and "135M parameters" in written.output
+    assert "[generator] model" in written.output
 
 
 def test_serve_beyond_loopback_needs_a_key_or_an_explicit_opt_out(tmp_path, monkeypatch):

@@ -90,10 +90,12 @@ def test_an_answer_quotes_its_evidence_in_the_library_the_json_and_the_cli(tmp_p
 def test_extractive_answers_and_evidence_contexts_keep_the_passage_numbers(tmp_path):
     from dataclasses import replace
 
-    ws = Workspace(Config(workspace=tmp_path / "ws", answer="extractive"))
+    ws = Workspace(Config(workspace=tmp_path / "ws"))  # answer "auto" with the bundled generator: extractive
     ws.index(SourceSpec("astronomy", "jsonl", str(write_jsonl(tmp_path / "a.jsonl", ASTRONOMY))))
     answer = ws.ask("Which planet has two moons?", method="rrf", context_k=3)
     assert answer.generator == "extractive" and answer.citations and not answer.invalid_citations
+    assert ws.ask("Which planet has two moons?", method="rrf", context_k=3, generator="smollm2",
+                  max_new_tokens=4).generator == "smollm2"  # a generator named: it writes the answer
     quoted = answer.evidence[0]
     assert answer.text.startswith(f"{quoted.text} [{quoted.passage}]")  # the sentence itself, nothing generated
     streamed = list(ws.ask_stream("Which planet has two moons?", method="rrf", context_k=3))

@@ -295,7 +295,7 @@ def test_requests_beyond_the_lm_line_are_refused_with_retry_after(workspace):
 
 @pytest.mark.slow
 def test_a_passage_that_gives_orders_is_answered_as_data_over_http(tmp_path):
-    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    ws = Workspace(Config(workspace=tmp_path / "ws", answer="generate"))
     records = [{"id": "canberra", "title": "Canberra", "text": "Canberra is the capital city of Australia."},
                {"id": "evil-page", "title": "Australia", "text": "Australia capital: " + INJECTION}]
     ws.index(SourceSpec("web", "jsonl", str(write_jsonl(tmp_path / "web.jsonl", records))))

@@ -113,7 +113,7 @@ def _ask_and_leave(url: str, wait_s: float) -> None:
 
 def test_streamed_asks_whose_clients_leave_early_give_their_place_in_the_lm_line_back(workspace, tmp_path):
     config = tmp_path / "lm-line.toml"
-    config.write_text(f'workspace = "{workspace.root}"\n[server]\nlm_queue = 2\n')
+    config.write_text(f'workspace = "{workspace.root}"\n[generator]\nanswer = "generate"\n[server]\nlm_queue = 2\n')
     with gradfuse_serve(workspace.root, "--config", str(config), env={API_KEY_ENV: ""}) as url:
         for wait_s in (0.0, 0.0, 0.0, 0.05, 0.2, 0.3):  # three times the line, each gone before its answer
             _ask_and_leave(url, wait_s)

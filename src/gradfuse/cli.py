@@ -15,12 +15,10 @@ from rich.markup import escape as escape_markup
 from rich.table import Table
 
 from gradfuse.config import ConfigError
-from gradfuse.evidence import extractive_answer
 from gradfuse.execute import RayUnavailable
 from gradfuse.fusion import UnknownMethod
 from gradfuse.generate import describe_generator
 from gradfuse.generate.openai_http import EndpointError
-from gradfuse.generate.prompt import EXTRACTIVE
 from gradfuse.redact import redact
 from gradfuse.schemas import answer_record, search_record, source_record
 from gradfuse.sources import BuildReport, IngestError, SourceError, SourceSpec, check_source_name
@@ -335,7 +333,8 @@ def ask(
     config: ConfigOpt = None,
     workspace: WorkspaceOpt = None,
 ):
-    """Answer from the generator, with citations [n] mapped to source/doc id."""
+    """Answer with citations [n] mapped to source/doc id, and the evidence sentences it rests on: the evidence
+    itself with the bundled generator ([generator] answer = "auto"), or the generator's answer."""
     ws = _workspace(config, workspace)
     answer = _run_guarded(lambda: ws.ask(question, method=method, context_k=context_k, sources=source,
                                          retrieval=retrieval, timeout_s=timeout, generator=generator,
@@ -374,12 +373,12 @@ def print_answer(answer: Answer) -> None:
     console.print(_timing_line(answer.timings))
 
 
-def _print_with_extractive(answer: Answer) -> None:
-    """The generated answer, then what `[generator] answer = "extractive"` would have said: its best evidence."""
-    print_answer(answer)
-    if answer.evidence and answer.generator != EXTRACTIVE:
-        console.print(f"[bold]Extractive answer[/] (the passages' own sentences, nothing generated): "
-                      f"{escape(extractive_answer(answer.evidence))}\n")
+def _print_both(answer: Answer) -> None:
+    """The answer as gradfuse gives it with the bundled generator (its evidence sentences), then what that
+    generator writes from the same passages."""
+    print_answer(answer.quoted())
+    console.print(f"[bold]Generated instead[/] (\\[generator] answer = \"generate\"), by "
+                  f"{escape(answer.generator)} from the same passages: {escape(answer.text)}\n")
 
 
 @app.command()
@@ -402,14 +401,17 @@ def demo(workspace: Annotated[Path, typer.Option("--workspace", "-w")] = Path(".
     sources(None, workspace)
     for question in QUESTIONS[:-1]:
         search = {key: value for key, value in FIRST_SEARCH.items() if key != "k"}
-        _print_with_extractive(ws.ask(question, context_k=FIRST_SEARCH["k"], max_new_tokens=80, **search))
+        _print_both(ws.ask(question, generator=ws.config.generator, context_k=FIRST_SEARCH["k"], max_new_tokens=80,
+                           **search))
     # The last question goes through the full method: stage 1, then stage 2's pass with the draft target.
     preload.join()
     started = time.perf_counter()
-    answer = ws.ask(QUESTIONS[-1], method="gro", retrieval="dense", context_k=3, max_new_tokens=80)
-    _print_with_extractive(answer)
+    answer = ws.ask(QUESTIONS[-1], method="gro", retrieval="dense", context_k=3, max_new_tokens=80,
+                    generator=ws.config.generator)
+    _print_both(answer)
     console.print(f"(gro: {time.perf_counter() - started:.1f} s from question to answer)")
-    console.print(escape(f"The answers come from {describe_generator(ws.config.generator)}. To ask your own "
+    console.print(escape(f"Each answer is its passages' best sentences; the generated ones come from "
+                         f"{describe_generator(ws.config.generator)}. To ask your own "
                          f"questions over these sources: gradfuse ask \"...\" --workspace {workspace} (add --method "
                          "gro --explain to see both stages)"))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from gradfuse.candidate import Candidate
 from gradfuse.checked import MAX_DEPTH
 from gradfuse.config import Config, load_config
 from gradfuse.evidence import Evidence, excerpts, extractive_answer, sentence_spans
-from gradfuse.generate import Citation, fit_to_window, make_generator, parse_citations
+from gradfuse.generate import BUNDLED_GENERATOR, Citation, fit_to_window, make_generator, parse_citations
 from gradfuse.generate.local import load_tokenizer
 from gradfuse.generate.prompt import EXTRACTIVE, PASSAGE_CHARS, build_messages
 from gradfuse.execute import LOCAL, Executor
@@ -52,10 +53,23 @@ from gradfuse.sources.encoder import EmbeddingCache, embedding_text, load_encode
 from gradfuse.sources.federated import AllSourcesFailed, FederatedResult, SourceFailure, query_sources
 
 
-def _whole_sentences(shown: str, length: int) -> list[tuple[int, int]]:
-    """The sentences of a passage's shown text, less the last one where the prompt's cut ended it mid-way."""
+_SENTENCE_END = re.compile(r"[.!?…:;]['\"’”)\]]*$")
+
+
+def _whole_sentences(passage: Candidate, shown: str) -> list[tuple[int, int]]:
+    """The sentences of a passage's shown text, less the pieces a cut left: the last one where the prompt's cut
+    ended it, or where a chunk ends without a sentence's end; the first one where a chunk starts inside its
+    document with no capital letter (chunks are cut by words, so they begin and end mid-sentence). A chunk's only
+    sentence is kept."""
     spans = sentence_spans(shown)
-    return spans[:-1] if length > len(shown) and spans and spans[-1][1] == len(shown.rstrip()) else spans
+    chunk = passage.span is not None
+    if spans and spans[-1][1] == len(shown.rstrip()) and (len(passage.text) > len(shown) or (
+            chunk and len(spans) > 1 and not _SENTENCE_END.search(shown[slice(*spans[-1])]))):
+        spans = spans[:-1]
+    if len(spans) > 1 and chunk and passage.span[0] > 0 and spans[0][0] == len(shown) - len(shown.lstrip()) \
+            and not shown[spans[0][0]].isupper():
+        spans = spans[1:]
+    return spans
 
 
 @dataclass(eq=False)
@@ -119,6 +133,13 @@ class Answer:
     @property
     def failures(self) -> list[SourceFailure]:
         return self.search.failures
+
+    def quoted(self) -> Answer:
+        """The same answer made of its evidence sentences, nothing generated (what `answer = "extractive"` gives
+        from the same passages)."""
+        text = extractive_answer(self.evidence)
+        citations, invalid = parse_citations(text, self.passages)
+        return replace(self, text=text, generator=EXTRACTIVE, citations=citations, invalid_citations=invalid)
 
 
 class Workspace:
@@ -433,6 +454,12 @@ class Workspace:
                     yield piece
         yield self._answer(question, "".join(pieces).strip(), prepared, time.perf_counter() - started)
 
+    @property
+    def answers_extractively(self) -> bool:
+        """Whether an answer with no generator named is the evidence's own sentences (`[generator] answer`)."""
+        answer = self.config.answer
+        return answer == "extractive" or (answer == "auto" and self.config.generator == BUNDLED_GENERATOR)
+
     def evidence(self, question: str, passages: list[Candidate], *, settings: EvidenceSettings | None = None,
                  gold: str | None = None) -> list[Evidence]:
         """Every sentence of `passages` (numbered from 1, as far as the generator's prompt shows them) with the
@@ -441,7 +468,7 @@ class Workspace:
         if settings.scorer == "none" or not passages:
             return []
         shown = [c.text[:PASSAGE_CHARS] for c in passages]
-        units = [SentencePassage(f"{c.title}: " if c.title else "", text, _whole_sentences(text, len(c.text)))
+        units = [SentencePassage(f"{c.title}: " if c.title else "", text, _whole_sentences(c, text))
                  for c, text in zip(passages, shown)]
         if settings.target == "gold" and not gold:
             raise ValueError("[evidence] target 'gold' needs a reference answer (gold)")
@@ -461,7 +488,7 @@ class Workspace:
 
     def _prepare_answer(self, question, generator, context_k, max_new_tokens, search_options) -> _Prepared:
         result = self.search(question, k=context_k or self.config.context_k, **search_options)
-        extractive = self.config.answer == "extractive" and generator is None
+        extractive = generator is None and self.answers_extractively
         model = None if extractive else make_generator(generator or self.config.generator,
                                                        context_tokens=self.config.context_tokens,
                                                        api_key_env=self.config.api_key_env)
