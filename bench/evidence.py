@@ -45,7 +45,7 @@ ENCODER = "all-MiniLM-L6-v2@float32"
 METRICS = ["recall@2", "recall@4", "recall@6", "precision@2", "precision@4", "precision@6"]
 SCORERS = [("gate", {}), ("gate-calibrated", {"calibrated": True}), ("cosine", {}), ("upr", {}), ("loo", {})]
 KEPT = 4
-EVIDENCE_TOKENS = 256  # the evidence context's budget (the [generator] evidence_tokens default)
+EVIDENCE_TOKENS = 256  # the evidence context's budget (the default before evidence_budget.py chose 384 on dev)
 ANSWER_TOKENS = 48
 
 
