@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from gradfuse.candidate import Candidate
+from gradfuse.candidate import Candidate, Location
 
 
 @dataclass(frozen=True)
@@ -25,12 +25,14 @@ class Evidence:
     text: str
     score: float  # the evidence scorer's value (higher is more needed), comparable within one answer only
     parent_span: tuple[int, int] | None = None  # characters of the parent document, for a chunk of one
+    location: Location | None = None  # the passage's page, slide, sheet and rows, headings (files)
 
     @classmethod
     def of(cls, number: int, passage: Candidate, span: tuple[int, int], score: float) -> Evidence:
         start, end = span
         parent = (passage.span[0] + start, passage.span[0] + end) if passage.span else None
-        return cls(number, passage.source, passage.doc_id, span, passage.text[start:end], float(score), parent)
+        return cls(number, passage.source, passage.doc_id, span, passage.text[start:end], float(score), parent,
+                   passage.location)
 
 
 _SPLITTING = threading.Lock()  # pysbd's segmenter keeps state between calls

@@ -107,7 +107,7 @@ def load_into_postgres(
         if not changed and not removed:
             conn.rollback()  # the CREATE ... IF NOT EXISTS statements changed nothing either
             return BuildReport(spec.name, "unchanged", len(documents), time.perf_counter() - started,
-                               ingest=report.summary(), written=0, deleted=0)
+                               written=0, deleted=0, **report.details())
         cache = EmbeddingCache(workspace / "cache" / "embeddings.sqlite", load_encoder(encoder))
         try:
             vectors = cache.embed([embedding_text(d.title, d.text) for d in changed], progress=progress)
@@ -124,7 +124,7 @@ def load_into_postgres(
             (settings.table, encoder, DIMENSION, settings.language, settings.distance,
              str(Path(spec.path).resolve()), datetime.now(timezone.utc)))
     return BuildReport(spec.name, "built", len(documents), time.perf_counter() - started, embedded_now,
-                       report.summary(), written=len(changed), deleted=len(removed))
+                       written=len(changed), deleted=len(removed), **report.details())
 
 
 def _write(conn, settings, changed, hashes, vectors, removed, progress) -> None:
