@@ -180,7 +180,7 @@ def test_spreadsheet_rows_come_in_chunks_that_repeat_the_header_with_sheet_and_r
     first, last = row.location.rows
     assert row.location.sheet == "Sales" and first <= 99 <= last  # Region 97 is the sheet's row 99
     staff = _search(ws, "lighthouse keepers headcount")[0]
-    assert staff.location.describe() == "figures.xlsx · sheet Staff, rows 2–2"
+    assert staff.location.describe() == "figures.xlsx · sheet Staff, row 2"
     price = _search(ws, "copper cable price")[0]
     assert price.text.startswith("item | price") and price.location.sheet == "prices"
 

@@ -28,7 +28,9 @@ class Location:
         if self.slide is not None:
             parts.append(f"slide {self.slide}")
         if self.sheet is not None:
-            parts.append(f"sheet {self.sheet}" + (f", rows {self.rows[0]}–{self.rows[1]}" if self.rows else ""))
+            rows = "" if not self.rows else (f", row {self.rows[0]}" if self.rows[0] == self.rows[1]
+                                              else f", rows {self.rows[0]}–{self.rows[1]}")
+            parts.append(f"sheet {self.sheet}{rows}")
         if self.headings:
             parts.append(" › ".join(self.headings))
         return " · ".join(parts)

@@ -377,7 +377,7 @@ def print_answer(answer: Answer) -> None:
     for e in answer.evidence:
         where = f"{e.location.describe()}, " if e.location else ""
         console.print(f"    \\[{e.passage}] [cyan]{escape(e.source)}[/]/{escape(e.doc_id)} ({escape(where)}characters "
-                      f"{e.span[0]}-{e.span[1]}): “{escape(' '.join(e.text.split()))}”")
+                      f"{e.span[0]}-{e.span[1]}): “{escape(e.quoted())}”")
     console.print(f"  [dim]written by {escape(describe_generator(answer.generator))}[/]")
     for c in answer.citations:
         where = f" ({escape(c.location.describe())})" if c.location else ""
@@ -403,11 +403,9 @@ def _print_both(answer: Answer) -> None:
 
 @app.command()
 def demo(workspace: Annotated[Path, typer.Option("--workspace", "-w")] = Path(".gradfuse/demo")):
-    """Build three sources from text every Python has, then ask questions that need different sources.
-
-    Dense retrieval with concatenation by cosine: one encoder for all sources makes those scores comparable,
-    whereas rank fusion (RRF) puts every source's first hit on top whether or not that source is relevant."""
-    from gradfuse.demo import FIRST_SEARCH, QUESTIONS, demo_specs
+    """Build four sources (Python's documentation, gradfuse's guide as a PDF, a spreadsheet of share prices), then
+    ask questions that need different sources, each answered by its evidence and, after it, by the generator."""
+    from gradfuse.demo import QUESTIONS, demo_specs
     from gradfuse.rerank import load_scorer
 
     ws = Workspace.open(None, workspace=workspace)
@@ -419,17 +417,16 @@ def demo(workspace: Annotated[Path, typer.Option("--workspace", "-w")] = Path(".
     for spec in demo_specs(workspace / "inputs"):
         _print_build(ws.index(spec, progress=True))
     sources(None, workspace)
-    for question in QUESTIONS[:-1]:
-        search = {key: value for key, value in FIRST_SEARCH.items() if key != "k"}
-        _print_both(ws.ask(question, generator=ws.config.generator, context_k=FIRST_SEARCH["k"], max_new_tokens=80,
-                           **search))
-    # The last question goes through the full method: stage 1, then stage 2's pass with the draft target.
-    preload.join()
-    started = time.perf_counter()
-    answer = ws.ask(QUESTIONS[-1], method="gro", retrieval="dense", context_k=3, max_new_tokens=80,
-                    generator=ws.config.generator)
-    _print_both(answer)
-    console.print(f"(gro: {time.perf_counter() - started:.1f} s from question to answer)")
+    for question in QUESTIONS:
+        search = {key: value for key, value in question.search.items() if key != "k"}
+        if search["method"] == "gro":
+            preload.join()
+        console.print(f"\n[dim]{escape(question.how)}[/]")
+        started = time.perf_counter()
+        _print_both(ws.ask(question.text, generator=ws.config.generator, context_k=question.search["k"],
+                           max_new_tokens=80, **search))
+        if search["method"] == "gro":
+            console.print(f"(gro: {time.perf_counter() - started:.1f} s from question to answer)")
     console.print(escape(f"Each answer is its passages' best sentences; the generated ones come from "
                          f"{describe_generator(ws.config.generator)}. To ask your own "
                          f"questions over these sources: gradfuse ask \"...\" --workspace {workspace} (add --method "

@@ -126,7 +126,9 @@ class EvidenceRecord(BaseModel):
     parent_span: tuple[int, int] | None = Field(None, description="characters of the parent document (chunks)")
     text: str
     score: float = Field(description="the evidence scorer's value; comparable within one answer only")
-    location: LocationRecord | None = Field(None, description="its passage's place in its file (files)")
+    location: LocationRecord | None = Field(None, description="its passage's place in its file (files); a "
+                                            "table row's own row")
+    columns: list[str] = Field(default_factory=list, description="a table row's column names")
 
 
 class AnswerRecord(BaseModel):

@@ -7,6 +7,7 @@ threads and loaded models are not copied), spoken to by length-prefixed pickles 
 
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
 import select
@@ -40,7 +41,8 @@ def _receive(stream):
 def _serve() -> None:
     source, sink = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # a parser's prints must not enter the channel
-    import docx, openpyxl, pptx, pypdfium2  # noqa: E401, F401  (loaded before the first deadline runs)
+    for parser in ("docx", "openpyxl", "pptx", "pypdfium2"):  # loaded before the first deadline runs
+        importlib.import_module(parser)
 
     _send(sink, "ready")
     while True:
