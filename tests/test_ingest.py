@@ -89,7 +89,8 @@ def test_non_utf8_and_empty_files_are_read_or_skipped_and_counted(ws, tmp_path):
     report = ws.index(SourceSpec("legacy", "files", str(notes)))
     assert report.documents == 1
     assert report.ingest == {"skipped_empty": 2, "skipped_malformed": 0, "decoded_with_fallback": 1,
-                             "skipped_links_outside": 0, "skipped_binary": 0, "chunked_long_records": 0}
+                             "skipped_links_outside": 0, "skipped_binary": 0, "chunked_long_records": 0,
+                             "skipped_unreadable": 0, "pages_without_text": 0, "read_by_content": 0}
     assert ws.source("legacy", "bm25").search("recipes wiki", 1)[0].text.startswith("Café crème")
 
 
@@ -200,7 +201,8 @@ def test_beir_ids_long_records_binary_and_utf16_files(ws, tmp_path):
 def test_a_file_swapped_for_a_link_after_the_listing_is_never_read_from_outside(tmp_path):
     import threading
 
-    from gradfuse.sources.documents import IngestReport, read_files
+    from gradfuse.sources.documents import IngestReport
+    from gradfuse.sources.files import read_files
 
     outside = tmp_path / "outside.txt"
     outside.write_text("TOP-SECRET outside the folder")
@@ -228,7 +230,7 @@ def test_a_file_swapped_for_a_link_after_the_listing_is_never_read_from_outside(
         for _ in range(3000):
             report = IngestReport()
             try:
-                documents = list(read_files(notes, report))
+                documents = list(read_files(notes, report, words=200, overlap=40))
             except FileNotFoundError:
                 continue  # caught between unlink and replace
             runs += 1

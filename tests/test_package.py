@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gradfuse import Workspace
-from gradfuse.demo import FIRST_SEARCH, QUESTIONS
+from gradfuse.demo import QUESTIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,10 +50,20 @@ def test_the_wheel_installs_into_a_fresh_venv_and_runs_the_demo(tmp_path):
                           env=env, timeout=900)
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     assert "gradfuse-docs" in demo.stdout and "from question to answer" in demo.stdout
-    # The first question is about the "with" statement: its best evidence sentence is from that statement's
-    # reference, searched and scored as the demo does, over the sources the wheel's demo built.
+    assert "read: 1 pdf" in demo.stdout and "read: 1 xlsx" in demo.stdout
+    # Searched and scored as the demo does, over the sources the wheel's demo built: the first question's best
+    # evidence is from the "with" statement's reference; the share price's is the row of that day, cited with its
+    # sheet and row.
     with Workspace.open(None, workspace=run_in / ".gradfuse" / "demo") as workspace:
-        result = workspace.search(QUESTIONS[0], **FIRST_SEARCH)
-        evidence = workspace.evidence(QUESTIONS[0], result.candidates)
-    assert evidence[0].source == "python-reference" and evidence[0].doc_id.startswith("with#"), evidence[:2]
+        best = [_best_evidence(workspace, question) for question in QUESTIONS[:3]]
+    assert best[0].source == "python-reference" and best[0].doc_id.startswith("with#"), best[0]
+    assert best[2].source == "market-data" and best[2].text.startswith("2003-09-19 | "), best[2]
+    assert best[2].location.describe() == "msft-2003.xlsx · sheet MSFT 2003, row 2" and "Close: 29.96" in best[2].quoted()
+    assert "msft-2003.xlsx · sheet MSFT 2003, row 2" in demo.stdout.replace("\n", " ")
     assert demo.stdout.count("Evidence") >= len(QUESTIONS)
+
+
+def _best_evidence(workspace, question):
+    search = {key: value for key, value in question.search.items() if key != "k"}
+    result = workspace.search(question.text, k=question.search["k"], **search)
+    return workspace.evidence(question.text, result.candidates)[0]

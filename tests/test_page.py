@@ -82,3 +82,31 @@ def test_ask_on_the_page_then_open_the_cited_passage(workspace, browser):
         page.goto(url + "/docs")  # the API docs render from files this server serves
         expect(page.locator(".swagger-ui .info .title")).to_contain_text("gradfuse", timeout=30_000)
         assert outside == []
+
+
+@pytest.mark.slow
+def test_a_passage_read_from_a_pdf_is_named_by_file_page_and_section(tmp_path, browser):
+    from playwright.sync_api import expect
+    from test_readers import write_pdf
+
+    from gradfuse import SourceSpec, Workspace
+    from gradfuse.config import Config
+
+    folder = tmp_path / "reports"
+    folder.mkdir()
+    write_pdf(folder / "report.pdf", [("1 Introduction", "This annual report covers the harbour authority."),
+                                      ("3.2 Results", "Cargo volume grew by 7.5 percent to 41 million tonnes.")])
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    ws.index(SourceSpec("reports", "files", str(folder)))
+    with gradfuse_serve(ws.root, env={API_KEY_ENV: ""}) as url:
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.goto(url)
+        page.fill("#question", "How much did cargo volume grow?")
+        page.select_option("#method", "rrf")
+        page.fill("#k", "1")
+        page.click("#ask")
+        expect(page.locator("#passages li .location").first).to_have_text("report.pdf · p. 2 · 3.2 Results",
+                                                                           timeout=240_000)
+        page.locator("#answer a.citation").first.click()
+        expect(page.locator("#passage-view-title")).to_contain_text("report.pdf · p. 2 · 3.2 Results")
+        page.screenshot(path=str(ARTIFACTS / "page-pdf-passage.png"), full_page=True)

@@ -3,8 +3,50 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """Where a passage stands in the file it was read from, in the terms a person checks it by: the page of a
+    PDF, the slide of a deck, the sheet and rows of a spreadsheet, and the headings it sits under."""
+
+    file: str  # the file's path inside the indexed folder
+    page: int | None = None  # 1-based
+    slide: int | None = None  # 1-based
+    sheet: str | None = None
+    rows: tuple[int, int] | None = None  # the spreadsheet's own row numbers, first and last (its header repeated)
+    headings: tuple[str, ...] = ()  # the section path, outermost first
+
+    def describe(self) -> str:
+        """As a citation shows it: "report.pdf · p. 12 · 3.2 Results"."""
+        parts = [self.file]
+        if self.page is not None:
+            parts.append(f"p. {self.page}")
+        if self.slide is not None:
+            parts.append(f"slide {self.slide}")
+        if self.sheet is not None:
+            rows = "" if not self.rows else (f", row {self.rows[0]}" if self.rows[0] == self.rows[1]
+                                              else f", rows {self.rows[0]}–{self.rows[1]}")
+            parts.append(f"sheet {self.sheet}{rows}")
+        if self.headings:
+            parts.append(" › ".join(self.headings))
+        return " · ".join(parts)
+
+    def to_json(self) -> str:
+        return json.dumps({k: v for k, v in asdict(self).items() if v not in (None, ())})
+
+    @classmethod
+    def from_json(cls, text: str | None) -> Location | None:
+        if not text:
+            return None
+        values = json.loads(text)
+        for name in ("rows", "headings"):
+            if name in values:
+                values[name] = tuple(values[name])
+        return cls(**values)
 
 
 @dataclass(slots=True)
@@ -25,6 +67,7 @@ class Candidate:
     title: str = ""
     parent_id: str | None = None  # the original document when this is a chunk of it
     span: tuple[int, int] | None = None  # character offsets of the chunk inside the parent
+    location: Location | None = None  # page, slide, sheet and rows, headings: for passages read from files
     scores: dict[str, float] = field(default_factory=dict)
     merged: list[Candidate] = field(default_factory=list)
 

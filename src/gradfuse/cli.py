@@ -23,6 +23,7 @@ from gradfuse.redact import redact
 from gradfuse.schemas import answer_record, search_record, source_record
 from gradfuse.sources import BuildReport, IngestError, SourceError, SourceSpec, check_source_name
 from gradfuse.sources.federated import AllSourcesFailed, SourceFailure
+from gradfuse.sources.readers import ReaderLimits
 from gradfuse.workspace import Answer, SearchResult, Workspace
 
 # Help texts are printed as written: with Rich markup on, "[server]" in a help string vanished.
@@ -96,14 +97,20 @@ def _print_build(report: BuildReport) -> None:
         return
     if report.status == "unchanged":
         console.print(f"[green]{report.name}[/]: unchanged ({report.documents} documents), nothing rebuilt")
-        return
-    console.print(
-        f"[green]{report.name}[/]: built {report.documents} documents in {report.seconds:.1f} s "
-        f"({report.docs_per_second:.0f} docs/s; {report.embedded_now} embedded now, the rest from cache)"
-    )
+    else:
+        console.print(
+            f"[green]{report.name}[/]: built {report.documents} documents in {report.seconds:.1f} s "
+            f"({report.docs_per_second:.0f} docs/s; {report.embedded_now} embedded now, the rest from cache)")
+    if report.formats:
+        console.print("  read: " + ", ".join(f"{count} {kind}" for kind, count in sorted(report.formats.items())))
     problems = {k: v for k, v in report.ingest.items() if v}
     if problems:
         console.print(f"  [yellow]ingest:[/] {problems}")
+    if report.skipped:
+        console.print(f"  [yellow]skipped {len(report.skipped)} file(s)[/]: "
+                      + ", ".join(f"{count} {reason}" for reason, count in report.skipped_by_reason.items()))
+        for name, reason, detail in report.skipped:
+            console.print(f"    {escape(name)}: {reason} ({escape(detail)})")
 
 
 def _index(config, workspace, spec: SourceSpec, into=None, table=None, language=None, wait=False) -> None:
@@ -153,6 +160,12 @@ def index_files(
     chunk_overlap: int = 40,
     links_outside: Annotated[bool, typer.Option(help="Also index files behind links that lead out of the folder "
                                                      "(skipped and reported by default)")] = False,
+    max_file_mb: Annotated[int, typer.Option(help="Skip a larger file")] = ReaderLimits.max_file_mb,
+    max_pages: Annotated[int, typer.Option(help="Skip a PDF or deck with more pages or slides")] = ReaderLimits.max_pages,
+    max_rows: Annotated[int, typer.Option(help="Skip a spreadsheet with more rows")] = ReaderLimits.max_rows,
+    max_unzipped_mb: Annotated[int, typer.Option(
+        help="Skip an Office file whose parts unzip to more (a zip bomb)")] = ReaderLimits.max_unzipped_mb,
+    deadline_s: Annotated[float, typer.Option(help="Skip a file not parsed within this time")] = ReaderLimits.deadline_s,
     into: Into = None,
     table: TableName = None,
     language: Language = None,
@@ -160,9 +173,13 @@ def index_files(
     workspace: WorkspaceOpt = None,
     wait: Wait = False,
 ):
-    """A folder of .txt/.md/.html files, cut into overlapping chunks."""
-    options = {"chunk_words": chunk_words, "chunk_overlap": chunk_overlap, **({"links_outside": True} if links_outside
-                                                                              else {})}
+    """A folder of files: .txt, .md, .html, .pdf, .docx, .pptx, .xlsx, .csv (by content where the extension lies),
+    cut into overlapping chunks inside each page, section, slide or sheet, which keep where they stand."""
+    limits = {"max_file_mb": max_file_mb, "max_pages": max_pages, "max_rows": max_rows,
+              "max_unzipped_mb": max_unzipped_mb, "deadline_s": deadline_s}
+    options = {"chunk_words": chunk_words, "chunk_overlap": chunk_overlap,
+               **{k: v for k, v in limits.items() if v != getattr(ReaderLimits, k)},
+               **({"links_outside": True} if links_outside else {})}
     _index(config, workspace, SourceSpec(source, "files", str(folder), options), into, table, language, wait)
 
 
@@ -351,17 +368,20 @@ def ask(
 def print_answer(answer: Answer) -> None:
     console.rule(f"[bold]{escape(answer.question)}")
     for number, p in enumerate(answer.passages, start=1):
+        where = p.location.describe() if p.location else (p.title or " ".join(p.text.split()))[:70]
         console.print(f"  \\[{number}] [cyan]{escape(p.source)}[/]/{escape(p.doc_id)} "
-                      f"(rank {p.native_rank} in source) {escape((p.title or ' '.join(p.text.split()))[:70])}")
+                      f"(rank {p.native_rank} in source) {escape(where)}")
     console.print(f"\n[bold]Answer[/]: {escape(answer.text)}\n")
     if answer.evidence:
         console.print("  [bold]Evidence[/] (the passages' sentences most needed, best first):")
     for e in answer.evidence:
-        console.print(f"    \\[{e.passage}] [cyan]{escape(e.source)}[/]/{escape(e.doc_id)} characters "
-                      f"{e.span[0]}-{e.span[1]}: “{escape(' '.join(e.text.split()))}”")
+        where = f"{e.location.describe()}, " if e.location else ""
+        console.print(f"    \\[{e.passage}] [cyan]{escape(e.source)}[/]/{escape(e.doc_id)} ({escape(where)}characters "
+                      f"{e.span[0]}-{e.span[1]}): “{escape(e.quoted())}”")
     console.print(f"  [dim]written by {escape(describe_generator(answer.generator))}[/]")
     for c in answer.citations:
-        console.print(f"  cites \\[{c.number}] → [cyan]{escape(c.source)}[/]/{escape(c.doc_id)}")
+        where = f" ({escape(c.location.describe())})" if c.location else ""
+        console.print(f"  cites \\[{c.number}] → [cyan]{escape(c.source)}[/]/{escape(c.doc_id)}{where}")
     if not answer.citations:
         console.print("  [yellow]the answer cites no passage[/]")
     if answer.invalid_citations:
@@ -383,11 +403,9 @@ def _print_both(answer: Answer) -> None:
 
 @app.command()
 def demo(workspace: Annotated[Path, typer.Option("--workspace", "-w")] = Path(".gradfuse/demo")):
-    """Build three sources from text every Python has, then ask questions that need different sources.
-
-    Dense retrieval with concatenation by cosine: one encoder for all sources makes those scores comparable,
-    whereas rank fusion (RRF) puts every source's first hit on top whether or not that source is relevant."""
-    from gradfuse.demo import FIRST_SEARCH, QUESTIONS, demo_specs
+    """Build four sources (Python's documentation, gradfuse's guide as a PDF, a spreadsheet of share prices), then
+    ask questions that need different sources, each answered by its evidence and, after it, by the generator."""
+    from gradfuse.demo import QUESTIONS, demo_specs
     from gradfuse.rerank import load_scorer
 
     ws = Workspace.open(None, workspace=workspace)
@@ -399,17 +417,16 @@ def demo(workspace: Annotated[Path, typer.Option("--workspace", "-w")] = Path(".
     for spec in demo_specs(workspace / "inputs"):
         _print_build(ws.index(spec, progress=True))
     sources(None, workspace)
-    for question in QUESTIONS[:-1]:
-        search = {key: value for key, value in FIRST_SEARCH.items() if key != "k"}
-        _print_both(ws.ask(question, generator=ws.config.generator, context_k=FIRST_SEARCH["k"], max_new_tokens=80,
-                           **search))
-    # The last question goes through the full method: stage 1, then stage 2's pass with the draft target.
-    preload.join()
-    started = time.perf_counter()
-    answer = ws.ask(QUESTIONS[-1], method="gro", retrieval="dense", context_k=3, max_new_tokens=80,
-                    generator=ws.config.generator)
-    _print_both(answer)
-    console.print(f"(gro: {time.perf_counter() - started:.1f} s from question to answer)")
+    for question in QUESTIONS:
+        search = {key: value for key, value in question.search.items() if key != "k"}
+        if search["method"] == "gro":
+            preload.join()
+        console.print(f"\n[dim]{escape(question.how)}[/]")
+        started = time.perf_counter()
+        _print_both(ws.ask(question.text, generator=ws.config.generator, context_k=question.search["k"],
+                           max_new_tokens=80, **search))
+        if search["method"] == "gro":
+            console.print(f"(gro: {time.perf_counter() - started:.1f} s from question to answer)")
     console.print(escape(f"Each answer is its passages' best sentences; the generated ones come from "
                          f"{describe_generator(ws.config.generator)}. To ask your own "
                          f"questions over these sources: gradfuse ask \"...\" --workspace {workspace} (add --method "

@@ -1,10 +1,15 @@
-"""The embedded demo: three sources made from text every Python install has, and questions that need each."""
+"""The embedded demo: four sources made from what every install has (Python's own documentation, gradfuse's guide
+as a PDF, a spreadsheet of share prices from matplotlib's sample data), and questions that need each."""
 
 from __future__ import annotations
 
+import csv
+import datetime
 import inspect
 import json
 import pydoc_data.topics
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from gradfuse.sources import SourceSpec
@@ -16,15 +21,28 @@ STDLIB_MODULES = (
     "statistics", "textwrap", "tempfile", "urllib.parse", "zipfile", "gzip", "heapq", "bisect", "dataclasses",
 )
 
+
+@dataclass(frozen=True)
+class DemoQuestion:
+    text: str
+    search: dict  # Workspace.search options; k: the passages the answer reads
+    how: str  # what the demo says about the retrieval it uses
+
+
+DENSE = {"method": "concat", "retrieval": "dense", "k": 3}
 QUESTIONS = (
-    'What happens when the body of a "with" statement raises an exception?',
-    "How do I turn a Python dictionary into a JSON string?",
-    "What happens in gradfuse when one source times out?",
+    DemoQuestion('What happens when the body of a "with" statement raises an exception?', DENSE,
+                 "dense retrieval in every source, concatenated by cosine (one encoder makes the scores comparable)"),
+    DemoQuestion("How do I turn a Python dictionary into a JSON string?", DENSE, "the same"),
+    DemoQuestion("What was Microsoft's closing share price on 2003-09-19?", {"method": "rrf", "retrieval": "bm25",
+                                                                            "k": 3},
+                 "a date is found by its words: BM25 in every source, fused by RRF (meaning-based retrieval does "
+                 "not match numbers)"),
+    DemoQuestion("What happens in gradfuse when one source times out?", {"method": "gro", "retrieval": "dense", "k": 3},
+                 "the full method: stage 1 chooses the sources, then stage 2's pass of the scoring LM ranks their "
+                 "passages"),
 )
 
-# The first questions: dense retrieval, concatenated by cosine (one encoder for every source makes the scores
-# comparable), the three best passages.
-FIRST_SEARCH = {"method": "concat", "retrieval": "dense", "k": 3}
 _CHUNKS = {"chunk_words": 150, "chunk_overlap": 30}  # short passages: the demo generator has a small window
 PROJECT_DOCS = Path(__file__).resolve().parent / "guide"  # inside the package: the demo runs from a wheel too
 
@@ -69,12 +87,66 @@ def _stdlib_docstrings() -> list[dict[str, str]]:
     return records
 
 
+_WRITTEN_AT = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)  # the same bytes every run
+
+
+def _guide_pdf(path: Path) -> Path:
+    """gradfuse's guide (architecture.md) as a PDF, its headings the outline, so the demo reads a real PDF."""
+    from fpdf import FPDF
+
+    pdf = FPDF()
+    pdf.set_creation_date(_WRITTEN_AT)
+    pdf.set_auto_page_break(True, margin=15)
+    text = (PROJECT_DOCS / "architecture.md").read_text(encoding="utf-8").replace("—", "-")
+    for block in re.split(r"\n\s*\n", text):
+        heading = re.match(r"(#{1,6})\s+(.+)", block.strip())
+        if heading:
+            level = len(heading.group(1)) - 1
+            if level <= 1:
+                pdf.add_page()  # each section on pages of its own
+            pdf.start_section(heading.group(2), level=level)
+            pdf.set_font("Helvetica", "B", 14 - 2 * level)
+            pdf.multi_cell(0, 8, heading.group(2), new_x="LMARGIN", new_y="NEXT")
+        else:
+            pdf.set_font("Helvetica", size=10)
+            pdf.multi_cell(0, 5, " ".join(block.split()), new_x="LMARGIN", new_y="NEXT")
+            pdf.ln(2)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pdf.output(str(path))
+    return path
+
+
+def _prices_workbook(path: Path) -> Path:
+    """Microsoft's daily share prices of August-September 2003 (matplotlib's sample data, msft.csv, from Yahoo
+    Finance) as an Excel workbook, dates as dates, so the demo reads a real spreadsheet."""
+    import matplotlib
+    import openpyxl
+
+    source = Path(matplotlib.get_data_path()) / "sample_data" / "msft.csv"
+    with open(source, newline="", encoding="utf-8") as handle:
+        header, *rows = list(csv.reader(handle))
+    book = openpyxl.Workbook()
+    book.properties.created = book.properties.modified = _WRITTEN_AT.replace(tzinfo=None)
+    sheet = book.active
+    sheet.title = "MSFT 2003"
+    sheet.append(header)
+    for date, *values in rows:
+        day = datetime.datetime.strptime(date, "%d-%b-%y")
+        sheet.append([day, *(float(v) if "." in v else int(v) for v in values)])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    book.save(str(path))
+    return path
+
+
 def demo_specs(data_dir: Path) -> list[SourceSpec]:
     """The demo's sources; their input files are regenerated each run, and unchanged content rebuilds nothing."""
     reference = _write_jsonl(data_dir / "python-reference.jsonl", _language_reference())
     stdlib = _write_jsonl(data_dir / "stdlib-docs.jsonl", _stdlib_docstrings())
+    guide = _guide_pdf(data_dir / "gradfuse-docs" / "how-gradfuse-works.pdf")
+    prices = _prices_workbook(data_dir / "market-data" / "msft-2003.xlsx")
     return [
         SourceSpec("python-reference", "jsonl", str(reference), _CHUNKS),
         SourceSpec("stdlib-docs", "jsonl", str(stdlib), _CHUNKS),
-        SourceSpec("gradfuse-docs", "files", str(PROJECT_DOCS), _CHUNKS),
+        SourceSpec("gradfuse-docs", "files", str(guide.parent), _CHUNKS),
+        SourceSpec("market-data", "files", str(prices.parent), _CHUNKS),
     ]

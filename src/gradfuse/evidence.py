@@ -10,10 +10,10 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from gradfuse.candidate import Candidate
+from gradfuse.candidate import Candidate, Location
 
 
 @dataclass(frozen=True)
@@ -25,12 +25,40 @@ class Evidence:
     text: str
     score: float  # the evidence scorer's value (higher is more needed), comparable within one answer only
     parent_span: tuple[int, int] | None = None  # characters of the parent document, for a chunk of one
+    location: Location | None = None  # the passage's page, slide, sheet and headings; a table row's own row
+    columns: tuple[str, ...] = ()  # a table row's column names (its chunk's header row)
 
     @classmethod
     def of(cls, number: int, passage: Candidate, span: tuple[int, int], score: float) -> Evidence:
         start, end = span
         parent = (passage.span[0] + start, passage.span[0] + end) if passage.span else None
-        return cls(number, passage.source, passage.doc_id, span, passage.text[start:end], float(score), parent)
+        location, columns = passage.location, ()
+        if is_table(passage):  # line i of a table chunk is its sheet's row rows[0] + i - 1 (readers/tables.py)
+            row = location.rows[0] + passage.text.count("\n", 0, start) - 1
+            location, columns = replace(location, rows=(row, row)), tuple(passage.text.split("\n", 1)[0].split(" | "))
+        return cls(number, passage.source, passage.doc_id, span, passage.text[start:end], float(score), parent,
+                   location, columns)
+
+    def quoted(self) -> str:
+        """The sentence as an answer quotes it: its line breaks as spaces; a table row with its columns' names."""
+        if self.columns:
+            return ", ".join(f"{name}: {value}" for name, value in zip(self.columns, self.text.split(" | ")) if value)
+        return " ".join(self.text.split())
+
+
+def is_table(passage: Candidate) -> bool:
+    """A chunk of table rows under its header row (a sheet, a CSV file, a Word table)."""
+    return passage.location is not None and passage.location.rows is not None
+
+
+def row_spans(text: str) -> list[tuple[int, int]]:
+    """The rows of a table chunk as its sentences: each line after the header, empty ones left out."""
+    spans, position = [], text.find("\n") + 1 if "\n" in text else len(text)
+    for line in text[position:].split("\n"):
+        if line.strip():
+            spans.append((position, position + len(line)))
+        position += len(line) + 1
+    return spans
 
 
 _SPLITTING = threading.Lock()  # pysbd's segmenter keeps state between calls
@@ -87,8 +115,8 @@ EXTRACTIVE_SENTENCES = 2  # sentences an extractive answer quotes
 
 def extractive_answer(evidence: list[Evidence], sentences: int = EXTRACTIVE_SENTENCES) -> str:
     """The best evidence sentences themselves as the answer, each with its passage's number: nothing generated,
-    so nothing is made up. Their line breaks and indentation (hard-wrapped text) become single spaces."""
-    return " ".join(f"{' '.join(e.text.split())} [{e.passage}]" for e in evidence[:sentences]) or \
+    so nothing is made up (`Evidence.quoted`: line breaks as spaces, a table row with its columns' names)."""
+    return " ".join(f"{e.quoted()} [{e.passage}]" for e in evidence[:sentences]) or \
         "The passages hold no sentence to answer from."
 
 

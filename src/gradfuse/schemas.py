@@ -12,7 +12,8 @@ from dataclasses import asdict
 
 from pydantic import BaseModel, Field
 
-from gradfuse.candidate import Candidate
+from gradfuse.candidate import Candidate, Location
+from gradfuse.evidence import Evidence
 from gradfuse.generate import describe_generator
 from gradfuse.redact import redact
 from gradfuse.sources.base import SourceStats
@@ -33,6 +34,28 @@ class CopyRecord(BaseModel):
     native_score: float
 
 
+class LocationRecord(BaseModel):
+    """Where a passage read from a file stands in it."""
+
+    file: str
+    page: int | None = None
+    slide: int | None = None
+    sheet: str | None = None
+    rows: tuple[int, int] | None = Field(None, description="the spreadsheet's own row numbers, first and last")
+    headings: list[str] = Field(default_factory=list, description="the section path, outermost first")
+    cited_as: str = Field(description='as a citation shows it: "report.pdf · p. 12 · 3.2 Results"')
+
+
+def evidence_record(evidence: Evidence) -> EvidenceRecord:
+    return EvidenceRecord(**{**asdict(evidence), "location": location_record(evidence.location)})
+
+
+def location_record(location: Location | None) -> LocationRecord | None:
+    if location is None:
+        return None
+    return LocationRecord(**{**asdict(location), "headings": list(location.headings)}, cited_as=location.describe())
+
+
 class CandidateRecord(BaseModel):
     key: str = Field(description="source/doc_id: unique across sources")
     source: str
@@ -43,6 +66,7 @@ class CandidateRecord(BaseModel):
     native_rank: int = Field(description="1-based rank inside its source")
     parent_id: str | None = None
     span: tuple[int, int] | None = None
+    location: LocationRecord | None = Field(None, description="page, slide, sheet and rows, headings (files)")
     scores: dict[str, float | None] = Field(description="every later score: fusion:<method>, prior, rerank:*")
     merged: list[CopyRecord] = Field(description="copies of the same text from other sources or ranks")
 
@@ -91,6 +115,7 @@ class CitationRecord(BaseModel):
     source: str
     doc_id: str
     title: str
+    location: LocationRecord | None = Field(None, description="the cited passage's place in its file (files)")
 
 
 class EvidenceRecord(BaseModel):
@@ -101,6 +126,9 @@ class EvidenceRecord(BaseModel):
     parent_span: tuple[int, int] | None = Field(None, description="characters of the parent document (chunks)")
     text: str
     score: float = Field(description="the evidence scorer's value; comparable within one answer only")
+    location: LocationRecord | None = Field(None, description="its passage's place in its file (files); a "
+                                            "table row's own row")
+    columns: list[str] = Field(default_factory=list, description="a table row's column names")
 
 
 class AnswerRecord(BaseModel):
@@ -139,7 +167,7 @@ def candidate_record(candidate: Candidate) -> CandidateRecord:
     return CandidateRecord(
         key=candidate.key, source=candidate.source, doc_id=candidate.doc_id, title=candidate.title,
         text=candidate.text, native_score=candidate.native_score, native_rank=candidate.native_rank,
-        parent_id=candidate.parent_id, span=candidate.span,
+        parent_id=candidate.parent_id, span=candidate.span, location=location_record(candidate.location),
         scores={name: _finite(value) for name, value in candidate.scores.items()},
         merged=[CopyRecord(source=m.source, doc_id=m.doc_id, native_rank=m.native_rank, native_score=m.native_score)
                 for m in candidate.merged],
@@ -181,14 +209,14 @@ def search_record(result: SearchResult) -> SearchRecord:
 def answer_record(answer: Answer) -> AnswerRecord:
     return AnswerRecord(
         question=answer.question, answer=answer.text,
-        citations=[CitationRecord(number=c.number, source=c.source, doc_id=c.doc_id, title=c.title)
-                   for c in answer.citations],
+        citations=[CitationRecord(number=c.number, source=c.source, doc_id=c.doc_id, title=c.title,
+                                  location=location_record(c.location)) for c in answer.citations],
         invalid_citations=answer.invalid_citations, passages=[candidate_record(c) for c in answer.passages],
         dropped=[candidate_record(c) for c in answer.dropped],
         failures=[failure_record(f) for f in answer.failures], generator=answer.generator,
         generator_note=describe_generator(answer.generator),
         method=answer.search.method, selection=_selection(answer.search), rerank=_rerank(answer.search),
-        timings=answer.timings, evidence=[EvidenceRecord(**asdict(e)) for e in answer.evidence],
+        timings=answer.timings, evidence=[evidence_record(e) for e in answer.evidence],
     )
 
 

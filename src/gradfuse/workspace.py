@@ -15,7 +15,7 @@ import numpy as np
 from gradfuse.candidate import Candidate
 from gradfuse.checked import MAX_DEPTH
 from gradfuse.config import Config, load_config
-from gradfuse.evidence import Evidence, excerpts, extractive_answer, sentence_spans
+from gradfuse.evidence import Evidence, excerpts, extractive_answer, is_table, row_spans, sentence_spans
 from gradfuse.generate import BUNDLED_GENERATOR, Citation, fit_to_window, make_generator, parse_citations
 from gradfuse.generate.local import load_tokenizer
 from gradfuse.generate.prompt import EXTRACTIVE, PASSAGE_CHARS, build_messages
@@ -61,6 +61,9 @@ def _whole_sentences(passage: Candidate, shown: str) -> list[tuple[int, int]]:
     ended it, or where a chunk ends without a sentence's end; the first one where a chunk starts inside its
     document with no capital letter (chunks are cut by words, so they begin and end mid-sentence). A chunk's only
     sentence is kept."""
+    if is_table(passage):  # rows are its sentences; the last one shown only in part is left out
+        rows = row_spans(shown)
+        return rows[:-1] if rows and len(passage.text) > len(shown) and rows[-1][1] == len(shown) else rows
     spans = sentence_spans(shown)
     chunk = passage.span is not None
     if spans and spans[-1][1] == len(shown.rstrip()) and (len(passage.text) > len(shown) or (

@@ -10,7 +10,7 @@ import html
 import re
 from dataclasses import dataclass
 
-from gradfuse.candidate import Candidate
+from gradfuse.candidate import Candidate, Location
 
 SYSTEM_PROMPT = (
     "You answer questions using only the numbered passages the user provides. "
@@ -62,6 +62,7 @@ class Citation:
     source: str
     doc_id: str
     title: str
+    location: Location | None = None  # the passage's page, slide, sheet and rows, headings (files)
 
 
 def parse_citations(answer: str, passages: list[Candidate]) -> tuple[list[Citation], list[int]]:
@@ -72,7 +73,7 @@ def parse_citations(answer: str, passages: list[Candidate]) -> tuple[list[Citati
         for number in (int(n) for n in match.group(1).split(",")):
             if 1 <= number <= len(passages):
                 p = passages[number - 1]
-                cited.setdefault(number, Citation(number, p.source, p.doc_id, p.title))
+                cited.setdefault(number, Citation(number, p.source, p.doc_id, p.title, p.location))
             elif number not in invalid:
                 invalid.append(number)
     return list(cited.values()), invalid

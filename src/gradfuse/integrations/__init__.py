@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from gradfuse.candidate import Candidate
-from gradfuse.schemas import failure_record
+from gradfuse.schemas import failure_record, location_record
 from gradfuse.sources.federated import FederatedResult
 from gradfuse.workspace import SearchResult, Workspace
 
@@ -44,6 +44,7 @@ def document_metadata(candidate: Candidate, result: SearchResult, rank: int) -> 
         "scores": dict(candidate.scores),
         "provenance": [{"source": s, "doc_id": d, "native_rank": r} for s, d, r in candidate.provenance],
         "method": result.method,
+        "location": record.model_dump() if (record := location_record(candidate.location)) else None,
         "failures": [failure_record(f).model_dump() for f in result.failures],  # as the JSON API shows them
     }
 
@@ -65,7 +66,7 @@ def evidence_by_document(workspace: Workspace, query: str, candidates: list[Cand
     by_document: list[list[dict]] = [[] for _ in candidates]
     for sentence in evidence:
         record = asdict(sentence)
-        del record["source"], record["doc_id"]  # the document's own metadata says them
+        del record["source"], record["doc_id"], record["location"]  # the document's own metadata says them
         by_document[sentence.passage - 1].append(record)
     return by_document
 

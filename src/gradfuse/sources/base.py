@@ -14,7 +14,7 @@ from gradfuse.candidate import Candidate
 
 SourceKind = Literal["beir", "jsonl", "files", "run"]
 SOURCE_KINDS: tuple[str, ...] = ("beir", "jsonl", "files", "run")
-FORMAT_VERSION = 2  # bump when the on-disk layout changes, so old builds are rebuilt rather than misread
+FORMAT_VERSION = 3  # bump when the on-disk layout changes, so old builds are rebuilt rather than misread
 
 
 class SourceError(RuntimeError):

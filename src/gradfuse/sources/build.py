@@ -30,10 +30,11 @@ from gradfuse.sources.documents import (
     IngestReport,
     chunk_documents,
     read_beir_corpus,
-    read_files,
     read_jsonl,
 )
 from gradfuse.sources.embedded import write_embedded_index
+from gradfuse.sources.files import read_files
+from gradfuse.sources.readers import ReaderLimits
 from gradfuse.sources.encoder import EmbeddingCache, load_encoder
 from gradfuse.sources.lock import source_lock
 from gradfuse.sources.run import run_doc_ids, write_run_tables
@@ -52,16 +53,29 @@ class BuildReport:
     seconds: float
     embedded_now: int = 0  # vectors computed in this build; the rest came from the cache
     ingest: dict[str, int] = field(default_factory=dict)
+    formats: dict[str, int] = field(default_factory=dict)  # files read, by format (files sources)
+    skipped: list[tuple[str, str, str]] = field(default_factory=list)  # (file, reason, detail) of unreadable ones
     written: int | None = None  # rows inserted or updated (sources in a database)
     deleted: int | None = None  # rows removed because their document left the input
+
+    @property
+    def skipped_by_reason(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for _, reason, _ in self.skipped:
+            counts[reason] = counts.get(reason, 0) + 1
+        return dict(sorted(counts.items()))
 
     @property
     def docs_per_second(self) -> float:
         return self.documents / self.seconds if self.seconds else float("inf")
 
 
-def read_documents(spec: SourceSpec, report: IngestReport) -> list[Document]:
-    """The documents of a spec's input, with the reader options and chunking it asks for."""
+LIMIT_OPTIONS = ("max_file_mb", "max_pages", "max_rows", "max_unzipped_mb", "deadline_s")
+
+
+def read_documents(spec: SourceSpec, report: IngestReport, cache: Path | None = None) -> list[Document]:
+    """The documents of a spec's input, with the reader options and chunking it asks for (`cache`: where parsed
+    files are kept)."""
     path, options = Path(spec.path), spec.options
     skip = bool(options.get("skip_malformed", False))
     if spec.kind == "beir":
@@ -72,7 +86,12 @@ def read_documents(spec: SourceSpec, report: IngestReport) -> list[Document]:
         fields = {k: options[k] for k in ("id_field", "text_field", "title_field") if k in options}
         documents = read_jsonl(path, report, skip_malformed=skip, **fields)
     elif spec.kind == "files":
-        documents = read_files(path, report, links_outside=bool(options.get("links_outside", False)))
+        # Files are always chunked (a file can be a book), inside each page, section, slide or sheet.
+        words = options.get("chunk_words", FILE_CHUNK_WORDS)
+        overlap = options.get("chunk_overlap", min(FILE_CHUNK_OVERLAP, words // 4))
+        limits = ReaderLimits(**{k: options[k] for k in LIMIT_OPTIONS if k in options})
+        return list(read_files(path, report, words=words, overlap=overlap, limits=limits, cache=cache,
+                               links_outside=bool(options.get("links_outside", False))))
     else:
         # A run source keeps only the corpus documents its run ranks: the rest could never be returned.
         wanted = run_doc_ids(path)
@@ -80,8 +99,8 @@ def read_documents(spec: SourceSpec, report: IngestReport) -> list[Document]:
         return [d for d in corpus if d.doc_id in wanted]
     if "id_prefix" in options:  # one collection as several sources (e.g. TAT-QA's tables and its paragraphs)
         documents = (d for d in documents if d.doc_id.startswith(options["id_prefix"]))
-    # Files are always chunked (a file can be a book); records only when asked, since they usually are passages.
-    words = options.get("chunk_words", FILE_CHUNK_WORDS if spec.kind == "files" else None)
+    # Records are chunked only when asked, since they usually are passages.
+    words = options.get("chunk_words")
     if words:
         overlap = options.get("chunk_overlap", min(FILE_CHUNK_OVERLAP, words // 4))
         return list(chunk_documents(documents, words=words, overlap=overlap))
@@ -115,7 +134,8 @@ def _run_inputs(spec: SourceSpec) -> tuple[Path, Path]:
 def _fingerprint(spec: SourceSpec, encoder: str, documents: list[Document], extra_files: list[Path]) -> str:
     digest = hashlib.sha256(json.dumps([FORMAT_VERSION, spec.kind, spec.options, encoder], sort_keys=True).encode())
     for d in documents:
-        digest.update(json.dumps([d.doc_id, d.title, d.text, d.parent_id, d.span]).encode())
+        digest.update(json.dumps([d.doc_id, d.title, d.text, d.parent_id, d.span,
+                                  d.location.to_json() if d.location else None]).encode())
     for path in extra_files:
         digest.update(path.read_bytes())
     return digest.hexdigest()
@@ -135,7 +155,7 @@ def _build(workspace: Path, spec: SourceSpec, encoder: str, progress: bool) -> B
         corpus, queries = _run_inputs(spec)
     source_dir = workspace / "sources" / spec.name
     report = IngestReport()
-    documents = read_documents(spec, report)
+    documents = read_documents(spec, report, workspace / "cache" / "parsed")
     if not documents:
         raise IngestError(f"source {spec.name!r}: {spec.path} holds no documents")
     extra = [Path(spec.path), queries] if spec.kind == "run" else []
@@ -144,7 +164,7 @@ def _build(workspace: Path, spec: SourceSpec, encoder: str, progress: bool) -> B
     previous = current_version(source_dir)
     if previous is not None and read_manifest(previous).get("fingerprint") == fingerprint:
         return BuildReport(spec.name, "unchanged", len(documents), time.perf_counter() - started,
-                           ingest=report.summary())
+                           **report.details())
 
     private_folder(source_dir, up_to=workspace)
     for stale in source_dir.glob("build-*"):  # left by a build that was killed: this one holds the lock now
@@ -187,4 +207,4 @@ def _build(workspace: Path, spec: SourceSpec, encoder: str, progress: bool) -> B
             raise IngestError(f"source {spec.name!r}: the disk is full (building in {source_dir}): free some "
                               "space and index again; the published version is unchanged") from None
         raise
-    return BuildReport(spec.name, "built", count, time.perf_counter() - started, embedded_now, report.summary())
+    return BuildReport(spec.name, "built", count, time.perf_counter() - started, embedded_now, **report.details())

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
-from gradfuse.candidate import Candidate
+from gradfuse.candidate import Candidate, Location
 from gradfuse.sources.documents import Document
 
 _SCHEMA = """
@@ -18,7 +18,8 @@ CREATE TABLE docs (
     text TEXT NOT NULL,
     parent_id TEXT,
     span_start INTEGER,
-    span_end INTEGER
+    span_end INTEGER,
+    location TEXT              -- gradfuse.candidate.Location as JSON, for passages read from files
 )
 """
 
@@ -28,11 +29,12 @@ def write_documents(path: Path, documents: Iterable[Document]) -> int:
     try:
         db.execute(_SCHEMA)
         rows = (
-            (row, d.doc_id, d.title, d.text, d.parent_id, *(d.span or (None, None)))
+            (row, d.doc_id, d.title, d.text, d.parent_id, *(d.span or (None, None)),
+             d.location.to_json() if d.location else None)
             for row, d in enumerate(documents)
         )
         try:
-            db.executemany("INSERT INTO docs VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+            db.executemany("INSERT INTO docs VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
         except sqlite3.IntegrityError as error:
             raise ValueError(f"duplicate document id in input: {error}") from error
         db.commit()
@@ -47,6 +49,8 @@ class DocStore:
     def __init__(self, path: Path):
         self._db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
         self._lock = threading.Lock()
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(docs)")}
+        self._location = "location" if "location" in columns else "NULL"  # built before locations were kept
 
     def candidates(self, source: str, rows: list[int], scores: list[float]) -> list[Candidate]:
         """Candidates for `rows` in the given order, ranked 1..n with their native scores."""
@@ -56,14 +60,14 @@ class DocStore:
             fetched = {
                 r[0]: r
                 for r in self._db.execute(
-                    f"SELECT row, doc_id, title, text, parent_id, span_start, span_end FROM docs "
+                    f"SELECT row, doc_id, title, text, parent_id, span_start, span_end, {self._location} FROM docs "
                     f"WHERE row IN ({','.join('?' * len(rows))})",
                     rows,
                 )
             }
         result = []
         for rank, (row, score) in enumerate(zip(rows, scores), start=1):
-            _, doc_id, title, text, parent_id, start, end = fetched[row]
+            _, doc_id, title, text, parent_id, start, end, location = fetched[row]
             result.append(
                 Candidate(
                     source=source,
@@ -74,6 +78,7 @@ class DocStore:
                     native_rank=rank,
                     parent_id=parent_id,
                     span=(start, end) if start is not None else None,
+                    location=Location.from_json(location),
                 )
             )
         return result

@@ -1,18 +1,15 @@
-"""Readers that turn user inputs (BEIR folders, JSONL, plain files) into typed documents."""
+"""Typed documents from user inputs: BEIR folders and JSONL here, folders of files in files.py (one reader per
+format in readers/); and how long documents are cut into chunks that keep their provenance."""
 
 from __future__ import annotations
 
-import codecs
 import json
-import os
 import re
-import stat
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bs4 import BeautifulSoup
+from gradfuse.candidate import Location
 
 
 class IngestError(ValueError):
@@ -26,6 +23,7 @@ class Document:
     title: str = ""
     parent_id: str | None = None
     span: tuple[int, int] | None = None
+    location: Location | None = None
 
 
 @dataclass
@@ -38,11 +36,20 @@ class IngestReport:
     skipped_links_outside: list[str] = field(default_factory=list)  # links that lead out of the indexed folder
     skipped_binary: list[str] = field(default_factory=list)  # files with a text suffix that hold binary data
     chunked_long_records: list[str] = field(default_factory=list)  # records cut into chunks, as files are
+    skipped_unreadable: list[tuple[str, str, str]] = field(default_factory=list)  # (file, reason, detail)
+    pages_without_text: list[str] = field(default_factory=list)  # "report.pdf p. 3": scanned, no text layer
+    read_by_content: list[str] = field(default_factory=list)  # files whose content says another format
+    formats: dict[str, int] = field(default_factory=dict)  # files read, by format
 
     def summary(self) -> dict[str, int]:
         return {name: len(getattr(self, name)) for name in (
             "skipped_empty", "skipped_malformed", "decoded_with_fallback", "skipped_links_outside",
-            "skipped_binary", "chunked_long_records")}
+            "skipped_binary", "chunked_long_records", "skipped_unreadable", "pages_without_text",
+            "read_by_content")}
+
+    def details(self) -> dict:
+        """What a BuildReport carries of this report."""
+        return {"ingest": self.summary(), "formats": dict(self.formats), "skipped": list(self.skipped_unreadable)}
 
 
 class _BadRecord(ValueError):
@@ -131,7 +138,6 @@ def read_beir_corpus(folder: Path, report: IngestReport, *, skip_malformed: bool
     return read_jsonl(corpus, report, id_field=("id", "_id"), skip_malformed=skip_malformed)
 
 
-FILE_SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm")
 _WORD = re.compile(r"\S+")
 
 
@@ -172,90 +178,3 @@ def chunk_documents(documents: Iterator[Document], *, words: int, overlap: int) 
                 parent_id=document.doc_id,
                 span=(start, end),
             )
-
-
-def read_files(folder: Path, report: IngestReport, *, links_outside: bool = False) -> Iterator[Document]:
-    """Every .txt/.md/.html file under `folder` as one document named by its relative path. A file whose opened
-    descriptor lies outside the folder (a symbolic link out of it, or one swapped in after the listing) is skipped
-    and reported (a link to /etc/passwd must not end up served by search) unless `links_outside` allows it."""
-    if not folder.is_dir():
-        raise IngestError(f"{folder} is not a folder")
-    root = folder.resolve()
-    for path in _walk(folder):
-        relative = path.relative_to(folder).as_posix()
-        with _opened(path, root, links_outside) as (handle, outside):
-            if outside:
-                report.skipped_links_outside.append(relative)
-                continue
-            decoded = _read_text_file(handle, path, relative, report) if handle else None
-        if decoded is None:
-            report.skipped_binary.append(relative)
-            continue
-        title, text = decoded
-        if not text.strip():
-            report.skipped_empty.append(relative)
-            continue
-        yield Document(doc_id=relative, text=text, title=title)
-
-
-def _walk(folder: Path) -> list[Path]:
-    """The text files under `folder`, sorted, without recursion (a folder 1,200 levels deep is fine) and without
-    entering linked folders (as Path.rglob)."""
-    found, pending = [], [folder]
-    while pending:
-        with os.scandir(pending.pop()) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    pending.append(Path(entry.path))
-                elif Path(entry.name).suffix.lower() in FILE_SUFFIXES and entry.is_file():
-                    found.append(Path(entry.path))
-    return sorted(found)
-
-
-@contextmanager
-def _opened(path: Path, root: Path, links_outside: bool):
-    """(a binary handle on `path`, or None when it is not a regular file; whether it lies outside `root`). The
-    check is on the opened descriptor, not on the name: checking the name, then opening it, let a file swapped for
-    a link in between be read from outside the folder. O_NONBLOCK: a FIFO swapped in does not block the build."""
-    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    handle = os.fdopen(descriptor, "rb")
-    try:
-        outside = not links_outside and not Path(os.readlink(f"/proc/self/fd/{descriptor}")).is_relative_to(root)
-        yield (handle if stat.S_ISREG(os.fstat(descriptor).st_mode) else None), outside
-    finally:
-        handle.close()
-
-
-_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
-         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))  # UTF-32 first: its LE BOM starts
-# with UTF-16's
-
-
-def _read_text_file(handle, path: Path, relative: str, report: IngestReport) -> tuple[str, str] | None:
-    """(title, text), or None for binary data behind a text suffix (NUL bytes in a file without a BOM), known
-    from the first 8 KiB before the rest is read (a 1.5 GB binary file took 1.8 GB of memory to skip)."""
-    head = handle.read(8192)
-    encoding = next((name for bom, name in _BOMS if head.startswith(bom)), None)
-    if encoding is None and b"\x00" in head:
-        return None
-    raw = head + handle.read()
-    try:
-        content = raw.decode(encoding or "utf-8")
-    except UnicodeDecodeError:
-        # Legacy files are usually Windows-1252; latin-1 maps every byte, so nothing is lost either way.
-        try:
-            content = raw.decode("cp1252")
-        except UnicodeDecodeError:
-            content = raw.decode("latin-1")
-        report.decoded_with_fallback.append(relative)
-    suffix = path.suffix.lower()
-    if suffix in (".html", ".htm"):
-        soup = BeautifulSoup(content, "html.parser")
-        for hidden in soup(["script", "style", "noscript"]):
-            hidden.decompose()
-        title = soup.title.get_text(strip=True) if soup.title else path.stem
-        return title, soup.get_text("\n", strip=True)
-    if suffix in (".md", ".markdown"):
-        heading = re.search(r"^#\s+(.+)$", content, flags=re.MULTILINE)
-        return (heading.group(1).strip() if heading else path.stem), content
-    return path.stem, content

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from gradfuse.candidate import Candidate
+from gradfuse.candidate import Candidate, Location
 from gradfuse.redact import driver_message, has_url_password, redact
 from gradfuse.sources.base import TIE_SLACK, SourceError, SourceStats, rank_by_score
 from gradfuse.sources.embedded import RETRIEVAL_MODES, hybrid_depth, rrf_in_source
@@ -199,7 +199,7 @@ class PostgresSource:
         s, columns = self._table.settings, self._table.columns
         title = s.title_column if s.title_column in columns else "''"
         provenance = ("parent_id, span_start, span_end" if {"parent_id", "span_start", "span_end"} <= columns
-                      else "NULL, NULL, NULL")
+                      else "NULL, NULL, NULL") + (", location" if "location" in columns else ", NULL")
         return f"{s.id_column}::text, coalesce({title}, ''), {s.text_column}, {provenance}"
 
     def _tsvector(self) -> str:
@@ -252,9 +252,10 @@ class PostgresSource:
         return [(*rows[doc_id][:-1], score) for doc_id, score in best]
 
     def _candidate(self, row: tuple, rank: int) -> Candidate:
-        doc_id, title, text, parent_id, start, end, score = row
+        doc_id, title, text, parent_id, start, end, location, score = row
         return Candidate(source=self.name, doc_id=doc_id, text=text, title=title, native_score=float(score),
-                         native_rank=rank, parent_id=parent_id, span=(start, end) if start is not None else None)
+                         native_rank=rank, parent_id=parent_id, span=(start, end) if start is not None else None,
+                         location=Location.from_json(location))
 
     def stats(self) -> SourceStats:
         s, metadata = self._table.settings, self._table.metadata

@@ -24,12 +24,14 @@ from gradfuse.sources.postgres import DISTANCES, PostgresError, PostgresSettings
 
 COPY_BATCH = 1000
 HNSW_M, HNSW_EF_CONSTRUCTION = 16, 64
-_ROW_COLUMNS = ("doc_id", "title", "text", "parent_id", "span_start", "span_end", "content_hash", "embedding")
+_ROW_COLUMNS = ("doc_id", "title", "text", "parent_id", "span_start", "span_end", "location", "content_hash",
+                "embedding")
 
 
 def _content_hash(document: Document) -> str:
-    return hashlib.sha256(json.dumps([document.title, document.text, document.parent_id, document.span]).encode()
-                          ).hexdigest()
+    location = document.location.to_json() if document.location else None
+    return hashlib.sha256(json.dumps([document.title, document.text, document.parent_id, document.span,
+                                      location]).encode()).hexdigest()
 
 
 def _create(conn, settings: PostgresSettings, dimension: int) -> None:
@@ -52,12 +54,14 @@ def _create(conn, settings: PostgresSettings, dimension: int) -> None:
             parent_id text,
             span_start int,
             span_end int,
+            location text,
             content_hash text NOT NULL,
             tsv tsvector GENERATED ALWAYS AS (
                 setweight(to_tsvector('{language}', coalesce(title, '')), 'A') ||
                 setweight(to_tsvector('{language}', text), 'B')) STORED,
             embedding vector({dimension}) NOT NULL
         )""")
+    conn.execute(f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS location text")  # tables loaded before it was kept
     conn.execute(f"CREATE INDEX IF NOT EXISTS {t}_tsv ON {t} USING gin (tsv)")
 
 
@@ -107,7 +111,7 @@ def load_into_postgres(
         if not changed and not removed:
             conn.rollback()  # the CREATE ... IF NOT EXISTS statements changed nothing either
             return BuildReport(spec.name, "unchanged", len(documents), time.perf_counter() - started,
-                               ingest=report.summary(), written=0, deleted=0)
+                               written=0, deleted=0, **report.details())
         cache = EmbeddingCache(workspace / "cache" / "embeddings.sqlite", load_encoder(encoder))
         try:
             vectors = cache.embed([embedding_text(d.title, d.text) for d in changed], progress=progress)
@@ -124,7 +128,7 @@ def load_into_postgres(
             (settings.table, encoder, DIMENSION, settings.language, settings.distance,
              str(Path(spec.path).resolve()), datetime.now(timezone.utc)))
     return BuildReport(spec.name, "built", len(documents), time.perf_counter() - started, embedded_now,
-                       report.summary(), written=len(changed), deleted=len(removed))
+                       written=len(changed), deleted=len(removed), **report.details())
 
 
 def _write(conn, settings, changed, hashes, vectors, removed, progress) -> None:
@@ -137,8 +141,9 @@ def _write(conn, settings, changed, hashes, vectors, removed, progress) -> None:
             with conn.cursor().copy(f"COPY staging ({columns}) FROM STDIN") as copy:
                 for document, vector in zip(changed[start:start + COPY_BATCH], vectors[start:start + COPY_BATCH]):
                     span = document.span or (None, None)
+                    location = document.location.to_json() if document.location else None
                     copy.write_row((document.doc_id, document.title, document.text, document.parent_id, *span,
-                                    hashes[document.doc_id], vector_literal(vector)))
+                                    location, hashes[document.doc_id], vector_literal(vector)))
             bar.update(min(COPY_BATCH, len(changed) - start))
     updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in _ROW_COLUMNS[1:])
     conn.execute(f"INSERT INTO {t} ({columns}) SELECT {columns} FROM staging "

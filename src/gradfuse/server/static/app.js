@@ -242,6 +242,7 @@ function showPassages(passages, cited) {
     const copies = p.merged.map((m) => `${escapeHtml(m.source)}/${escapeHtml(m.doc_id)} @${m.native_rank}`).join(", ");
     const text = escapeHtml((p.title ? p.title + ": " : "") + p.text);
     return `<li id="passage-${i + 1}" class="${cited.includes(i + 1) ? "cited" : ""}">
+      ${p.location ? `<div class="location">${escapeHtml(p.location.cited_as)}</div>` : ""}
       <div class="provenance"><b>${escapeHtml(p.source)}</b>/${escapeHtml(p.doc_id)} · rank ${p.native_rank} in source · native score ${fmt(p.native_score)}${copies ? " · also in " + copies : ""}</div>
       <div>${text.length > 400 ? text.slice(0, 400) + "…" : text}</div></li>`;
   }).join("");
@@ -273,7 +274,8 @@ function withMarks(text, spans) {
 function openPassage(number) {
   const p = shown.passages[number - 1];
   if (!p) return;
-  $("passage-view-title").textContent = `[${number}] ${p.title || p.doc_id}`;
+  // A passage read from a file is named by its place in it: "report.pdf · p. 12 · 3.2 Results".
+  $("passage-view-title").textContent = `[${number}] ${p.location ? p.location.cited_as : p.title || p.doc_id}`;
   const copies = p.merged.map((m) => `${m.source}/${m.doc_id} (rank ${m.native_rank})`);
   $("passage-view-provenance").textContent =
     `${p.source}/${p.doc_id}, rank ${p.native_rank} in its source` + (copies.length ? `; also in ${copies.join(", ")}` : "") +

@@ -1,0 +1,60 @@
+"""PDF: the text of every page (pypdfium2, PDFium's own text layer), each page a unit under the headings its
+outline (bookmarks) puts it in. A page with no text (a scan) is counted: OCR is not run."""
+
+from __future__ import annotations
+
+from gradfuse.candidate import Location
+from gradfuse.sources.readers import Parsed, ReaderLimits, Unit, Unreadable
+
+
+def read_pdf(data: bytes, name: str, limits: ReaderLimits) -> Parsed:
+    import pypdfium2 as pdfium
+
+    try:
+        document = pdfium.PdfDocument(data)
+    except pdfium.PdfiumError as error:
+        if "password" in str(error).lower():
+            raise Unreadable("encrypted", "the PDF is encrypted (it needs a password)") from None
+        raise Unreadable("corrupt", f"not a readable PDF ({error})") from None
+    try:
+        pages = len(document)
+        if pages > limits.max_pages:
+            raise Unreadable("too many pages", f"{pages} pages, over the limit of {limits.max_pages} "
+                                               "(--max-pages)")
+        headings = _headings_by_page(document, pages)
+        units, texts, empty, start = [], [], [], 0
+        for index in range(pages):
+            page = document[index]
+            try:
+                text = page.get_textpage().get_text_bounded().replace("\r\n", "\n").strip()
+            finally:
+                page.close()
+            if not text:
+                empty.append(index + 1)
+                continue
+            units.append(Unit(text, Location(name, page=index + 1, headings=headings[index]), start))
+            texts.append(text)
+            start += len(text) + 2  # the pages are joined by a blank line
+        return Parsed(units, "\n\n".join(texts), tuple(empty))
+    finally:
+        document.close()
+
+
+def _headings_by_page(document, pages: int) -> list[tuple[str, ...]]:
+    """The outline's path in force on each page: the last bookmark at or before it, with its parents."""
+    marks = []
+    for bookmark in document.get_toc(max_depth=8):
+        destination = bookmark.get_dest()
+        index = destination.get_index() if destination is not None else None
+        title = (bookmark.get_title() or "").strip()
+        if index is not None and title:
+            marks.append((index, bookmark.level, title))
+    marks.sort(key=lambda mark: mark[0])  # the outline's order need not be the pages'
+    by_page, path, position = [], [], 0
+    for page in range(pages):
+        while position < len(marks) and marks[position][0] <= page:
+            _, level, title = marks[position]
+            path = path[:level] + [title]
+            position += 1
+        by_page.append(tuple(path))
+    return by_page

@@ -1,0 +1,57 @@
+"""Word (.docx, python-docx): paragraphs in the order they stand, under their heading path (the "Heading n" and
+"Title" styles), and each table as chunks of rows that repeat its header row."""
+
+from __future__ import annotations
+
+import io
+
+from gradfuse.candidate import Location
+from gradfuse.sources.readers import Parsed, Unit, Unreadable
+from gradfuse.sources.readers.tables import table_units
+
+
+def read_docx(data: bytes, name: str) -> Parsed:
+    import docx
+    from docx.opc.exceptions import PackageNotFoundError
+    from docx.table import Table
+
+    try:
+        document = docx.Document(io.BytesIO(data))
+    except (PackageNotFoundError, KeyError, ValueError) as error:
+        raise Unreadable("corrupt", f"not a readable Word file ({error})") from None
+    units, texts, path_now, section, start = [], [], [], [], 0
+
+    def close_section() -> None:
+        nonlocal start
+        if section:
+            text = "\n".join(section)
+            units.append(Unit(text, Location(name, headings=tuple(t for _, t in path_now)), start))
+            texts.append(text)
+            start += len(text) + 2
+            section.clear()
+
+    for block in document.iter_inner_content():
+        if isinstance(block, Table):
+            close_section()
+            rows = [(number, [cell.text for cell in row.cells]) for number, row in enumerate(block.rows, start=1)]
+            units += table_units(rows, Location(name, headings=tuple(t for _, t in path_now)))
+            continue
+        text = block.text.strip()
+        if not text:
+            continue
+        level = _heading_level(block.style.name if block.style is not None else "")
+        if level is not None:
+            close_section()
+            path_now = [(outer, title) for outer, title in path_now if outer < level] + [(level, text)]
+        section.append(text)
+    close_section()
+    return Parsed(units, "\n\n".join(texts))
+
+
+def _heading_level(style: str) -> int | None:
+    if style == "Title":
+        return 0
+    if style.startswith("Heading "):
+        number = style.removeprefix("Heading ")
+        return int(number) if number.isdigit() else None
+    return None
