@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -475,6 +476,39 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False  # a name: it may resolve anywhere
+
+
+@app.command()
+def tune(
+    bench_file: Annotated[Path, typer.Argument(help="Benchmark TOML naming this workspace's sources and your labelled "
+                                                    "queries (see benchmarks/)")],
+    write: Annotated[bool, typer.Option(help="Write the chosen settings into the config file")] = False,
+    quick: Annotated[bool, typer.Option(help="The file's small [quick] variant")] = False,
+    config: ConfigOpt = None,
+    workspace: WorkspaceOpt = None,
+):
+    """Run a benchmark's dev queries over this workspace's own sources and show the settings they choose (fusion
+    weights, stage 1's, stage 2's, the default method); --write puts them into gradfuse.toml with their dev scores,
+    for search and serve."""
+    from gradfuse.eval import load_benchmark
+    from gradfuse.eval.tune import tune as run_tune
+    from gradfuse.eval.tune import write_tuned
+
+    ws = _workspace(config, workspace)
+    bench = _run_guarded(lambda: load_benchmark(bench_file, quick=quick))
+    _, values = _run_guarded(lambda: run_tune(bench, ws.root))
+    for value in values:
+        console.print(f"[{escape(value.section)}] {escape(value.key)} = {escape(repr(value.value))}  "
+                      f"[dim]# {escape(value.why)}[/]")
+    if not write:
+        console.print("(not written: add --write to put these into the config file)")
+        return
+    target = config or Path("gradfuse.toml")
+    if not target.exists():  # a new file must say which workspace it tunes
+        target.write_text(f"workspace = {json.dumps(os.path.relpath(ws.root, target.resolve().parent))}\n")
+    write_tuned(target, values)
+    _workspace(target, workspace)  # what was written reads back as a valid configuration
+    console.print(f"[green]written[/] to {target}: gradfuse search and serve use them")
 
 
 @app.command("eval")

@@ -63,14 +63,18 @@ class Evaluation:
         return [q for q in self.queries if q.split == name and (q.lm or not lm)]
 
 
-def run_benchmark(bench: Benchmark, *, progress: bool = True, executor: Executor | None = None) -> Evaluation:
+def run_benchmark(bench: Benchmark, *, progress: bool = True, executor: Executor | None = None,
+                  dev_only: bool = False) -> Evaluation:
     """`executor`: where the scoring-LM methods' passes run (gradfuse.execute: this process, or scorer replicas on
-    a Ray cluster); the samples, the outcomes cache and every number are the same either way."""
+    a Ray cluster); the samples, the outcomes cache and every number are the same either way. `dev_only`: the dev
+    queries alone, for what they tune (gradfuse tune)."""
     started = time.perf_counter()
     ws = Workspace(Config(workspace=bench.workspace, depth=bench.depth, k=bench.k, retrieval=bench.retrieval,
                           encoder=bench.encoder), executor=executor)
     builds = [asdict(ws.index(spec, progress=progress)) for spec in bench.sources.values()]
     queries, qrels, origins = queries_and_qrels(bench)
+    if dev_only:
+        queries = [q for q in queries if q.split == "dev"]
     evaluation = Evaluation(bench, queries, qrels, origins, {}, {}, {}, {}, builds)
     methods = bench.expand_methods()
     cheap = [m for m in methods if not is_lm_method(m) and m not in EVALUATION_METHODS and m != "select"]

@@ -1,0 +1,52 @@
+"""`gradfuse tune --write` end to end on shared data (benchmark 1's quick variant: cranfield, hotpotqa and pubmedqa
+as the workspace's own sources, their dev queries as the user's labelled questions): the settings it writes keep
+the file's own lines, read back as a valid configuration, and `gradfuse search` with them reproduces the dev
+score their comment states."""
+
+from __future__ import annotations
+
+import datetime
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from test_eval import BENCHMARKS, needs_data
+
+from gradfuse import Workspace
+from gradfuse.cli import app
+from gradfuse.config import load_config
+from gradfuse.eval import load_benchmark
+from gradfuse.eval.benchmark import is_lm_method
+from gradfuse.eval.runner import outcome_of, queries_and_qrels
+from gradfuse.eval.tuning import mean_score
+
+
+@needs_data
+@pytest.mark.slow
+def test_tune_writes_dev_choices_that_search_then_uses_and_reproduces(tmp_path):
+    config = tmp_path / "gradfuse.toml"
+    config.write_text('# my own workspace\nworkspace = "ws"\n\n[generator]\nmax_new_tokens = 64  # keep me\n')
+    shown = CliRunner().invoke(app, ["tune", str(BENCHMARKS / "federated.toml"), "--quick", "--write", "--config",
+                                     str(config)], terminal_width=300)
+    assert shown.exit_code == 0, shown.output
+    text = config.read_text()
+    assert text.startswith("# my own workspace") and "max_new_tokens = 64  # keep me" in text  # the file's own lines
+    today = datetime.date.today().isoformat()
+    for section in ("[sources.cranfield]", "[sources.hotpotqa]", "[sources.pubmedqa]", "[selection]", "[rerank]",
+                    "[defaults]"):
+        assert section in text, text
+    assert re.search(rf'method = "[^"]+" # tuned: .*dev ndcg@10 \d\.\d{{4}}.*{today}', text), text
+
+    settings = load_config(config)
+    assert settings.max_new_tokens == 64 and (tmp_path / "ws" / "sources" / "cranfield").is_dir()
+    method = settings.method
+    comment = re.search(r'method = "[^"]+" # tuned: dev ndcg@10 (\d\.\d{4})', text)
+    bench = load_benchmark(BENCHMARKS / "federated.toml", quick=True)
+    queries, qrels, _ = queries_and_qrels(bench)
+    dev = [q for q in queries if q.split == "dev" and (q.lm or not is_lm_method(method))]
+    # A search with no method named: the defaults written, with the sources' weights and stage 1's settings.
+    with Workspace.open(config) as workspace:
+        outcomes = {q.query_id: outcome_of(bench, workspace.search(q.text, k=bench.k)) for q in dev}
+    assert comment and mean_score(qrels, outcomes, [q.query_id for q in dev], "ndcg@10") == pytest.approx(
+        float(comment.group(1)), abs=5e-5), (method, text)
