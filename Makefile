@@ -39,8 +39,8 @@ clean:
 # Benchmarks report numbers into committed files under results/; they are not tests. Each benchmark file in
 # benchmarks/ also has a small --quick variant whose expected scores sit next to it (checked by the tests).
 BENCHMARKS := federated qa dl19
-.PHONY: bench bench-skeleton bench-serve bench-postgres bench-stage2 bench-scale bench-evidence $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
-bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-stage2 bench-serve bench-postgres bench-scale bench-evidence
+.PHONY: bench bench-skeleton bench-serve bench-postgres bench-stage2 bench-scale bench-evidence bench-documents $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
+bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-stage2 bench-serve bench-postgres bench-scale bench-evidence bench-documents
 
 bench-skeleton: install
 	$(BIN)/python bench/skeleton_scifact.py
@@ -59,6 +59,9 @@ bench-stage2: install
 bench-evidence: install
 	$(BIN)/python bench/evidence.py --queries 100 --oracle 10
 	$(BIN)/python bench/evidence_budget.py
+
+bench-documents: install
+	$(BIN)/python bench/documents.py
 
 # Retrieval cost, memory and build time at 10k to 1M passages, and the scoring LM on 1 and 2 Ray replicas.
 bench-scale: install

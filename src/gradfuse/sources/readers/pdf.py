@@ -26,7 +26,7 @@ def read_pdf(data: bytes, name: str, limits: ReaderLimits) -> Parsed:
         for index in range(pages):
             page = document[index]
             try:
-                text = page.get_textpage().get_text_bounded().replace("\r\n", "\n").strip()
+                text = _clean(page.get_textpage().get_text_bounded())
             finally:
                 page.close()
             if not text:
@@ -38,6 +38,12 @@ def read_pdf(data: bytes, name: str, limits: ReaderLimits) -> Parsed:
         return Parsed(units, "\n\n".join(texts), tuple(empty))
     finally:
         document.close()
+
+
+def _clean(text: str) -> str:
+    """PDFium's text as plain text: its line breaks are CR LF, and "\x02" marks a word hyphenated at a line's end
+    (it keeps the break out: "man\x02agement" is "management")."""
+    return text.replace("\r\n", "\n").replace("\x02", "").strip()
 
 
 def _headings_by_page(document, pages: int) -> list[tuple[str, ...]]:
