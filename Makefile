@@ -7,7 +7,7 @@ export TRANSFORMERS_OFFLINE := 1
 # The shared evaluation data stays outside the repository; a checkout in another folder still finds it.
 export GRADFUSE_DATA ?= $(abspath $(firstword $(wildcard ../shared/data /work/shared/data)))
 
-.PHONY: install demo test clean browser
+.PHONY: install demo test clean browser tesseract
 
 $(BIN)/gradfuse: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,7 +22,7 @@ install: $(BIN)/gradfuse
 demo: install
 	$(BIN)/gradfuse demo
 
-test: install browser
+test: install browser tesseract
 	$(BIN)/python -m pytest
 
 # The page's browser test drives Debian's Chromium through Playwright; no browser is ever downloaded.
@@ -32,6 +32,14 @@ browser:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null \
 	    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }; \
 	  else echo "note: no /usr/bin/chromium and not root: the browser test will be skipped (apt-get install chromium)"; fi; }
+
+# OCR of scanned PDF pages (index files --ocr) uses Debian's Tesseract; its test is skipped where it is missing.
+tesseract:
+	@command -v tesseract >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q tesseract-ocr >/dev/null \
+	    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q tesseract-ocr >/dev/null; }; \
+	  else echo "note: no tesseract and not root: the OCR test will be skipped (apt-get install tesseract-ocr)"; fi; }
 
 clean:
 	rm -rf $(VENV) .gradfuse

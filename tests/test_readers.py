@@ -6,6 +6,7 @@ extensions, a parse past its deadline), each skipped with its reason while the r
 from __future__ import annotations
 
 import csv
+import shutil
 import json
 import zipfile
 from pathlib import Path
@@ -261,3 +262,27 @@ def test_a_reindex_parses_only_the_files_that_changed(tmp_path):
     assert rebuilt.status == "built" and len(list(cache.glob("*.json"))) == 3  # the changed file, parsed anew
     assert _search_in(ws, "changing", "lubricate bearings")[0].doc_id.startswith("spec.docx#")
     assert "ships in May" in _search_in(ws, "changing", "beta ships")[0].text  # the deck came from its cache
+
+
+@pytest.mark.skipif(shutil.which("tesseract") is None, reason="no Tesseract here (make test installs Debian's "
+                                                                "tesseract-ocr where it can)")
+def test_a_scanned_page_is_counted_or_read_by_ocr_when_asked(tmp_path):
+    from PIL import Image, ImageDraw, ImageFont
+
+    scan = Image.new("L", (1700, 2200), 255)  # a letter page at 200 dpi, its text only pixels
+    ImageDraw.Draw(scan).text((150, 300), "The lighthouse keeper counted\nforty two ships in the harbour.",
+                              fill=0, font=ImageFont.load_default(size=64))
+    pdf = fpdf.FPDF()
+    pdf.add_page()
+    pdf.image(scan, x=0, y=0, w=pdf.w, h=pdf.h)
+    folder = tmp_path / "scans"
+    folder.mkdir()
+    pdf.output(str(folder / "scan.pdf"))
+    (folder / "note.md").write_text("# Note\n\nA note with a text layer of its own.")
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    plain = ws.index(SourceSpec("plain", "files", str(folder)))
+    assert plain.ingest["pages_without_text"] == 1 and plain.ingest["pages_read_by_ocr"] == 0
+    read = ws.index(SourceSpec("read", "files", str(folder), {"ocr": True}))
+    assert read.ingest["pages_without_text"] == 0 and read.ingest["pages_read_by_ocr"] == 1
+    found = _search_in(ws, "read", "lighthouse keeper ships")[0]
+    assert found.location.describe() == "scan.pdf · p. 1" and "harbour" in found.text.lower()

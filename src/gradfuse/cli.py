@@ -167,6 +167,8 @@ def index_files(
     max_unzipped_mb: Annotated[int, typer.Option(
         help="Skip an Office file whose parts unzip to more (a zip bomb)")] = ReaderLimits.max_unzipped_mb,
     deadline_s: Annotated[float, typer.Option(help="Skip a file not parsed within this time")] = ReaderLimits.deadline_s,
+    ocr: Annotated[bool, typer.Option(help="Read PDF pages without a text layer with Tesseract "
+                                           "(apt-get install tesseract-ocr; pip install 'gradfuse[ocr]')")] = False,
     into: Into = None,
     table: TableName = None,
     language: Language = None,
@@ -177,7 +179,7 @@ def index_files(
     """A folder of files: .txt, .md, .html, .pdf, .docx, .pptx, .xlsx, .csv (by content where the extension lies),
     cut into overlapping chunks inside each page, section, slide or sheet, which keep where they stand."""
     limits = {"max_file_mb": max_file_mb, "max_pages": max_pages, "max_rows": max_rows,
-              "max_unzipped_mb": max_unzipped_mb, "deadline_s": deadline_s}
+              "max_unzipped_mb": max_unzipped_mb, "deadline_s": deadline_s, "ocr": ocr}
     options = {"chunk_words": chunk_words, "chunk_overlap": chunk_overlap,
                **{k: v for k, v in limits.items() if v != getattr(ReaderLimits, k)},
                **({"links_outside": True} if links_outside else {})}

@@ -70,7 +70,7 @@ class BuildReport:
         return self.documents / self.seconds if self.seconds else float("inf")
 
 
-LIMIT_OPTIONS = ("max_file_mb", "max_pages", "max_rows", "max_unzipped_mb", "deadline_s")
+LIMIT_OPTIONS = ("max_file_mb", "max_pages", "max_rows", "max_unzipped_mb", "deadline_s", "ocr")
 
 
 def read_documents(spec: SourceSpec, report: IngestReport, cache: Path | None = None) -> list[Document]:

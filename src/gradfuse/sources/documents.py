@@ -39,13 +39,15 @@ class IngestReport:
     skipped_unreadable: list[tuple[str, str, str]] = field(default_factory=list)  # (file, reason, detail)
     pages_without_text: list[str] = field(default_factory=list)  # "report.pdf p. 3": scanned, no text layer
     read_by_content: list[str] = field(default_factory=list)  # files whose content says another format
+    pages_read_by_ocr: int = 0
     formats: dict[str, int] = field(default_factory=dict)  # files read, by format
 
     def summary(self) -> dict[str, int]:
-        return {name: len(getattr(self, name)) for name in (
+        counts = {name: len(getattr(self, name)) for name in (
             "skipped_empty", "skipped_malformed", "decoded_with_fallback", "skipped_links_outside",
             "skipped_binary", "chunked_long_records", "skipped_unreadable", "pages_without_text",
             "read_by_content")}
+        return {**counts, "pages_read_by_ocr": self.pages_read_by_ocr}
 
     def details(self) -> dict:
         """What a BuildReport carries of this report."""

@@ -28,6 +28,7 @@ from gradfuse.sources.readers import (
     ReaderLimits,
     Unit,
     Unreadable,
+    check_ocr,
     check_size,
     check_unzipped,
     format_of,
@@ -36,7 +37,7 @@ from gradfuse.sources.readers.isolation import ParserWorker
 from gradfuse.sources.readers.markup import read_html, read_markdown
 from gradfuse.sources.readers.plain import read_text
 
-PARSE_VERSION = 1  # bump when a reader's output changes, so cached parses are not reused
+PARSE_VERSION = 2  # bump when a reader's output changes, so cached parses are not reused
 
 
 def read_files(folder: Path, report: IngestReport, *, words: int, overlap: int, links_outside: bool = False,
@@ -46,6 +47,10 @@ def read_files(folder: Path, report: IngestReport, *, words: int, overlap: int, 
     if not folder.is_dir():
         raise IngestError(f"{folder} is not a folder")
     limits = limits or ReaderLimits()
+    try:
+        check_ocr(limits)
+    except ValueError as error:
+        raise IngestError(str(error)) from None
     root = folder.resolve()
     with ParserWorker() as worker:
         for path in _walk(folder):
@@ -101,6 +106,7 @@ def _read_one(path, relative, root, report, worker, limits, links_outside, cache
         return None
     report.formats[kind] = report.formats.get(kind, 0) + 1
     report.pages_without_text += [f"{relative} p. {page}" for page in result[1].pages_without_text]
+    report.pages_read_by_ocr += result[1].pages_read_by_ocr
     return result
 
 
@@ -134,13 +140,14 @@ def _parsed(worker: ParserWorker, data: bytes, kind: str, relative: str, limits:
 
 def _to_json(parsed: Parsed) -> dict:
     return {"text": parsed.text, "pages_without_text": list(parsed.pages_without_text),
+            "pages_read_by_ocr": parsed.pages_read_by_ocr,
             "units": [{"text": u.text, "location": u.location.to_json(), "start": u.start, "table": u.table}
                       for u in parsed.units]}
 
 
 def _from_json(stored: dict) -> Parsed:
     units = [Unit(u["text"], Location.from_json(u["location"]), u["start"], u["table"]) for u in stored["units"]]
-    return Parsed(units, stored["text"], tuple(stored["pages_without_text"]))
+    return Parsed(units, stored["text"], tuple(stored["pages_without_text"]), stored["pages_read_by_ocr"])
 
 
 def _chunks(relative: str, title: str, parsed: Parsed, words: int, overlap: int) -> Iterator[Document]:

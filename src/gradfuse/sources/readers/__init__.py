@@ -41,7 +41,8 @@ class Unit:
 class Parsed:
     units: list[Unit]
     text: str = ""  # the file's text, which the units' starts index (pages, sections, slides joined)
-    pages_without_text: tuple[int, ...] = ()  # PDF pages with no text layer (scanned)
+    pages_without_text: tuple[int, ...] = ()  # PDF pages with no text layer (scanned), left unread
+    pages_read_by_ocr: int = 0
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class ReaderLimits:
     max_rows: Count = 1_000_000  # of one spreadsheet, all sheets together
     max_unzipped_mb: Count = 1000  # an Office file's parts, uncompressed (a zip bomb says less than it holds)
     deadline_s: Seconds = 60.0  # to parse one file
-    ocr: Flag = False  # not available: pages without text are counted and reported
+    ocr: Flag = False  # read PDF pages without a text layer with Tesseract (else they are counted and reported)
 
 
 class Unreadable(Exception):
@@ -91,6 +92,16 @@ def format_of(path: Path, head: bytes, data: bytes | None = None) -> str:
     if suffix in (".pdf", ".docx", ".pptx", ".xlsx"):
         return "text" if b"\x00" not in head else "binary"  # a text file named .pdf is read as text
     return TEXT_FORMATS.get(suffix) or PARSED_FORMATS.get(suffix) or "binary"
+
+
+def check_ocr(limits: ReaderLimits) -> None:
+    """OCR asked for where it cannot run is an error before anything is read, not pages silently left out."""
+    import importlib.util
+    import shutil
+
+    if limits.ocr and (shutil.which("tesseract") is None or importlib.util.find_spec("pytesseract") is None):
+        raise ValueError("--ocr needs Tesseract and pytesseract: apt-get install tesseract-ocr, and pip install "
+                         "'gradfuse[ocr]'")
 
 
 def check_size(size: int, limits: ReaderLimits) -> None:

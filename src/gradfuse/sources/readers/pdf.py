@@ -1,5 +1,6 @@
 """PDF: the text of every page (pypdfium2, PDFium's own text layer), each page a unit under the headings its
-outline (bookmarks) puts it in. A page with no text (a scan) is counted: OCR is not run."""
+outline (bookmarks) puts it in. A page with no text (a scan) is counted, or, with `ocr`, rendered and read by
+Tesseract (Debian's tesseract-ocr, through pytesseract)."""
 
 from __future__ import annotations
 
@@ -22,11 +23,13 @@ def read_pdf(data: bytes, name: str, limits: ReaderLimits) -> Parsed:
             raise Unreadable("too many pages", f"{pages} pages, over the limit of {limits.max_pages} "
                                                "(--max-pages)")
         headings = _headings_by_page(document, pages)
-        units, texts, empty, start = [], [], [], 0
+        units, texts, empty, start, read_by_ocr = [], [], [], 0, 0
         for index in range(pages):
             page = document[index]
             try:
                 text = _clean(page.get_textpage().get_text_bounded())
+                if not text and limits.ocr:
+                    text, read_by_ocr = _ocr(page), read_by_ocr + 1
             finally:
                 page.close()
             if not text:
@@ -35,9 +38,19 @@ def read_pdf(data: bytes, name: str, limits: ReaderLimits) -> Parsed:
             units.append(Unit(text, Location(name, page=index + 1, headings=headings[index]), start))
             texts.append(text)
             start += len(text) + 2  # the pages are joined by a blank line
-        return Parsed(units, "\n\n".join(texts), tuple(empty))
+        return Parsed(units, "\n\n".join(texts), tuple(empty), read_by_ocr)
     finally:
         document.close()
+
+
+OCR_SCALE = 300 / 72  # a page rendered at 300 dpi, what Tesseract reads best
+
+
+def _ocr(page) -> str:
+    import pytesseract
+
+    image = page.render(scale=OCR_SCALE, grayscale=True).to_pil()
+    return " ".join(pytesseract.image_to_string(image).split("\n\n")).strip()
 
 
 def _clean(text: str) -> str:
