@@ -56,7 +56,7 @@ def candidates(texts):
 def test_stage2_puts_the_planted_fact_on_top_with_the_gold_target(estimator):
     texts = DISTRACTORS[:3] + [PLANTED] + DISTRACTORS[3:]
     settings = RerankSettings(estimator=estimator, target="gold", prior_weight=0.0)  # the gradient alone
-    outcome = rerank("gro", QUESTION, candidates(texts), settings, gold="4817")
+    outcome = rerank("gradient", QUESTION, candidates(texts), settings, gold="4817")
     assert outcome.ranked[0].text == PLANTED, [(c.doc_id, c.scores) for c in outcome.ranked]
     assert outcome.target == "4817" and outcome.score_key == f"rerank:{estimator}"
     assert all({outcome.score_key, "rerank:final"} <= set(c.scores) for c in outcome.ranked)

@@ -23,27 +23,52 @@ from gradfuse.rerank import RerankOutcome, RerankSettings, rerank
 from gradfuse.rerank.pools import ordered_pool
 from gradfuse.selection import SelectionDecision, SelectionSettings, select_sources
 
-STAGE2_METHODS = ("gradient", "gro", "loo", "loo-greedy", "upr", "relevance", "cross-encoder")
-PIPELINE_METHODS = ("dense", "select", *STAGE2_METHODS)
+@dataclass(frozen=True)
+class MethodSpec:
+    """One pipeline method: whether stage 1 chooses its sources first, the stage-2 scorer it runs
+    (`gradfuse.rerank.SCORERS`; None: the pool's cosine order is the ranking), whether that scorer reads a
+    target's likelihood, whether its value is mixed with the pool's prior, and how many LM passes one request costs
+    over a pool of n for the top k (a forward and its backward over the packed pool count as one pass, a prompt per
+    passage as one short pass each; the server refuses a request above its `max_lm_passes`)."""
+
+    stage1: bool
+    scorer: str | None = None
+    target: bool = False
+    mixes: bool = False
+    passes: Callable[[int, int], int] = lambda n, k: 0
+
+
+def _per_passage(n: int, k: int) -> int:
+    return n
+
+
+# A new stage-2 method is a row.
+METHOD_SPECS: dict[str, MethodSpec] = {
+    "dense": MethodSpec(stage1=False),
+    "select": MethodSpec(stage1=True),
+    "gradient": MethodSpec(stage1=False, scorer="gradient", target=True, mixes=True, passes=lambda n, k: 1),
+    "gro": MethodSpec(stage1=True, scorer="gradient", target=True, mixes=True, passes=lambda n, k: 1),
+    "loo": MethodSpec(stage1=False, scorer="loo", target=True, passes=lambda n, k: n + 1),
+    # loo-greedy grows as n k (n = 50, k = 50: 1,276 passes)
+    "loo-greedy": MethodSpec(stage1=False, scorer="loo-greedy", target=True,
+                             passes=lambda n, k: 1 + sum(n - step for step in range(min(k, n)))),
+    "upr": MethodSpec(stage1=True, scorer="upr", mixes=True, passes=_per_passage),
+    "relevance": MethodSpec(stage1=True, scorer="relevance", mixes=True, passes=_per_passage),
+    "cross-encoder": MethodSpec(stage1=True, scorer="cross-encoder", mixes=True, passes=_per_passage),
+}
+PIPELINE_METHODS = tuple(METHOD_SPECS)
+STAGE2_METHODS = tuple(m for m, spec in METHOD_SPECS.items() if spec.scorer)
 LM_METHODS = STAGE2_METHODS  # the ones that run a model per query (the server's admission line counts them)
-TARGET_METHODS = ("gradient", "gro", "loo", "loo-greedy")  # the ones that score a target's likelihood
-STAGE1_METHODS = ("select", "gro", "upr", "relevance", "cross-encoder")
+TARGET_METHODS = tuple(m for m, spec in METHOD_SPECS.items() if spec.target)
+STAGE1_METHODS = tuple(m for m, spec in METHOD_SPECS.items() if spec.stage1)
+MIXED_METHODS = tuple(m for m, spec in METHOD_SPECS.items() if spec.mixes)  # scores mixed with the pool's prior
 METHODS: tuple[str, ...] = (*FUSION_METHODS, *PIPELINE_METHODS)
 
 
 def lm_passes(method: str, n: int, k: int) -> int:
-    """How many LM passes one request of `method` costs over a pool of n for the top k (a forward and its
-    backward counted as one pass over the packed pool; a per-passage prompt as one short pass each). The server
-    refuses a request above its `max_lm_passes`: loo-greedy grows as n k (n = 50, k = 50: 1,276 passes)."""
-    if method in ("gradient", "gro"):
-        return 1
-    if method in ("upr", "relevance", "cross-encoder"):
-        return n
-    if method == "loo":
-        return n + 1
-    if method == "loo-greedy":
-        return 1 + sum(n - step for step in range(min(k, n)))
-    return 0
+    """How many LM passes one request of `method` costs over a pool of n for the top k (0: none)."""
+    spec = METHOD_SPECS.get(method)
+    return spec.passes(n, k) if spec else 0
 
 
 def check_method(method: str, sources: list[str]) -> None:
@@ -90,9 +115,10 @@ def run_method(
     if method not in PIPELINE_METHODS:
         return MethodResult(fuse(method, ranked_lists, weights=weights))
     assert context is not None, "pipeline methods need a MethodContext"
+    spec = METHOD_SPECS[method]
     decision, seconds = None, {}
     started = time.perf_counter()
-    if method in STAGE1_METHODS:
+    if spec.stage1:
         vectors = {s: context.embed(c[: context.selection.candidates]) for s, c in ranked_lists.items()}
         decision = select_sources(context.query_vector, vectors, context.selection)
         ranked_lists = {s: ranked_lists[s] for s in decision.sources}
@@ -101,13 +127,13 @@ def run_method(
     if method == "select" and context.selection.fusion != "dense":
         return MethodResult(fuse(context.selection.fusion, ranked_lists, weights=weights), selection=decision,
                             seconds=seconds)
-    pool_kind = "cosine" if method in ("dense", "select") else context.rerank.pool
+    pool_kind = context.rerank.pool if spec.scorer else "cosine"
     pooled = ordered_pool(ranked_lists, pool_kind, query_vector=context.query_vector, embed=context.embed,
                           weights=weights)
     seconds["prior"] = time.perf_counter() - started
-    if method in ("dense", "select"):
+    if spec.scorer is None:
         return MethodResult(pooled, selection=decision, seconds=seconds)
-    outcome = rerank(method, context.question, pooled, context.rerank, gold=context.gold, k=context.k,
+    outcome = rerank(spec.scorer, context.question, pooled, context.rerank, gold=context.gold, k=context.k,
                      executor=context.executor)
     rest = pooled[context.rerank.n :]
     seconds.update(target=outcome.target_seconds, lm_pass=outcome.seconds - outcome.target_seconds)

@@ -60,7 +60,6 @@ from gradfuse.sources.encoder import DEFAULT_ENCODER
 
 EVALUATION_METHODS = ("static-best", "learned-fusion", "oracle-origin")
 DERIVED_ROWS = (":prior", ":alone")  # a stage-2 method's pool order, and its score without the prior
-MIXED_METHODS = ("gradient", "gro", "upr", "relevance", "cross-encoder")  # scores mixed with their pool's prior
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,6 @@ from gradfuse.eval.benchmark import (
     EVALUATION_METHODS,
     Benchmark,
     EvalQuery,
-    MIXED_METHODS,
     base_method,
     is_lm_method,
     method_target,
@@ -35,7 +34,7 @@ from gradfuse.eval.benchmark import (
     sample_queries,
 )
 from gradfuse.execute import Executor
-from gradfuse.methods import STAGE1_METHODS, TARGET_METHODS
+from gradfuse.methods import MIXED_METHODS, STAGE1_METHODS, TARGET_METHODS
 from gradfuse.selection import SelectionSettings, choose_sources
 from gradfuse.sources.federated import FederatedResult
 from gradfuse.workspace import SearchResult, Workspace

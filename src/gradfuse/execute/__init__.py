@@ -2,7 +2,7 @@
 
 The evaluation harness and the server call one interface, whichever runs underneath:
 
-- `score(method, question, docs, settings, gold=, k=)`: all the scoring-LM work of one re-rank
+- `score(scorer, question, docs, settings, gold=, k=)`: all the scoring-LM work of one re-rank
   (`gradfuse.rerank.score_pool`), plain data in and out;
 - `sentences(scorer, question, passages, settings, target=, calibrated=)`: an answer's sentence evidence by an LM
   scorer (`gradfuse.rerank.sentences.score_fitting`): how many passages one pass took, and their sentences' values;
@@ -31,7 +31,7 @@ class RayUnavailable(RuntimeError):
 class Executor(Protocol):
     replicas: int
 
-    def score(self, method: str, question: str, docs: list[str], settings: RerankSettings, *,
+    def score(self, scorer: str, question: str, docs: list[str], settings: RerankSettings, *,
               gold: str | None = None, k: int = 10) -> Scored: ...
 
     def sentences(self, scorer: str, question: str, passages: list[Passage], settings: RerankSettings, *,
@@ -49,9 +49,9 @@ class LocalExecutor:
 
     replicas = 1
 
-    def score(self, method: str, question: str, docs: list[str], settings: RerankSettings, *,
+    def score(self, scorer: str, question: str, docs: list[str], settings: RerankSettings, *,
               gold: str | None = None, k: int = 10) -> Scored:
-        return score_pool(method, question, docs, settings, gold=gold, k=k)
+        return score_pool(scorer, question, docs, settings, gold=gold, k=k)
 
     def sentences(self, scorer: str, question: str, passages: list[Passage], settings: RerankSettings, *,
                   target: str | None = None, calibrated: bool = False) -> tuple[int, np.ndarray]:

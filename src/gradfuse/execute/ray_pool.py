@@ -75,11 +75,11 @@ class ScorerReplica:
 
         return {"node": ray.get_runtime_context().get_node_id(), "pid": os.getpid(), "device": self.device}
 
-    def score(self, method: str, question: str, docs: list[str], settings: RerankSettings, gold: str | None,
+    def score(self, scorer: str, question: str, docs: list[str], settings: RerankSettings, gold: str | None,
               k: int) -> Scored:
         from gradfuse.rerank import score_pool
 
-        return score_pool(method, question, docs, settings, gold=gold, k=k, device=self.device)
+        return score_pool(scorer, question, docs, settings, gold=gold, k=k, device=self.device)
 
     def sentences(self, scorer: str, question: str, passages: list[Passage], settings: RerankSettings,
                   target: str | None, calibrated: bool) -> tuple[int, np.ndarray]:
@@ -135,9 +135,9 @@ class RayExecutor:
         return (f"Ray cluster {self.address}: {live} {kind} scorer replica(s)"
                 + (f", {starting} starting" if starting else "") + (f", {self.lost} lost" if self.lost else ""))
 
-    def score(self, method: str, question: str, docs: list[str], settings: RerankSettings, *,
+    def score(self, scorer: str, question: str, docs: list[str], settings: RerankSettings, *,
               gold: str | None = None, k: int = 10) -> Scored:
-        return self._on_a_replica("score", method, question, docs, settings, gold, k)
+        return self._on_a_replica("score", scorer, question, docs, settings, gold, k)
 
     def sentences(self, scorer: str, question: str, passages: list[Passage], settings: RerankSettings, *,
                   target: str | None = None, calibrated: bool = False) -> tuple[int, np.ndarray]:

@@ -47,10 +47,9 @@ __all__ = ["DTYPES", "ESTIMATORS", "MIXES", "POOLS", "PRIORS", "SCORERS", "TARGE
            "LMScorer", "PassTooLong", "RerankOutcome", "RerankSettings", "Scored", "Stage2Scorer", "load_scorer", "make_scorer",
            "passage_text", "rerank", "score_pool"]
 
-# method name → the scorer it runs (gradient and gro share one: gro only adds stage 1 before it)
-SCORERS = {"gradient": GradientScorer, "gro": GradientScorer, "loo": LeaveOneOutScorer,
-           "loo-greedy": GreedyLossScorer, "upr": UPRScorer, "relevance": RelevancePromptScorer,
-           "cross-encoder": CrossEncoderScorer}
+# scorer name → its class (gradfuse.methods.METHOD_SPECS says which scorer each method runs: gro runs gradient)
+SCORERS = {"gradient": GradientScorer, "loo": LeaveOneOutScorer, "loo-greedy": GreedyLossScorer,
+           "upr": UPRScorer, "relevance": RelevancePromptScorer, "cross-encoder": CrossEncoderScorer}
 
 
 POINTWISE = ("upr", "relevance")  # one short pass per document: the longest reads one document, not n
@@ -76,19 +75,19 @@ def _cached_scorer(spec: str, doc_tokens: int, dtype: str, device: str) -> LMSco
     return LMScorer(model.to(device), tokenizer, doc_tokens=doc_tokens, dtype=dtype)
 
 
-def make_scorer(method: str, settings: RerankSettings, device: str = "cpu") -> Stage2Scorer:
-    if method == "cross-encoder":
+def make_scorer(scorer: str, settings: RerankSettings, device: str = "cpu") -> Stage2Scorer:
+    if scorer == "cross-encoder":
         return CrossEncoderScorer(settings.cross_encoder)
-    return SCORERS[method](load_scorer(settings.model, settings.doc_tokens, settings.dtype, device))
+    return SCORERS[scorer](load_scorer(settings.model, settings.doc_tokens, settings.dtype, device))
 
 
-def score_pool(method: str, question: str, docs: list[str], settings: RerankSettings, *, gold: str | None = None,
-               k: int = 10, device: str = "cpu") -> Scored:
+def score_pool(scorer_name: str, question: str, docs: list[str], settings: RerankSettings, *,
+               gold: str | None = None, k: int = 10, device: str = "cpu") -> Scored:
     """All the LM work of one re-rank, with plain data in and out: the scorer's values for `docs`, and UPR's when
     UPR is the prior. This is what an executor runs, in this process or on a scorer replica (gradfuse.execute)."""
-    scorer = make_scorer(method, settings, device)
+    scorer = make_scorer(scorer_name, settings, device)
     if isinstance(getattr(scorer, "lm", None), LMScorer):  # checked before any pass, where the tokenizer is
-        longest = scorer.lm.longest_pass(docs, question, settings, gold=gold, pointwise=method in POINTWISE)
+        longest = scorer.lm.longest_pass(docs, question, settings, gold=gold, pointwise=scorer_name in POINTWISE)
         if longest > settings.max_pass_tokens:
             raise PassTooLong(longest, settings.max_pass_tokens)
     scored = scorer.score(question, docs, settings, gold=gold, k=k)
@@ -98,15 +97,15 @@ def score_pool(method: str, question: str, docs: list[str], settings: RerankSett
     return scored
 
 
-def rerank(method: str, question: str, candidates: list[Candidate], settings: RerankSettings, *,
+def rerank(scorer: str, question: str, candidates: list[Candidate], settings: RerankSettings, *,
            gold: str | None = None, k: int = 10, executor=None) -> RerankOutcome:
-    """Score the first `settings.n` candidates (ordered by their prior) with `method`'s scorer and re-rank them.
-    `executor` runs the LM work (gradfuse.execute; None: this process)."""
+    """Score the first `settings.n` candidates (ordered by their prior) with `scorer` (a SCORERS name) and re-rank
+    them. `executor` runs the LM work (gradfuse.execute; None: this process)."""
     started = time.perf_counter()
     pool = candidates[: settings.n]
     docs = [passage_text(c) for c in pool]
-    scored = (executor.score(method, question, docs, settings, gold=gold, k=k) if executor is not None
-              else score_pool(method, question, docs, settings, gold=gold, k=k))
+    scored = (executor.score(scorer, question, docs, settings, gold=gold, k=k) if executor is not None
+              else score_pool(scorer, question, docs, settings, gold=gold, k=k))
     prior = np.array([c.scores["prior"] for c in pool])
     if scored.mixes and settings.prior == "upr":
         for candidate, value in zip(pool, scored.values["upr"]):
@@ -121,4 +120,4 @@ def rerank(method: str, question: str, candidates: list[Candidate], settings: Re
         candidate.scores["rerank:final"] = float(final[i])
     ranked = [pool[i] for i in np.argsort(-final, kind="stable")]
     return RerankOutcome(ranked, scored.target, scored.loss, time.perf_counter() - started, scored.target_seconds,
-                         SCORERS[method].name, f"rerank:{scored.main}")
+                         SCORERS[scorer].name, f"rerank:{scored.main}")
