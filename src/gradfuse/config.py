@@ -128,7 +128,8 @@ class Config:
     # (results/evidence/budget.md): no budget kept 95% of the passages' answer-in-context, the largest tried is kept.
     evidence_tokens: int = 384
     # "auto": extractive with the bundled 135M generator (results/evidence: its generated answers held the gold
-    # answer half as often as the quoted sentences did), generated with any other; or "generate" | "extractive".
+    # answer less than half as often as the quoted sentences did), generated with any other; or "generate" |
+    # "extractive".
     answer: str = "auto"
     cite_first: bool = True
     sources: dict[str, SourceSettings] = field(default_factory=dict)

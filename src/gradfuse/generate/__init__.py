@@ -47,6 +47,6 @@ def describe_generator(spec: str) -> str:
         return "an OpenAI-compatible endpoint"
     if spec == EXTRACTIVE:
         return ("no generator: the answer is the passages' own sentences, chosen by the [evidence] scorer (the "
-                "default with the bundled SmolLM2-135M, whose own answers held the right one half as often; "
-                "[generator] answer = \"generate\" has it write, or set [generator] model to a larger model)")
+                "default with the bundled SmolLM2-135M, whose own answers held the gold answer less than half as "
+                "often; [generator] answer = \"generate\" has it write, or set [generator] model to a larger model)")
     return f"the local model {spec}"
