@@ -30,6 +30,7 @@ def test_tune_writes_dev_choices_that_search_then_uses_and_reproduces(tmp_path):
     shown = CliRunner().invoke(app, ["tune", str(BENCHMARKS / "federated.toml"), "--quick", "--write", "--config",
                                      str(config)], terminal_width=300)
     assert shown.exit_code == 0, shown.output
+    assert "[selection] max_sources = " in shown.output and "[defaults] method = " in shown.output  # as printed
     text = config.read_text()
     assert text.startswith("# my own workspace") and "max_new_tokens = 64  # keep me" in text  # the file's own lines
     today = datetime.date.today().isoformat()

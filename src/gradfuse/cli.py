@@ -500,7 +500,7 @@ def tune(
     bench = _run_guarded(lambda: load_benchmark(bench_file, quick=quick))
     _, values = _run_guarded(lambda: run_tune(bench, ws.root))
     for value in values:
-        console.print(f"[{escape(value.section)}] {escape(value.key)} = {escape(repr(value.value))}  "
+        console.print(f"\\[{escape(value.section)}] {escape(value.key)} = {escape(repr(value.value))}  "
                       f"[dim]# {escape(value.why)}[/]")
     if not write:
         console.print("(not written: add --write to put these into the config file)")
