@@ -119,11 +119,11 @@ def measure(workspace, pools: Pools, query: dict, nll_lm, count, *, generator=No
     shown = [c.text[:PASSAGE_CHARS] for c in passages]
     contexts = {"passages": [f"{c.title}: {text}" if c.title else text for c, text in zip(passages, shown)]}
     row["tokens"] = {"passages": sum(count(t) for t in shown)}
-    for b in BUDGETS:
-        kept = excerpts(evidence, count, b)
+    kept = {b: excerpts(evidence, count, b) for b in BUDGETS}
+    for b, by_passage in kept.items():
         contexts[f"evidence@{b}"] = [f"{passages[n - 1].title}: " * bool(passages[n - 1].title) + " … ".join(texts)
-                                     for n, texts in kept.items()]
-        row["tokens"][f"evidence@{b}"] = sum(count(t) for texts in kept.values() for t in texts)
+                                     for n, texts in by_passage.items()]
+        row["tokens"][f"evidence@{b}"] = sum(count(t) for texts in by_passage.values() for t in texts)
     row["answer_in_context"] = {how: answer_in_context(answers, texts) for how, texts in contexts.items()}
     losses = nll_lm.losses([nll_lm.pack(texts, question, answers[0]) for texts in contexts.values()])
     row["nll"] = dict(zip(contexts, (float(v) for v in losses)))
@@ -131,9 +131,9 @@ def measure(workspace, pools: Pools, query: dict, nll_lm, count, *, generator=No
         return row
     row["answer"] = {"extractive": answer_in_context(answers, [extractive_answer(evidence)])}
     row["generation_seconds"], row["prompt_tokens"] = {}, {}
-    kept = excerpts(evidence, count, budget)
     for how, messages in (("generated over passages", build_messages(question, passages)),
-                          (f"generated over evidence@{budget}", build_messages(question, passages, excerpts=kept))):
+                          (f"generated over evidence@{budget}",
+                           build_messages(question, passages, excerpts=kept[budget]))):
         started = time.perf_counter()
         text = generator.generate(messages, max_new_tokens=ANSWER_TOKENS, passages=len(passages))
         row["generation_seconds"][how] = time.perf_counter() - started

@@ -110,6 +110,28 @@ def _block_sentences(block: str) -> list[tuple[int, int]]:
     return spans
 
 
+_SENTENCE_END = re.compile(r"[.!?…:;]['\"’”)\]]*$")
+
+
+def passage_sentences(passage: Candidate, shown: str) -> list[tuple[int, int]]:
+    """The sentences of a passage's text as far as the prompt shows it (`shown`; a table chunk's rows), less the
+    pieces a cut left: the last one where the prompt's cut ended it, or where a chunk ends without a sentence's
+    end; the first one where a chunk starts inside its document with no capital letter (chunks are cut by words,
+    so they begin and end mid-sentence). A chunk's only sentence is kept."""
+    if is_table(passage):  # rows are its sentences; the last one shown only in part is left out
+        rows = row_spans(shown)
+        return rows[:-1] if rows and len(passage.text) > len(shown) and rows[-1][1] == len(shown) else rows
+    spans = sentence_spans(shown)
+    chunk = passage.span is not None
+    if spans and spans[-1][1] == len(shown.rstrip()) and (len(passage.text) > len(shown) or (
+            chunk and len(spans) > 1 and not _SENTENCE_END.search(shown[slice(*spans[-1])]))):
+        spans = spans[:-1]
+    if len(spans) > 1 and chunk and passage.span[0] > 0 and spans[0][0] == len(shown) - len(shown.lstrip()) \
+            and not shown[spans[0][0]].isupper():
+        spans = spans[1:]
+    return spans
+
+
 EXTRACTIVE_SENTENCES = 2  # sentences an extractive answer quotes
 
 

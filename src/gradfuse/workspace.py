@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ import numpy as np
 from gradfuse.candidate import Candidate
 from gradfuse.checked import MAX_DEPTH
 from gradfuse.config import Config, load_config
-from gradfuse.evidence import Evidence, excerpts, extractive_answer, is_table, row_spans, sentence_spans
+from gradfuse.evidence import Evidence, excerpts, extractive_answer, passage_sentences
 from gradfuse.generate import BUNDLED_GENERATOR, Citation, fit_to_window, make_generator, parse_citations
 from gradfuse.generate.local import load_tokenizer
 from gradfuse.generate.prompt import EXTRACTIVE, PASSAGE_CHARS, build_messages
@@ -51,28 +50,6 @@ from gradfuse.sources.postgres import (
 from gradfuse.sources.postgres_load import load_into_postgres
 from gradfuse.sources.encoder import EmbeddingCache, embedding_text, load_encoder
 from gradfuse.sources.federated import AllSourcesFailed, FederatedResult, SourceFailure, query_sources
-
-
-_SENTENCE_END = re.compile(r"[.!?…:;]['\"’”)\]]*$")
-
-
-def _whole_sentences(passage: Candidate, shown: str) -> list[tuple[int, int]]:
-    """The sentences of a passage's shown text, less the pieces a cut left: the last one where the prompt's cut
-    ended it, or where a chunk ends without a sentence's end; the first one where a chunk starts inside its
-    document with no capital letter (chunks are cut by words, so they begin and end mid-sentence). A chunk's only
-    sentence is kept."""
-    if is_table(passage):  # rows are its sentences; the last one shown only in part is left out
-        rows = row_spans(shown)
-        return rows[:-1] if rows and len(passage.text) > len(shown) and rows[-1][1] == len(shown) else rows
-    spans = sentence_spans(shown)
-    chunk = passage.span is not None
-    if spans and spans[-1][1] == len(shown.rstrip()) and (len(passage.text) > len(shown) or (
-            chunk and len(spans) > 1 and not _SENTENCE_END.search(shown[slice(*spans[-1])]))):
-        spans = spans[:-1]
-    if len(spans) > 1 and chunk and passage.span[0] > 0 and spans[0][0] == len(shown) - len(shown.lstrip()) \
-            and not shown[spans[0][0]].isupper():
-        spans = spans[1:]
-    return spans
 
 
 @dataclass(eq=False)
@@ -471,7 +448,7 @@ class Workspace:
         if settings.scorer == "none" or not passages:
             return []
         shown = [c.text[:PASSAGE_CHARS] for c in passages]
-        units = [SentencePassage(f"{c.title}: " if c.title else "", text, _whole_sentences(c, text))
+        units = [SentencePassage(f"{c.title}: " if c.title else "", text, passage_sentences(c, text))
                  for c, text in zip(passages, shown)]
         if settings.target == "gold" and not gold:
             raise ValueError("[evidence] target 'gold' needs a reference answer (gold)")

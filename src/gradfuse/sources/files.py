@@ -84,7 +84,7 @@ def _read_one(path, relative, root, report, worker, limits, links_outside, cache
             report.skipped_unreadable.append((relative, error.reason, str(error)))
             return None
         data = head + handle.read()
-    kind = format_of(path, data[:8192], data)
+    kind = format_of(path, data)
     suffix_kind = TEXT_FORMATS.get(path.suffix.lower()) or path.suffix.lower().lstrip(".")
     if kind != suffix_kind and kind not in ("binary", "zip"):
         report.read_by_content.append(f"{relative} (read as {kind})")
@@ -92,12 +92,8 @@ def _read_one(path, relative, root, report, worker, limits, links_outside, cache
         report.skipped_binary.append(relative)
         return None
     try:
-        if kind in ("text", "markdown", "html"):
-            decoded = _decode(data, relative, report)
-            if decoded is None:
-                report.skipped_binary.append(relative)
-                return None
-            result = _read_markup(decoded, kind, relative)
+        if kind in ("text", "markdown", "html"):  # binary data was turned away above (suffix) or by format_of
+            result = _read_markup(_decode(data, relative, report), kind, relative)
         else:
             check_unzipped(data, kind, limits)
             result = (Path(relative).stem, _parsed(worker, data, kind, relative, limits, cache))
@@ -203,10 +199,8 @@ def _binary(head: bytes) -> bool:
         not head.startswith((b"%PDF-", b"PK\x03\x04"))
 
 
-def _decode(raw: bytes, relative: str, report: IngestReport) -> str | None:
-    """The text of a text file, or None for binary data behind a text suffix."""
-    if _binary(raw[:8192]):
-        return None
+def _decode(raw: bytes, relative: str, report: IngestReport) -> str:
+    """The text of a text file: by its BOM, else UTF-8, else Windows-1252 or latin-1 (counted)."""
     encoding = next((name for bom, name in _BOMS if raw.startswith(bom)), None)
     try:
         return raw.decode(encoding or "utf-8")

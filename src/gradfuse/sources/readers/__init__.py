@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import io
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gradfuse.candidate import Location
@@ -43,6 +43,19 @@ class Parsed:
     text: str = ""  # the file's text, which the units' starts index (pages, sections, slides joined)
     pages_without_text: tuple[int, ...] = ()  # PDF pages with no text layer (scanned), left unread
     pages_read_by_ocr: int = 0
+
+    @classmethod
+    def joined(cls, units: list[Unit], **counts) -> Parsed:
+        """`units` in file order with their texts joined by blank lines as the file's text, each text unit's
+        start set in it (table chunks repeat their header, so they are no part of it)."""
+        placed, texts, start = [], [], 0
+        for unit in units:
+            if not unit.table:
+                unit = replace(unit, start=start)
+                texts.append(unit.text)
+                start += len(unit.text) + 2
+            placed.append(unit)
+        return cls(placed, "\n\n".join(texts), **counts)
 
 
 @dataclass(frozen=True)
@@ -73,14 +86,14 @@ SUFFIXES = tuple(TEXT_FORMATS) + tuple(PARSED_FORMATS)
 _OFFICE_PARTS = (("word/", "docx"), ("ppt/", "pptx"), ("xl/", "xlsx"))
 
 
-def format_of(path: Path, head: bytes, data: bytes | None = None) -> str:
-    """The format the file's content says (a PDF or an Office zip behind any extension), else its extension's.
-    `head`: the first bytes; `data`: the whole file, needed only to look inside a zip."""
-    if head.startswith(b"%PDF-"):
+def format_of(path: Path, data: bytes) -> str:
+    """The format the file's content (`data`) says (a PDF or an Office zip behind any extension), else its
+    extension's."""
+    if data.startswith(b"%PDF-"):
         return "pdf"
-    if head.startswith(b"PK\x03\x04"):
+    if data.startswith(b"PK\x03\x04"):
         try:
-            with zipfile.ZipFile(io.BytesIO(data if data is not None else head)) as archive:
+            with zipfile.ZipFile(io.BytesIO(data)) as archive:
                 names = archive.namelist()
         except (zipfile.BadZipFile, OSError):
             return PARSED_FORMATS.get(path.suffix.lower(), "zip")
@@ -90,7 +103,7 @@ def format_of(path: Path, head: bytes, data: bytes | None = None) -> str:
         return "zip"
     suffix = path.suffix.lower()
     if suffix in (".pdf", ".docx", ".pptx", ".xlsx"):
-        return "text" if b"\x00" not in head else "binary"  # a text file named .pdf is read as text
+        return "text" if b"\x00" not in data[:8192] else "binary"  # a text file named .pdf is read as text
     return TEXT_FORMATS.get(suffix) or PARSED_FORMATS.get(suffix) or "binary"
 
 

@@ -23,7 +23,7 @@ def read_pdf(data: bytes, name: str, limits: ReaderLimits) -> Parsed:
             raise Unreadable("too many pages", f"{pages} pages, over the limit of {limits.max_pages} "
                                                "(--max-pages)")
         headings = _headings_by_page(document, pages)
-        units, texts, empty, start, read_by_ocr = [], [], [], 0, 0
+        units, empty, read_by_ocr = [], [], 0
         for index in range(pages):
             page = document[index]
             try:
@@ -35,10 +35,8 @@ def read_pdf(data: bytes, name: str, limits: ReaderLimits) -> Parsed:
             if not text:
                 empty.append(index + 1)
                 continue
-            units.append(Unit(text, Location(name, page=index + 1, headings=headings[index]), start))
-            texts.append(text)
-            start += len(text) + 2  # the pages are joined by a blank line
-        return Parsed(units, "\n\n".join(texts), tuple(empty), read_by_ocr)
+            units.append(Unit(text, Location(name, page=index + 1, headings=headings[index])))
+        return Parsed.joined(units, pages_without_text=tuple(empty), pages_read_by_ocr=read_by_ocr)
     finally:
         document.close()
 

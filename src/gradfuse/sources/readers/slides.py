@@ -22,7 +22,7 @@ def read_pptx(data: bytes, name: str, limits: ReaderLimits) -> Parsed:
     if len(slides) > limits.max_pages:
         raise Unreadable("too many pages", f"{len(slides)} slides, over the limit of {limits.max_pages} "
                                            "(--max-pages)")
-    units, texts, start = [], [], 0
+    units = []
     for number, slide in enumerate(slides, start=1):
         title_shape = slide.shapes.title
         title = title_shape.text_frame.text.strip() if title_shape is not None and title_shape.has_text_frame else ""
@@ -41,7 +41,5 @@ def read_pptx(data: bytes, name: str, limits: ReaderLimits) -> Parsed:
         text = "\n".join(lines)
         if not text:
             continue
-        units.append(Unit(text, Location(name, slide=number, headings=(title,) if title else ()), start))
-        texts.append(text)
-        start += len(text) + 2
-    return Parsed(units, "\n\n".join(texts))
+        units.append(Unit(text, Location(name, slide=number, headings=(title,) if title else ())))
+    return Parsed.joined(units)

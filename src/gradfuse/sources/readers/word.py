@@ -19,15 +19,11 @@ def read_docx(data: bytes, name: str) -> Parsed:
         document = docx.Document(io.BytesIO(data))
     except (PackageNotFoundError, KeyError, ValueError) as error:
         raise Unreadable("corrupt", f"not a readable Word file ({error})") from None
-    units, texts, path_now, section, start = [], [], [], [], 0
+    units, path_now, section = [], [], []
 
     def close_section() -> None:
-        nonlocal start
         if section:
-            text = "\n".join(section)
-            units.append(Unit(text, Location(name, headings=tuple(t for _, t in path_now)), start))
-            texts.append(text)
-            start += len(text) + 2
+            units.append(Unit("\n".join(section), Location(name, headings=tuple(t for _, t in path_now))))
             section.clear()
 
     for block in document.iter_inner_content():
@@ -45,7 +41,7 @@ def read_docx(data: bytes, name: str) -> Parsed:
             path_now = [(outer, title) for outer, title in path_now if outer < level] + [(level, text)]
         section.append(text)
     close_section()
-    return Parsed(units, "\n\n".join(texts))
+    return Parsed.joined(units)
 
 
 def _heading_level(style: str) -> int | None:
