@@ -161,7 +161,7 @@ def test_the_mix_is_chosen_on_dev_and_a_useless_score_leaves_the_prior(tmp_path)
         qrels[str(q)] = {f"{q}-rel": 1}
         outcomes[str(q)] = Outcome([(row["key"], 3.0 - i) for i, row in enumerate(head)], ["s"], 0.1, head,
                                    score_key="rerank:upr")
-    point, score, grid = best_mix(qrels, outcomes, list(outcomes), "rerank:upr", ["prior"], "ndcg@10")
+    point, score, grid = best_mix(qrels, outcomes, list(outcomes), ["rerank:upr"], ["prior"], "ndcg@10")
     assert score == pytest.approx(1.0) and len(grid) == 10
     assert [k for k, _ in mix_prior(outcomes["0"], "rerank:upr", "prior", point["mix"], point["value"]).ranking][0] \
         == "0-rel"

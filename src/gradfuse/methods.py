@@ -4,7 +4,11 @@
 - dense: all sources' candidates pooled, deduplicated and ranked by encoder cosine to the query;
 - select: stage 1 (`gradfuse.selection`) chooses the sources, then one fusion of them (`[selection] fusion`);
 - gradient: stage 2 (`gradfuse.rerank`) over a pool of every source's candidates;
-- gro: stage 1, then stage 2 over the chosen sources' pool (the full method);
+- gro: stage 1, then stage 2 over the chosen sources' pool (the full method); gro-calibrated: its reader gate
+  minus the gate of a content-free target;
+- attention: stage 1, then in-context re-ranking (the question's calibrated attention to each passage);
+- conditional, set-upr: stage 1, then the first `set_rounds` documents chosen as a set, greedily, by the reader
+  gate given the ones chosen so far (one short pass a round) or exactly by log P(question | chosen + candidate);
 - upr, relevance, cross-encoder: stage 1, then the same pool re-ranked by an LM baseline instead of the gradient;
 - loo, loo-greedy: exact leave-one-out and greedy loss-minimising selection, the references stage 2 approximates.
 """
@@ -28,30 +32,40 @@ class MethodSpec:
     """One pipeline method: whether stage 1 chooses its sources first, the stage-2 scorer it runs
     (`gradfuse.rerank.SCORERS`; None: the pool's cosine order is the ranking), whether that scorer reads a
     target's likelihood, whether its value is mixed with the pool's prior, and how many LM passes one request costs
-    over a pool of n for the top k (a forward and its backward over the packed pool count as one pass, a prompt per
-    passage as one short pass each; the server refuses a request above its `max_lm_passes`)."""
+    over a pool of n for the top k with `rounds` set rounds (a forward and its backward over the packed pool count
+    as one pass, a prompt per passage as one short pass each; the server refuses a request above its
+    `max_lm_passes`)."""
 
     stage1: bool
     scorer: str | None = None
     target: bool = False
     mixes: bool = False
-    passes: Callable[[int, int], int] = lambda n, k: 0
+    passes: Callable[[int, int, int], int] = lambda n, k, rounds: 0
 
 
-def _per_passage(n: int, k: int) -> int:
+def _per_passage(n: int, k: int, rounds: int) -> int:
     return n
+
+
+def _greedy(n: int, rounds: int) -> int:
+    """Forward passes of greedy selection: every remaining candidate, each round."""
+    return sum(n - step for step in range(min(rounds, n)))
 
 
 # A new stage-2 method is a row.
 METHOD_SPECS: dict[str, MethodSpec] = {
     "dense": MethodSpec(stage1=False),
     "select": MethodSpec(stage1=True),
-    "gradient": MethodSpec(stage1=False, scorer="gradient", target=True, mixes=True, passes=lambda n, k: 1),
-    "gro": MethodSpec(stage1=True, scorer="gradient", target=True, mixes=True, passes=lambda n, k: 1),
-    "loo": MethodSpec(stage1=False, scorer="loo", target=True, passes=lambda n, k: n + 1),
+    "gradient": MethodSpec(stage1=False, scorer="gradient", target=True, mixes=True, passes=lambda n, k, r: 1),
+    "gro": MethodSpec(stage1=True, scorer="gradient", target=True, mixes=True, passes=lambda n, k, r: 1),
+    "gro-calibrated": MethodSpec(stage1=True, scorer="calibrated-gate", target=True, mixes=True,
+                                 passes=lambda n, k, r: 2),
+    "attention": MethodSpec(stage1=True, scorer="attention", mixes=True, passes=lambda n, k, r: 1),
+    "conditional": MethodSpec(stage1=True, scorer="conditional-gate", passes=lambda n, k, r: min(r, k, n)),
+    "set-upr": MethodSpec(stage1=True, scorer="set-upr", passes=lambda n, k, r: _greedy(n, min(r, k))),
+    "loo": MethodSpec(stage1=False, scorer="loo", target=True, passes=lambda n, k, r: n + 1),
     # loo-greedy grows as n k (n = 50, k = 50: 1,276 passes)
-    "loo-greedy": MethodSpec(stage1=False, scorer="loo-greedy", target=True,
-                             passes=lambda n, k: 1 + sum(n - step for step in range(min(k, n)))),
+    "loo-greedy": MethodSpec(stage1=False, scorer="loo-greedy", target=True, passes=lambda n, k, r: 1 + _greedy(n, k)),
     "upr": MethodSpec(stage1=True, scorer="upr", mixes=True, passes=_per_passage),
     "relevance": MethodSpec(stage1=True, scorer="relevance", mixes=True, passes=_per_passage),
     "cross-encoder": MethodSpec(stage1=True, scorer="cross-encoder", mixes=True, passes=_per_passage),
@@ -65,10 +79,11 @@ MIXED_METHODS = tuple(m for m, spec in METHOD_SPECS.items() if spec.mixes)  # sc
 METHODS: tuple[str, ...] = (*FUSION_METHODS, *PIPELINE_METHODS)
 
 
-def lm_passes(method: str, n: int, k: int) -> int:
-    """How many LM passes one request of `method` costs over a pool of n for the top k (0: none)."""
+def lm_passes(method: str, n: int, k: int, rounds: int = 3) -> int:
+    """How many LM passes one request of `method` costs over a pool of n for the top k, with `rounds` set rounds
+    (`[rerank] set_rounds`; 0: none)."""
     spec = METHOD_SPECS.get(method)
-    return spec.passes(n, k) if spec else 0
+    return spec.passes(n, k, rounds) if spec else 0
 
 
 def check_method(method: str, sources: list[str]) -> None:

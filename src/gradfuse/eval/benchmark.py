@@ -82,6 +82,7 @@ class QuerySet:
     qrels_file: str = "qrels.tsv"
     queries_file: str = "queries.jsonl"
     answer_filter: dict[str, Any] = field(default_factory=dict)  # keep queries whose fields equal these values
+    lm_sample: int | None = None  # this set's test queries in the LM subsample (None: the benchmark's [lm] sample)
 
     def source_of(self, doc_id: str) -> str | None:
         for prefix in sorted(self.origin, key=len, reverse=True):
@@ -120,6 +121,9 @@ class Benchmark:
     tuning_metric: str = "ndcg@10"  # what dev tuning maximises (a ranx metric)
     headline: str | None = None  # the metric of the paired tests and plots (default: the first metric)
     qa: QASettings | None = None  # answer-level metrics (`gradfuse.eval.qa`) when the file has a [qa] section
+    set_tables: list[str] = field(default_factory=list)  # query sets with their own LM-subsample table
+    # LM methods' failures on these metrics (value 0) are compared with UPR's (default: the headline metric)
+    overlap_metrics: list[str] = field(default_factory=list)
 
     @property
     def headline_metric(self) -> str:
@@ -206,6 +210,8 @@ def load_benchmark(path: Path, *, quick: bool = False) -> Benchmark:
         quick=quick,
         tuning_metric=raw.pop("tuning_metric", "ndcg@10"),
         headline=raw.pop("headline", None),
+        set_tables=list(raw.pop("set_tables", [])),
+        overlap_metrics=list(raw.pop("overlap_metrics", [])),
     )
     if "qa" in raw:
         try:
@@ -220,6 +226,8 @@ def load_benchmark(path: Path, *, quick: bool = False) -> Benchmark:
         raise ConfigError(f"{path}: a benchmark needs [sources.*], [queries.*] and a methods list")
     for method in bench.expand_methods():
         _check_method(method, list(sources), path)
+    if unknown := [name for name in bench.set_tables if name not in query_sets]:
+        raise ConfigError(f"{path}: set_tables names unknown query set(s) {unknown}")
     return bench
 
 
@@ -282,7 +290,8 @@ def _query_set(name: str, table: dict, data: Path, sources: dict[str, SourceSpec
         raise ConfigError(f"{path} [queries.{name}]: origin names unknown source(s) {unknown}")
     query_set = QuerySet(name, data / table.pop("path", name), origin,
                          qrels_file=table.pop("qrels", "qrels.tsv"), queries_file=table.pop("file", "queries.jsonl"),
-                         answer_filter=dict(table.pop("where", {})))
+                         answer_filter=dict(table.pop("where", {})),
+                         lm_sample=int(own) if (own := table.pop("lm_sample", None)) is not None else None)
     if table:
         raise ConfigError(f"{path} [queries.{name}]: unknown keys {sorted(table)}")
     return query_set
@@ -323,7 +332,8 @@ def sample_queries(bench: Benchmark, query_set: QuerySet, judged: dict[str, dict
         dev_count = round(len(records) * bench.dev / (bench.sample + bench.dev))
         dev, test = records[:dev_count], records[dev_count:]
     queries = []
-    for split, chosen, lm_count in (("test", test, bench.lm_sample), ("dev", dev, bench.lm_dev_sample)):
+    lm_test = bench.lm_sample if query_set.lm_sample is None else query_set.lm_sample
+    for split, chosen, lm_count in (("test", test, lm_test), ("dev", dev, bench.lm_dev_sample)):
         for position, record in enumerate(chosen):
             answers = record.get("answers") or []
             queries.append(EvalQuery(

@@ -26,9 +26,15 @@ def summarise(evaluation: Evaluation) -> dict:
     lm_test = [q.query_id for q in evaluation.split("test", lm=True)]
     tables = [{"name": "all test queries", "queries": len(test),
                "rows": _rows(evaluation, [m for m in methods if not is_lm_method(m)], test)}]
+    overlap = {}
     if any(is_lm_method(m) for m in methods):
         tables.append({"name": "scoring-LM subsample of the test queries", "queries": len(lm_test),
-                       "rows": _rows(evaluation, methods, lm_test, lm_metrics=True)})
+                       "rows": _rows(evaluation, methods, lm_test, lm_metrics=True), "plot": "lm_subsample"})
+        for query_set in bench.set_tables:
+            own = [q for q in lm_test if q.startswith(f"{query_set}/")]
+            tables.append({"name": f"scoring-LM subsample: {query_set}", "queries": len(own),
+                           "rows": _rows(evaluation, methods, own, lm_metrics=True), "plot": f"lm_{query_set}"})
+        overlap = _failures_vs_upr(evaluation, methods, lm_test)
     per_set = {}
     for query in evaluation.queries:
         counts = per_set.setdefault(query.query_set, {"test": 0, "dev": 0, "lm_test": 0, "lm_dev": 0})
@@ -54,7 +60,33 @@ def summarise(evaluation: Evaluation) -> dict:
         "tuned": evaluation.tuned,
         "tables": tables,
         "source_choice": _source_choice(evaluation),
+        "failures_vs_upr": overlap,
     }
+
+
+def _failures_vs_upr(evaluation: Evaluation, methods: list[str], query_ids: list[str]) -> dict:
+    """metric → method → how often it and UPR fail (value 0) on the same LM-subsample queries, and the mean of the
+    better of the two per query: where both fail together, no mix of the two can help."""
+    bench = evaluation.bench
+    if "upr" not in evaluation.outcomes:
+        return {}
+    result = {}
+    for metric in bench.overlap_metrics or [bench.headline_metric]:
+        values = {m: _metric_values(evaluation, m, [q for q in query_ids if q in evaluation.outcomes[m]],
+                                    bench.metrics, True).get(metric, {}) for m in methods if is_lm_method(m)}
+        upr, table = values.get("upr", {}), {}
+        for method, by_query in values.items():
+            shared = [q for q in by_query if q in upr]
+            if method == "upr" or not shared:
+                continue
+            a, b = np.array([by_query[q] for q in shared]), np.array([upr[q] for q in shared])
+            table[method] = {"queries": len(shared), "both_fail": int(((a == 0) & (b == 0)).sum()),
+                             "only_upr_fails": int(((a > 0) & (b == 0)).sum()),
+                             "only_method_fails": int(((a == 0) & (b > 0)).sum()),
+                             "upr": round(float(b.mean()), 4), "method": round(float(a.mean()), 4),
+                             "better_of_two": round(float(np.maximum(a, b).mean()), 4)}
+        result[metric] = table
+    return result
 
 
 def _metric_values(evaluation: Evaluation, method: str, query_ids: list[str], metrics: list[str],
@@ -166,7 +198,7 @@ def _plot(evaluation: Evaluation, summary: dict, out: Path) -> list[str]:
 
     made = []
     headline = evaluation.bench.headline_metric
-    for index, table in enumerate(summary["tables"]):
+    for table in summary["tables"]:
         rows = [r for r in table["rows"] if headline in r]
         fig, ax = plt.subplots(figsize=(8, 0.32 * len(rows) + 1.2))
         means = [r[headline]["mean"] for r in rows]
@@ -180,7 +212,7 @@ def _plot(evaluation: Evaluation, summary: dict, out: Path) -> list[str]:
         ax.set_xlabel(f"{headline} (mean, 95% bootstrap interval)")
         ax.set_title(f"{summary['benchmark']}: {table['name']} ({table['queries']} queries)", fontsize=9)
         fig.tight_layout()
-        name = f"{headline.replace('@', '_at_')}{'' if index == 0 else '_lm_subsample'}.png"
+        name = f"{headline.replace('@', '_at_')}{'_' + table['plot'] if 'plot' in table else ''}.png"
         fig.savefig(out / name, dpi=110)
         plt.close(fig)
         made.append(name)
@@ -284,6 +316,15 @@ def _markdown(summary: dict, plots: list[str]) -> str:
                       for b in baselines]
             cells += [f"{row['source_precision']:.2f}/{row['source_recall']:.2f}", f"{row['ranking_ms_p50'] or '–'}"]
             lines.append(f"| {row['method']} | " + " | ".join(cells) + " |")
+        lines.append("")
+    for metric, table in summary["failures_vs_upr"].items():
+        lines += [f"## Where UPR and each LM method fail ({metric} = 0, scoring-LM subsample)", "",
+                  "Both: queries both get wrong; better of two: the mean if each query took the better of the "
+                  "method and UPR (the ceiling of any mix of the two).", "",
+                  "| method | queries | both fail | only UPR fails | only method fails | UPR | method | better of two |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [f"| {m} | {r['queries']} | {r['both_fail']} | {r['only_upr_fails']} | {r['only_method_fails']} | "
+                  f"{r['upr']:.3f} | {r['method']:.3f} | {r['better_of_two']:.3f} |" for m, r in table.items()]
         lines.append("")
     lines += ["## Tuned on the dev queries only", ""]
     for name, value in summary["tuned"].items():

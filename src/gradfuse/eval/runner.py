@@ -39,6 +39,8 @@ from gradfuse.selection import SelectionSettings, choose_sources
 from gradfuse.sources.federated import FederatedResult
 from gradfuse.workspace import SearchResult, Workspace
 
+ORACLE_METHODS = ("loo", "loo-greedy")  # the expensive references `[lm] oracle_sample` limits
+
 
 @dataclass
 class Evaluation:
@@ -54,6 +56,7 @@ class Evaluation:
     passages: dict[str, tuple[str, str, str, str]] = field(default_factory=dict)  # key → source, id, title, text
     extra: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # method → metric → query → value
     answers: dict[str, dict[str, str]] = field(default_factory=dict)  # method → query → generated answer
+    lm_runs: dict[tuple[str, str], dict[str, Outcome]] = field(default_factory=dict)  # see _LMRuns
     wall_seconds: float = 0.0
     machine: str = ""
     commit: str = ""
@@ -245,46 +248,92 @@ def _run_evaluation_methods(evaluation, ws, retrieved, profiles, groups, methods
 
 def _run_lm_method(evaluation, ws, retrieved, profiles, method, groups, selections, progress) -> None:
     """A stage-2 method on the LM subsample. Per tuning group: each pool in `[lm] pools` runs on the dev queries and
-    the best (after tuning its mix) is run on the group's queries; the mix of score and prior is tuned on dev too.
-    Besides the method, `<method>:prior` records the chosen pool's own order on the same queries (what the score
-    has to improve on) and `<method>:alone` the score without the prior (what it says by itself)."""
+    the best (after tuning its mix) is run on the group's queries; the mix of score and prior is tuned on dev too,
+    and so is the score itself where a scorer keeps variants of it (`rerank:attention@<layers>`). With
+    `[lm] upr_prior`, the dev grid also tries UPR's values over the same pool as the prior (from the `upr` method's
+    runs of the same queries; a method mixed with them costs UPR's time too). Besides the method, `<method>:prior`
+    records the chosen pool's own order on the same queries (what the score has to improve on) and `<method>:alone`
+    the score without the prior (what it says by itself)."""
     bench = evaluation.bench
     base, target = base_method(method), method_target(method) or "draft"
     lm = dict(bench.lm_options)
     pools, upr_prior = lm.pop("pools", [lm.get("pool", "cosine")]), lm.pop("upr_prior", False)
     mixes = base in MIXED_METHODS
-    options = {**lm, "prior_weight": 0.0, "mix": "zsum", "prior": "upr" if upr_prior and mixes else "pool"}
+    options = {**lm, "prior_weight": 0.0, "mix": "zsum", "prior": "pool"}
     if base in TARGET_METHODS:
         options["target"] = target
-    by_id = {q.query_id: q for q in evaluation.queries}
-    raw: dict[str, dict[str, Outcome]] = {}  # pool → run key (see below) → outcome at prior weight 0
+    runs = _LMRuns(evaluation, ws, retrieved, profiles, progress)
+    with_upr = upr_prior and mixes and base != "upr" and base in STAGE1_METHODS
 
     def run(pool: str, selection, query_ids: list[str]) -> dict[str, Outcome]:
-        """Outcomes with this pool and this group's stage-1 settings. An outcome is stored under the query and
-        the sources stage 1 chooses for it with those settings, so a query tested in one fold and used as dev in
-        another is ranked with each fold's own choice (values tuned with a query must not rank it), and runs
-        once when the choices agree."""
-        settings = {**options, "pool": pool}
+        outcomes = runs.outcomes(method, {**options, "pool": pool}, selection, query_ids)
+        if with_upr:
+            upr = runs.outcomes("upr", {**lm, "prior_weight": 0.0, "mix": "zsum", "prior": "pool", "pool": pool},
+                                selection, list(outcomes))
+            outcomes = {q: _with_upr_prior(outcome, upr[q]) for q, outcome in outcomes.items()}
+        return outcomes
+
+    priors = ["prior", "prior:upr"] if with_upr else ["prior"]
+    for group, ((dev, apply_to), selection) in enumerate(zip(groups, selections)):
+        if not mixes:  # the oracles and the set methods: their own order, as they rank it
+            evaluation.outcomes.setdefault(method, {}).update(run(pools[0], selection, apply_to))
+            continue
+        choices = {}
+        for pool in pools:
+            outcomes = run(pool, selection, dev)
+            point, score, grid = tuning.best_mix(evaluation.qrels, outcomes, dev, _score_keys(outcomes), priors,
+                                                 bench.tuning_metric)
+            choices[pool] = {"pool": pool, **point, f"dev_{bench.tuning_metric}": round(score, 4), "dev_grid": grid}
+        pool = max(choices, key=lambda p: (choices[p][f"dev_{bench.tuning_metric}"], -pools.index(p)))
+        chosen = choices[pool]
+        _tuned(evaluation, f"{method} stage 2", group, {"chosen": {k: v for k, v in chosen.items() if k != "dev_grid"},
+                                                        "pools": choices})
+        for query_id, outcome in run(pool, selection, apply_to).items():
+            mixed = tuning.mix_prior(outcome, chosen["score"], chosen["prior"], chosen["mix"], chosen["value"])
+            if chosen["prior"] == "prior:upr":
+                mixed = replace(mixed, seconds=outcome.seconds + outcome.head[0]["upr_seconds"])
+            evaluation.outcomes.setdefault(method, {})[query_id] = mixed
+            evaluation.outcomes.setdefault(f"{method}:prior", {})[query_id] = replace(tuning.mix_prior(
+                outcome, chosen["score"], "prior", "within", 0), seconds=None)
+            evaluation.outcomes.setdefault(f"{method}:alone", {})[query_id] = tuning.mix_prior(
+                outcome, chosen["score"], chosen["prior"], "zsum", 0.0)
+
+
+class _LMRuns:
+    """The outcomes of stage-2 runs at prior weight 0, by method, settings and run key, each computed once per
+    benchmark (and cached on disk, `_LMCache`). A run key is the query and, for stage-1 methods, the sources stage
+    1 chooses for it with a group's settings, so a query tested in one fold and used as dev in another is ranked
+    with each fold's own choice (values tuned with a query must not rank it), and runs once when choices agree."""
+
+    def __init__(self, evaluation, ws, retrieved, profiles, progress: bool):
+        self.evaluation, self.ws, self.retrieved, self.profiles, self.progress = (evaluation, ws, retrieved,
+                                                                                  profiles, progress)
+        self.done = evaluation.lm_runs  # (method, settings fingerprint) → run key → outcome
+
+    def outcomes(self, method: str, settings: dict, selection, query_ids: list[str]) -> dict[str, Outcome]:
+        bench, base = self.evaluation.bench, base_method(method)
+        target = settings.get("target")
+        by_id = {q.query_id: q for q in self.evaluation.queries}
         cache = _LMCache(bench, method, {**settings, "depth": bench.depth, "retrieval": bench.retrieval,
                                          "k": bench.k})
-        done = raw.setdefault(pool, {})
+        done = self.done.setdefault((method, cache.fingerprint), {})
 
         def key(query_id: str) -> str:
             if base not in STAGE1_METHODS:
                 return query_id
-            return f"{query_id} " + ",".join(sorted(choose_sources(*profiles[query_id], selection).sources))
+            return f"{query_id} " + ",".join(sorted(choose_sources(*self.profiles[query_id], selection).sources))
 
         todo = [by_id[q] for q in query_ids if by_id[q].lm and key(q) not in done and (
-                mixes or bench.oracle_sample is None or by_id[q].position < bench.oracle_sample)]
+                bench.oracle_sample is None or base not in ORACLE_METHODS or by_id[q].position < bench.oracle_sample)]
         for query in todo:
-            if target == "gold" and base in TARGET_METHODS and not query.answers:
+            if target == "gold" and not query.answers:
                 raise ValueError(f"{method}: query {query.query_id} has no reference answer for the gold target")
         cached = {q.query_id: cache.get(key(q.query_id)) for q in todo}
 
         def rank(query: EvalQuery) -> tuple[Outcome, bool]:
             if cached[query.query_id] is not None:
                 return cached[query.query_id], False
-            result = _rank(ws, bench, query, retrieved[query.query_id], base, selection=selection,
+            result = _rank(self.ws, bench, query, self.retrieved[query.query_id], base, selection=selection,
                            gold=query.answers[0] if query.answers else None, **settings)
             outcome = outcome_of(bench, result)
             outcome.target, outcome.loss = result.rerank.target, result.rerank.loss
@@ -294,38 +343,27 @@ def _run_lm_method(evaluation, ws, retrieved, profiles, method, groups, selectio
 
         # With scorer replicas on a cluster, several queries are in flight; results come back here in order
         # and only this thread writes the cache.
-        for query, (outcome, fresh) in zip(todo, tqdm(ws.executor.map(rank, todo), total=len(todo),
-                                                      desc=f"{bench.name}: {method} ({pool} pool)",
-                                                      disable=not progress)):
+        for query, (outcome, fresh) in zip(todo, tqdm(self.ws.executor.map(rank, todo), total=len(todo),
+                                                      desc=f"{bench.name}: {method} ({settings['pool']} pool)",
+                                                      disable=not self.progress)):
             if fresh:
                 cache.put(key(query.query_id), outcome)
             done[key(query.query_id)] = outcome
         return {q: done[key(q)] for q in query_ids if key(q) in done}
 
-    priors = ["prior:pool", "prior"] if options["prior"] == "upr" else ["prior"]
-    for group, ((dev, apply_to), selection) in enumerate(zip(groups, selections)):
-        if not mixes:  # the oracles: their own order, as they rank it
-            evaluation.outcomes.setdefault(method, {}).update(run(pools[0], selection, apply_to))
-            continue
-        choices = {}
-        for pool in pools if len(pools) > 1 else pools[:1]:
-            outcomes = run(pool, selection, dev)
-            point, score, grid = tuning.best_mix(evaluation.qrels, outcomes, dev, _head_key(outcomes), priors,
-                                                 bench.tuning_metric)
-            choices[pool] = {"pool": pool, **point, f"dev_{bench.tuning_metric}": round(score, 4), "dev_grid": grid}
-        pool = max(choices, key=lambda p: (choices[p][f"dev_{bench.tuning_metric}"], -pools.index(p)))
-        chosen = choices[pool]
-        _tuned(evaluation, f"{method} stage 2", group, {"chosen": {k: v for k, v in chosen.items() if k != "dev_grid"},
-                                                        "pools": choices})
-        outcomes = run(pool, selection, apply_to)
-        key = _head_key(outcomes)
-        for query_id, outcome in outcomes.items():
-            evaluation.outcomes.setdefault(method, {})[query_id] = tuning.mix_prior(
-                outcome, key, chosen["prior"], chosen["mix"], chosen["value"])
-            evaluation.outcomes.setdefault(f"{method}:prior", {})[query_id] = replace(tuning.mix_prior(
-                outcome, key, chosen["prior"], "within", 0), seconds=None)
-            evaluation.outcomes.setdefault(f"{method}:alone", {})[query_id] = tuning.mix_prior(
-                outcome, key, chosen["prior"], "zsum", 0.0)
+
+def _with_upr_prior(outcome: Outcome, upr: Outcome) -> Outcome:
+    """The outcome with UPR's value of each head candidate as `prior:upr` (both runs scored the same pool)."""
+    values = {row["key"]: row["rerank:upr"] for row in upr.head}
+    head = [{**row, "prior:upr": values[row["key"]], "upr_seconds": upr.seconds} for row in outcome.head]
+    return replace(outcome, head=head)
+
+
+def _score_keys(outcomes: dict[str, Outcome]) -> list[str]:
+    """The score a scorer ranks by, then its variants (`<score>@<variant>`), which dev tuning may choose instead."""
+    key = _head_key(outcomes)
+    first = next(iter(outcomes.values())).head if outcomes else []
+    return [key] + [name for name in (first[0] if first else {}) if name.startswith(f"{key}@")]
 
 
 def _head_key(outcomes: dict[str, Outcome]) -> str:

@@ -25,15 +25,31 @@ class Estimate:
 
 
 def per_query(qrels, outcomes: dict, query_ids: list[str], metrics: list[str]) -> dict[str, dict[str, float]]:
-    """metric → query id → value, computed by ranx."""
+    """metric → query id → value, computed by ranx. `complete@k` (complete evidence): 1 where every relevant
+    document of the query is in the top k (ranx's recall@k is 1), else 0; for multi-hop questions, whether the
+    context holds the whole chain."""
     judged = as_qrels(qrels, query_ids)
+    wanted = list(dict.fromkeys(_ranx_metric(m) for m in metrics))
     with warnings.catch_warnings():  # numba's integer-cast warning
         warnings.simplefilter("ignore")
-        values = evaluate(judged, as_run(outcomes, query_ids), metrics, return_mean=False, make_comparable=True)
-    if len(metrics) == 1:
-        values = {metrics[0]: values}
+        values = evaluate(judged, as_run(outcomes, query_ids), wanted, return_mean=False, make_comparable=True)
+    if len(wanted) == 1:
+        values = {wanted[0]: values}
     order = list(judged.keys())
-    return {metric: dict(zip(order, (float(v) for v in values[metric]))) for metric in metrics}
+    result = {}
+    for metric in metrics:
+        column = (float(v) for v in values[_ranx_metric(metric)])
+        if metric.startswith(COMPLETE):
+            column = (float(v >= 1.0 - 1e-9) for v in column)
+        result[metric] = dict(zip(order, column))
+    return result
+
+
+COMPLETE = "complete@"
+
+
+def _ranx_metric(metric: str) -> str:
+    return metric.replace(COMPLETE, "recall@", 1) if metric.startswith(COMPLETE) else metric
 
 
 def estimate(values: np.ndarray) -> Estimate:

@@ -105,12 +105,18 @@ def _search_method(method: str, evaluation: Evaluation) -> str:
     return base_method(method)
 
 
+SCORE_VARIANT_SETTINGS = {"rerank:attention": "attention_layers"}  # rerank:<score>@<variant> → [rerank] key
+
+
 def _stage2_values(evaluation: Evaluation, method: str, why: str) -> list[TunedValue]:
     chosen = evaluation.tuned[f"{method} stage 2"]["chosen"]
     weight = ("prior_weight", float(chosen["value"])) if chosen["mix"] == "zsum" else ("within_m", int(chosen["value"]))
-    # With [lm] upr_prior the runs score UPR as "prior" and keep the pool's own order as "prior:pool".
-    upr = evaluation.bench.lm_options.get("upr_prior") and chosen["prior"] == "prior"
-    values = [("pool", chosen["pool"]), ("prior", "upr" if upr else "pool"), ("mix", chosen["mix"]), weight]
+    # With [lm] upr_prior the dev grid also mixes with UPR's values over the pool ("prior:upr").
+    values = [("pool", chosen["pool"]), ("prior", "upr" if chosen["prior"] == "prior:upr" else "pool"),
+              ("mix", chosen["mix"]), weight]
+    if "@" in chosen["score"]:  # a variant of the score chosen on dev: the setting that selects it
+        score, variant = chosen["score"].split("@", 1)
+        values.append((SCORE_VARIANT_SETTINGS[score], variant))
     # The benchmark's own stage-2 settings (n, doc_tokens, estimator, ...): the dev score holds with them.
     values += [(key, value) for key, value in evaluation.bench.lm_options.items()
                if key not in ("pools", "pool", "upr_prior", "prior", "mix", "prior_weight", "within_m", "target")]

@@ -136,20 +136,23 @@ def mix_prior(outcome, score_key: str, prior_key: str, mix: str, value: float):
     return replace(outcome, ranking=ranking)
 
 
-def mix_grid(prior_keys: list[str]) -> list[dict]:
-    """Every (prior, mix, value) point: the score alone first, so that ties keep the simplest choice."""
-    return [{"prior": p, "mix": "zsum", "value": w} for p in prior_keys for w in PRIOR_WEIGHTS] + \
-        [{"prior": p, "mix": "within", "value": m} for p in prior_keys for m in WITHIN_M]
+def mix_grid(score_keys: list[str], prior_keys: list[str]) -> list[dict]:
+    """Every (score, prior, mix, value) point: the first score alone first, so that ties keep the simplest choice."""
+    return [{"score": s, "prior": p, "mix": "zsum", "value": w} for s in score_keys for p in prior_keys
+            for w in PRIOR_WEIGHTS] + \
+        [{"score": s, "prior": p, "mix": "within", "value": m} for s in score_keys for p in prior_keys
+         for m in WITHIN_M]
 
 
-def best_mix(qrels, outcomes: dict, dev: list[str], score_key: str, prior_keys: list[str], metric: str,
+def best_mix(qrels, outcomes: dict, dev: list[str], score_keys: list[str], prior_keys: list[str], metric: str,
              ) -> tuple[dict, float, list[dict]]:
-    """(chosen point, its dev score, every point's dev score) of the score/prior mix on the dev queries."""
+    """(chosen point, its dev score, every point's dev score) of the score/prior mix on the dev queries; where a
+    scorer keeps variants of its score (`score_keys` after the first), the variant is chosen with the mix."""
     dev = [q for q in dev if q in outcomes]
     _need_dev(dev, "the score/prior mix")
     grid, best, best_score = [], None, -1.0
-    for point in mix_grid(prior_keys):
-        mixed = {q: mix_prior(outcomes[q], score_key, point["prior"], point["mix"], point["value"]) for q in dev}
+    for point in mix_grid(score_keys, prior_keys):
+        mixed = {q: mix_prior(outcomes[q], point["score"], point["prior"], point["mix"], point["value"]) for q in dev}
         score = mean_score(qrels, mixed, dev, metric)
         grid.append({**point, metric: round(score, 4)})
         if score > best_score + 1e-12:

@@ -3,7 +3,11 @@
 One interface (`Stage2Scorer`, base.py), one file per scorer, one factory (`make_scorer`), and `score_pool`, all
 the LM work of one re-rank as plain data, which an executor runs here or on a Ray cluster (gradfuse.execute):
 
-- gradient.py: the GRO-RAG estimate from one forward + backward pass (gate, reader gate, grad x input);
+- gradient.py: the GRO-RAG estimate from one forward + backward pass (gate, reader gate, grad x input), and the
+  reader gate calibrated by a content-free target;
+- attention.py: in-context re-ranking, the question's attention to each passage minus a content-free question's;
+- conditional.py: selection as a set, each round's reader gate given the documents chosen so far;
+- set_upr.py: its exact reference, log P(question | chosen + candidate) per round;
 - loo.py: exact leave-one-out and greedy loss-minimising selection (the oracles the gradient approximates);
 - upr.py: query likelihood per passage; relevance.py: a yes/no relevance prompt (the same scoring LM);
 - cross_encoder.py: a sentence-transformers cross-encoder from a local folder;
@@ -36,11 +40,14 @@ from gradfuse.rerank.base import (
     combine,
     passage_text,
 )
+from gradfuse.rerank.attention import AttentionScorer
+from gradfuse.rerank.conditional import ConditionalGateScorer
 from gradfuse.rerank.cross_encoder import CrossEncoderMissing, CrossEncoderScorer
-from gradfuse.rerank.gradient import GradientScorer
+from gradfuse.rerank.gradient import CalibratedGateScorer, GradientScorer
 from gradfuse.rerank.lm_scorer import LMScorer
 from gradfuse.rerank.loo import GreedyLossScorer, LeaveOneOutScorer
 from gradfuse.rerank.relevance import RelevancePromptScorer
+from gradfuse.rerank.set_upr import SetUPRScorer
 from gradfuse.rerank.upr import UPRScorer
 
 __all__ = ["DTYPES", "ESTIMATORS", "MIXES", "POOLS", "PRIORS", "SCORERS", "TARGETS", "CrossEncoderMissing",
@@ -48,8 +55,10 @@ __all__ = ["DTYPES", "ESTIMATORS", "MIXES", "POOLS", "PRIORS", "SCORERS", "TARGE
            "passage_text", "rerank", "score_pool"]
 
 # scorer name → its class (gradfuse.methods.METHOD_SPECS says which scorer each method runs: gro runs gradient)
-SCORERS = {"gradient": GradientScorer, "loo": LeaveOneOutScorer, "loo-greedy": GreedyLossScorer,
-           "upr": UPRScorer, "relevance": RelevancePromptScorer, "cross-encoder": CrossEncoderScorer}
+SCORERS = {"gradient": GradientScorer, "calibrated-gate": CalibratedGateScorer, "attention": AttentionScorer,
+           "conditional-gate": ConditionalGateScorer, "set-upr": SetUPRScorer, "loo": LeaveOneOutScorer,
+           "loo-greedy": GreedyLossScorer, "upr": UPRScorer, "relevance": RelevancePromptScorer,
+           "cross-encoder": CrossEncoderScorer}
 
 
 POINTWISE = ("upr", "relevance")  # one short pass per document: the longest reads one document, not n

@@ -24,6 +24,7 @@ POOLS = ("cosine", "rrf", "combsum-z")
 PRIORS = ("pool", "upr")
 MIXES = ("zsum", "within")
 DTYPES = ("float32", "bfloat16")
+ATTENTION_WINDOWS = ("all", "first-third", "middle-third", "last-third", "middle-half")  # see attention.py
 
 
 @dataclass(frozen=True)
@@ -52,14 +53,19 @@ class RerankSettings:
     # memory grows faster than linearly with it (a 1,165-character query took a server from 2.8 to 5.6 GB; 800
     # words failed to allocate under 16 GB); the default n = 10 x 128 tokens with a short question is about 1,450.
     max_pass_tokens: Count = 2048
+    attention_layers: Text = "all"  # the attention scorer's layers (attention.py): all, a third, or the middle half
+    # The conditional methods (conditional-gate, set-upr): how many documents are chosen as a set, one a round; the
+    # rest follow in the prior's order.
+    set_rounds: Count = 3
 
     def __post_init__(self):
         for name, allowed in (("estimator", ESTIMATORS), ("target", TARGETS), ("pool", POOLS), ("prior", PRIORS),
-                              ("mix", MIXES), ("dtype", DTYPES)):
+                              ("mix", MIXES), ("dtype", DTYPES),
+                              ("attention_layers", ATTENTION_WINDOWS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r} (choose from {', '.join(allowed)})")
-        if self.n < 1 or self.within_m < 1 or self.draft_tokens < 1 or self.max_pass_tokens < 1:
-            raise ValueError("n, within_m, draft_tokens and max_pass_tokens must be at least 1")
+        if min(self.n, self.within_m, self.draft_tokens, self.max_pass_tokens, self.set_rounds) < 1:
+            raise ValueError("n, within_m, draft_tokens, max_pass_tokens and set_rounds must be at least 1")
 
 
 class PassTooLong(ValueError):
@@ -101,6 +107,18 @@ class RerankOutcome:
     target_seconds: float = 0.0  # making the target (the draft answer for target 'draft')
     scorer: str = ""
     score_key: str = "rerank:final"  # the candidate score the scorer ranks by (rerank:gate, rerank:upr, ...)
+
+
+def ranked_as(order: list[int], n: int) -> np.ndarray:
+    """Values that rank `order` first to last (n, n - 1, ...), for a scorer whose output is an order."""
+    values = np.empty(n)
+    values[order] = np.arange(n, 0, -1, dtype=float)
+    return values
+
+
+def chosen_then_rest(chosen: list[int], n: int) -> list[int]:
+    """A set scorer's final order: the chosen documents, then the rest in the prior's order."""
+    return chosen + [i for i in range(n) if i not in chosen]
 
 
 def passage_text(candidate: Candidate) -> str:

@@ -15,12 +15,17 @@ L is the mean token NLL of the target given the packed context. For document i (
 
 Gate and grad x input come from one forward + backward pass with every model parameter frozen, so the backward
 pass only reaches the inputs. Leave-one-out computes L(C without i) - L(C) exactly, with n + 1 forward passes.
+
+The attention scorer (attention.py) reads attention probabilities instead: a pass run under `recording_attention`
+computes its attention explicitly and keeps, per layer, how much the chosen query positions attend to each key.
 """
 
 from __future__ import annotations
 
 import copy
 import time
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,17 +35,52 @@ from gradfuse.generate.local import model_lock
 from gradfuse.rerank.packing import ContextPacker, PackedContext
 
 GATED_ATTENTION = "gradfuse_gated_sdpa"
+CONTENT_FREE = "N/A"  # the calibration input: a target or a query that says nothing
+# While a pass records (`recording_attention`): the rows (query positions of this pass) whose attention is kept,
+# and layer index → mean attention of those rows over every key, averaged over heads.
+_RECORDING: ContextVar[tuple[slice, dict[int, torch.Tensor]] | None] = ContextVar("gradfuse_recording", default=None)
+
+
+@contextmanager
+def recording_attention(rows: slice):
+    """Within the block, every attention layer also stores the attention of the pass's positions `rows` (the
+    returned dict: layer index → (keys,) mean over heads and rows)."""
+    recorded: dict[int, torch.Tensor] = {}
+    token = _RECORDING.set((rows, recorded))
+    try:
+        yield recorded
+    finally:
+        _RECORDING.reset(token)
 
 
 def _gated_attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
     """Attention with an additive float mask that gradients can flow into. torch's SDPA takes the mask's gradient
     and, on a CPU, runs about 2.5 times faster than transformers' eager attention here."""
     mask = attention_mask[:, :, :, : key.shape[-2]] if attention_mask is not None else None
+    if (recording := _RECORDING.get()) is not None:
+        return _recorded_attention(module, query, key, value, mask, scaling, *recording)
     # No mask: a plain causal pass (transformers' SDPA mask function leaves it out where it can), which lets
     # torch take its fastest kernel; a query of one token (decoding) reads every key.
     causal = mask is None and query.shape[2] > 1
     output = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, scale=scaling, is_causal=causal, enable_gqa=query.shape[1] != key.shape[1])
+    return output.transpose(1, 2).contiguous(), None
+
+
+def _recorded_attention(module, query, key, value, mask, scaling, rows: slice, recorded: dict):
+    """The same attention computed explicitly (SDPA returns no probabilities): only the short query passes of the
+    attention scorer run it, so its cost is small."""
+    groups = query.shape[1] // key.shape[1]  # grouped-query attention: each key head serves `groups` query heads
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    logits = (query @ key.transpose(-1, -2)).float() * scaling
+    if mask is not None:
+        logits = logits + mask.float()
+    elif query.shape[2] > 1:
+        logits = logits + torch.full(logits.shape[-2:], float("-inf"), device=logits.device).triu(
+            1 + key.shape[2] - query.shape[2])
+    probabilities = torch.softmax(logits, dim=-1)
+    recorded[module.layer_idx] = probabilities[0, :, rows].mean(dim=(0, 1)).detach()
+    output = probabilities.to(value.dtype) @ value
     return output.transpose(1, 2).contiguous(), None
 
 
@@ -109,24 +149,56 @@ class LMScorer:
                        logits_to_keep=1)
         return cache
 
-    def attribute_reader(self, packed: PackedContext, documents=None) -> tuple[float, np.ndarray]:
+    def attribute_reader(self, packed: PackedContext, documents=None, *,
+                         log_alpha: np.ndarray | None = None) -> tuple[float, np.ndarray]:
         """(L, reader gate per document): documents encoded once without gradients (or `documents`, their cache
-        from `encode_documents` of a context with the same documents), then the question and target read them
-        through the gate with gradients."""
+        from `encode_documents` of a context with the same documents, left as it was given), then the question
+        and target read them through the gate with gradients. `log_alpha`: the point the gradient is taken at
+        (default 0 for every document: the model unchanged)."""
         ids = packed.input_ids.to(self.device)
         split = packed.doc_spans[-1][1]  # every position from here on comes after every document
         dtype = self.model.get_input_embeddings().weight.dtype
         cache = documents if documents is not None else self.encode_documents(packed)
+        start_alpha = torch.zeros(len(packed.doc_spans)) if log_alpha is None else torch.as_tensor(log_alpha)
         with self._lock:
             with torch.enable_grad():
-                log_alpha = torch.zeros(len(packed.doc_spans), device=self.device, requires_grad=True)
+                log_alpha = start_alpha.to(self.device, torch.float32).requires_grad_(True)
                 mask = self._gated_causal_mask(packed.length, packed.doc_spans, log_alpha, dtype)[:, :, split:]
                 start, end = packed.target_span
                 logits = self.model(input_ids=ids[None, split:], attention_mask=mask, cache=cache,
                                     use_cache=True, logits_to_keep=packed.length - start + 1).logits[0]
                 loss = _nll(logits[: end - start], ids[start:end])
                 (grad_alpha,) = torch.autograd.grad(loss, [log_alpha])
+            _crop(cache, split)  # back to the documents alone, for the next pass over them
         return float(loss.detach()), (-grad_alpha).float().cpu().numpy().astype(np.float64)
+
+    def calibrated_reader_gate(self, packed: PackedContext, free: PackedContext, documents=None,
+                               ) -> tuple[float, np.ndarray, np.ndarray]:
+        """(L, reader gate, the gate `free` gives): `free` packs the same documents with the content-free target
+        (or query), so both passes share one encoding of the documents. The difference removes what a document's
+        position and length alone earn it."""
+        documents = documents if documents is not None else self.encode_documents(packed)
+        loss, gate = self.attribute_reader(packed, documents)
+        _, content_free = self.attribute_reader(free, documents)
+        return loss, gate, content_free
+
+    def query_attention(self, packed: PackedContext, documents=None) -> np.ndarray:
+        """(layers, documents): the mean attention of the question's tokens to each document's tokens, per layer
+        (summed over the document's tokens, averaged over heads and question tokens). The documents are encoded
+        once (or `documents`, their cache, left as it was given); only the question and what follows it run with
+        explicit attention."""
+        split = packed.doc_spans[-1][1]
+        start, end = packed.question_span
+        dtype = self.model.get_input_embeddings().weight.dtype
+        cache = documents if documents is not None else self.encode_documents(packed)
+        zeros = torch.zeros(len(packed.doc_spans), device=self.device)
+        mask = self._gated_causal_mask(packed.length, packed.doc_spans, zeros, dtype)[:, :, split:]
+        with self._lock, torch.no_grad(), recording_attention(slice(start - split, end - split)) as recorded:
+            self.model(input_ids=packed.input_ids[None, split:].to(self.device), attention_mask=mask, cache=cache,
+                       use_cache=True, logits_to_keep=1)
+            _crop(cache, split)
+        layers = torch.stack([recorded[i] for i in sorted(recorded)]).float().cpu()
+        return np.stack([layers[:, s:e].sum(-1).numpy() for s, e in packed.doc_spans], axis=1).astype(np.float64)
 
     def _gated_causal_mask(self, length: int, spans, log_alpha: torch.Tensor, dtype) -> torch.Tensor:
         """Causal mask plus log(alpha_i) wherever a position after document i reads one of its keys."""
@@ -245,8 +317,14 @@ class LMScorer:
                 **extra,
             )
         if documents is not None:  # back to the documents alone
-            documents.crop(packed.doc_spans[-1][1] - documents.get_seq_length())
+            _crop(documents, packed.doc_spans[-1][1])
         return self.tokenizer.decode(output[0, prompt.shape[1] :], skip_special_tokens=True).strip()
+
+
+def _crop(cache, length: int) -> None:
+    """Drop what a pass appended to a key/value cache after its first `length` positions."""
+    if (extra := cache.get_seq_length() - length) > 0:
+        cache.crop(-extra)
 
 
 def _nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

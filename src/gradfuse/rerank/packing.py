@@ -24,6 +24,7 @@ class PackedContext:
     input_ids: torch.Tensor  # (T,)
     doc_spans: list[tuple[int, int]]  # [start, end) token positions of each document, in pack order
     target_span: tuple[int, int]  # [start, end) positions whose tokens the loss scores
+    question_span: tuple[int, int] = (0, 0)  # [start, end) of the question's tokens (none for the query target)
 
     @property
     def length(self) -> int:
@@ -116,19 +117,21 @@ class ContextPacker:
         spans it gates."""
         ids: list[int] = []
         spans: list[tuple[int, int]] = []
-        target_span = (0, 0)
+        target_span = question_span = (0, 0)
         for kind, value in self._template(n_docs, question, target is not None):
             if kind == "text":
                 ids += self._ids(value)
             elif value == "question":
-                ids += self._ids(f" {question}", True)
+                question_ids = self._ids(f" {question}", True)
+                question_span = (len(ids), len(ids) + len(question_ids))
+                ids += question_ids
             elif value == "target":
                 target_ids = list(self._ids(target, True))
                 target_span = (len(ids), len(ids) + len(target_ids))
                 ids += target_ids
             else:
                 spans += document(int(value.removeprefix("doc")), ids)
-        return PackedContext(torch.tensor(ids, dtype=torch.long), spans, target_span)
+        return PackedContext(torch.tensor(ids, dtype=torch.long), spans, target_span, question_span)
 
     def relevance_prompt(self, doc: str, question: str) -> torch.Tensor:
         """A pointwise judgement prompt, ending where the model says yes or no."""

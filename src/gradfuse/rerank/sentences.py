@@ -22,10 +22,9 @@ from typing import NamedTuple
 import numpy as np
 
 from gradfuse.checked import FILE_SETTINGS, Count, Flag, Text
-from gradfuse.rerank.lm_scorer import LMScorer
+from gradfuse.rerank.lm_scorer import CONTENT_FREE, LMScorer
 from gradfuse.rerank.upr import UPRScorer
 
-CONTENT_FREE = "N/A"  # the calibration target: what the gate gives a sentence for no answer at all
 SENTENCE_SCORERS = ("gate", "cosine", "upr", "loo")
 LM_SENTENCE_SCORERS = ("gate", "upr", "loo")
 
@@ -115,16 +114,12 @@ def passages_that_fit(lm: LMScorer, question: str, passages: list[Passage], targ
 
 def _gate(lm: LMScorer, question: str, passages: list[Passage], target: str | None, calibrated: bool) -> np.ndarray:
     packed = _packed(lm, question, passages, target)
-    documents = lm.encode_documents(packed)
-    length = documents.get_seq_length()
-    _, gate = lm.attribute_reader(packed, documents)
     if not calibrated:
-        return gate
-    documents.crop(length - documents.get_seq_length())  # back to the documents alone, for the second target
+        return lm.attribute_reader(packed)[1]
     # The same prompt up to the last document (so the cache is shared), with "N/A" as the answer, or as the
     # question for query likelihood.
     free = lm.packer.pack_units(passages, question=None if target is None else question, target=CONTENT_FREE)
-    _, content_free = lm.attribute_reader(free, documents)
+    _, gate, content_free = lm.calibrated_reader_gate(packed, free)
     return gate - content_free
 
 

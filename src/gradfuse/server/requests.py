@@ -59,7 +59,7 @@ class SearchRequest(BaseModel):
             if value is not None and value > limit:
                 raise RequestLimitError(f"{name} = {value:g} is above this server's limit of {limit:g}")
         method, n, k = self.method or config.method, self.n or config.rerank.n, self.k or self.default_k(config)
-        if (passes := lm_passes(method, n, k)) > limits.max_lm_passes:
+        if (passes := lm_passes(method, n, k, config.rerank.set_rounds)) > limits.max_lm_passes:
             raise RequestLimitError(f"{method} with n = {n} and k = {k} costs {passes} LM passes; this server "
                                     f"allows at most {limits.max_lm_passes} a request (max_lm_passes): lower n or k")
 
