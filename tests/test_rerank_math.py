@@ -3,6 +3,7 @@
 A tiny randomly initialised Llama (float64, so finite differences are precise) with the real SmolLM2 tokenizer.
 """
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -145,3 +146,62 @@ def test_upr_and_relevance_passes_score_each_passage_alone(scorer):
     expected = float(torch.logsumexp(log_probs[relevance.answers[0]], 0) - torch.logsumexp(log_probs[relevance.answers[1]], 0))
     assert relevance.score(QUESTION, DOCS[:1], None).values["relevance"][0] == pytest.approx(expected, rel=1e-9)
     assert scorer.tokenizer.decode(prompt).count(DOCS[0]) == 1
+
+
+def test_recorded_attention_is_the_models_own_attention_and_leaves_its_output_unchanged(scorer):
+    """query_attention against transformers' eager attention over the whole sequence (output_attentions)."""
+    packed = scorer.packer.pack(DOCS, question=QUESTION, target=None)
+    recorded = scorer.query_attention(packed)
+    scorer.model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            output = scorer.model(input_ids=packed.input_ids[None], output_attentions=True)
+    finally:
+        scorer.model.set_attn_implementation("gradfuse_gated_sdpa")
+    start, end = packed.question_span
+    for layer, attention in enumerate(output.attentions):  # (1, heads, T, T)
+        rows = attention[0, :, start:end].mean(dim=(0, 1))
+        expected = [float(rows[s:e].sum()) for s, e in packed.doc_spans]
+        assert recorded[layer] == pytest.approx(expected, rel=1e-6, abs=1e-9)
+    assert scorer.tokenizer.decode(packed.input_ids[start:end]).strip() == QUESTION
+    from gradfuse.rerank.lm_scorer import recording_attention
+
+    with torch.no_grad():
+        plain = scorer.model(input_ids=packed.input_ids[None]).logits
+        with recording_attention(slice(0, 1)):
+            while_recording = scorer.model(input_ids=packed.input_ids[None]).logits
+    assert torch.allclose(plain, while_recording, atol=1e-10)
+
+
+def test_the_conditional_gate_is_the_reader_gate_taken_where_the_unchosen_documents_are_turned_down(scorer):
+    """Round 2's gate (document 0 chosen) against finite differences of L around log alpha = (0, -log 3, ...)."""
+    from gradfuse.rerank.conditional import ConditionalGateScorer
+
+    packed = scorer.pack(DOCS, QUESTION, QUESTION, target_is_query=True)
+    gate = ConditionalGateScorer(scorer).gates_given(packed, scorer.encode_documents(packed), [0])
+    point = torch.tensor([0.0] + [-float(np.log(3))] * 3, dtype=torch.float64)
+    for i in range(len(DOCS)):
+        shift = torch.zeros(len(DOCS), dtype=torch.float64)
+        shift[i] = EPSILON
+        derivative = (reader_loss_with(scorer, packed, point + shift) - reader_loss_with(scorer, packed, point - shift)
+                      ) / (2 * EPSILON)
+        assert -derivative == pytest.approx(gate[i], rel=RELATIVE_TOLERANCE, abs=1e-9)
+
+
+def test_set_upr_chooses_by_the_query_likelihood_of_the_chosen_set_computed_by_hand(scorer):
+    """Three documents, two rounds: each round's choice from direct single passes over every candidate set."""
+    from gradfuse.rerank import RerankSettings
+    from gradfuse.rerank.set_upr import SetUPRScorer
+
+    docs = DOCS[:3]
+
+    def log_likelihood(chosen):  # log P(question | chosen), by one plain pass over the packed text
+        packed = scorer.pack([docs[i] for i in chosen], QUESTION, QUESTION, target_is_query=True)
+        return -loss_with(scorer, packed)
+
+    first = max(range(3), key=lambda i: log_likelihood([i]))
+    second = max((i for i in range(3) if i != first), key=lambda i: log_likelihood([first, i]))
+    scored = SetUPRScorer(scorer).score(QUESTION, docs, RerankSettings(set_rounds=2), k=10)
+    order = list(np.argsort(-scored.values["set_upr"], kind="stable"))
+    assert order[:2] == [first, second] and not scored.mixes
+    assert scored.loss == pytest.approx(-log_likelihood([first, second]), rel=1e-9)

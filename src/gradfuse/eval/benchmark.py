@@ -244,8 +244,11 @@ def _data_folder(base: Path, configured: str) -> Path:
 
 
 def _apply_quick(raw: dict, overrides: dict, path: Path) -> dict:
-    """The quick variant: a subset of the sources and query sets, and any top-level value replaced."""
+    """The quick variant: a subset of the sources and query sets, and any top-level value replaced. Its [lm]
+    sample holds for every query set (a set's own `lm_sample` is for the full run)."""
     raw = dict(raw)
+    raw["queries"] = {n: {k: v for k, v in table.items() if k != "lm_sample"}
+                      for n, table in raw.get("queries", {}).items()}
     for key, value in overrides.items():
         if key == "sources":
             raw["sources"] = {n: raw["sources"][n] for n in value}

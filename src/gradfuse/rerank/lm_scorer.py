@@ -72,11 +72,12 @@ def _recorded_attention(module, query, key, value, mask, scaling, rows: slice, r
     attention scorer run it, so its cost is small."""
     groups = query.shape[1] // key.shape[1]  # grouped-query attention: each key head serves `groups` query heads
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    logits = (query @ key.transpose(-1, -2)).float() * scaling
+    precision = torch.promote_types(query.dtype, torch.float32)  # softmax in at least float32
+    logits = (query @ key.transpose(-1, -2)).to(precision) * scaling
     if mask is not None:
-        logits = logits + mask.float()
+        logits = logits + mask.to(precision)
     elif query.shape[2] > 1:
-        logits = logits + torch.full(logits.shape[-2:], float("-inf"), device=logits.device).triu(
+        logits = logits + torch.full(logits.shape[-2:], float("-inf"), dtype=precision, device=logits.device).triu(
             1 + key.shape[2] - query.shape[2])
     probabilities = torch.softmax(logits, dim=-1)
     recorded[module.layer_idx] = probabilities[0, :, rows].mean(dim=(0, 1)).detach()
