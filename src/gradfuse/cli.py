@@ -20,6 +20,7 @@ from gradfuse.execute import RayUnavailable
 from gradfuse.fusion import UnknownMethod
 from gradfuse.generate import describe_generator
 from gradfuse.generate.openai_http import EndpointError
+from gradfuse.methods import METHOD_CHOICES
 from gradfuse.redact import redact
 from gradfuse.schemas import answer_record, search_record, source_record
 from gradfuse.sources import BuildReport, IngestError, SourceError, SourceSpec, check_source_name
@@ -230,9 +231,7 @@ def sources(config: ConfigOpt = None, workspace: WorkspaceOpt = None,
     console.print(table if health else f"no sources built in {ws.root}")
 
 
-Method = Annotated[Optional[str], typer.Option("--method", "-m", "--fusion",
-                   help="concat | rrf | combsum[-z] | combmnz[-z] | single:<source> | dense | select | gradient | "
-                        "gro | upr | relevance | cross-encoder | loo | loo-greedy")]
+Method = Annotated[Optional[str], typer.Option("--method", "-m", "--fusion", help=METHOD_CHOICES)]
 Sources = Annotated[Optional[list[str]], typer.Option("--source", "-s", help="Query only these sources",
                                                      callback=_source_name)]
 Retrieval = Annotated[Optional[str], typer.Option(help="bm25 | dense | hybrid (within each source)")]

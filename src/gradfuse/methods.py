@@ -77,6 +77,7 @@ TARGET_METHODS = tuple(m for m, spec in METHOD_SPECS.items() if spec.target)
 STAGE1_METHODS = tuple(m for m, spec in METHOD_SPECS.items() if spec.stage1)
 MIXED_METHODS = tuple(m for m, spec in METHOD_SPECS.items() if spec.mixes)  # scores mixed with the pool's prior
 METHODS: tuple[str, ...] = (*FUSION_METHODS, *PIPELINE_METHODS)
+METHOD_CHOICES = " | ".join(METHODS)  # for help texts
 
 
 def lm_passes(method: str, n: int, k: int, rounds: int = 3) -> int:

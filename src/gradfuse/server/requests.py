@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gradfuse.methods import lm_passes
+from gradfuse.methods import METHOD_CHOICES, lm_passes
 from gradfuse.server.settings import ServerSettings
 from gradfuse.sources.base import check_source_name
 
@@ -24,9 +24,7 @@ class SearchRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
     query: str = Field(min_length=1, description="free text (no query syntax)")
-    method: str | None = Field(None, description="concat | rrf | combsum[-z] | combmnz[-z] | single:<source> | "
-                                                 "dense | select | gradient | gro | upr | relevance | "
-                                                 "cross-encoder | loo | loo-greedy")
+    method: str | None = Field(None, description=METHOD_CHOICES)
     k: int | None = Field(None, ge=1, le=LARGEST, description="results returned (for /ask: passages given to the generator)")
     sources: list[str] | None = Field(None, min_length=1, description="query only these sources")
     retrieval: Literal["bm25", "dense", "hybrid"] | None = None
@@ -59,7 +57,8 @@ class SearchRequest(BaseModel):
             if value is not None and value > limit:
                 raise RequestLimitError(f"{name} = {value:g} is above this server's limit of {limit:g}")
         method, n, k = self.method or config.method, self.n or config.rerank.n, self.k or self.default_k(config)
-        if (passes := lm_passes(method, n, k, config.rerank.set_rounds)) > limits.max_lm_passes:
+        rounds = config.rerank.set_rounds
+        if (passes := lm_passes(method, n, k, rounds)) > limits.max_lm_passes:
             raise RequestLimitError(f"{method} with n = {n} and k = {k} costs {passes} LM passes; this server "
                                     f"allows at most {limits.max_lm_passes} a request (max_lm_passes): lower n or k")
 
