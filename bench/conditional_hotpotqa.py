@@ -78,7 +78,8 @@ def one_question(lm, question: str, docs: list[str], rounds: int) -> dict:
     settings = RerankSettings(n=n, set_rounds=rounds)
     seconds = {}
     orders = {"prior (cosine)": list(range(n)), "UPR": [int(i) for i in np.argsort(-upr, kind="stable")]}
-    for name, scorer, key in (("conditional", conditional, "conditional_gate"), ("set-upr", SetUPRScorer(lm), "set_upr")):
+    for name, scorer, key in (("conditional", conditional, "conditional_gate"),
+                              ("set-upr", SetUPRScorer(lm), "set_upr")):
         started = time.perf_counter()
         values = scorer.score(question, docs, settings, k=n).values[key]
         seconds[name] = time.perf_counter() - started

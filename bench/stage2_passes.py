@@ -4,6 +4,8 @@ For each of the first DL19 queries: the 10 passages RRF ranks first over the six
 each, the library's defaults), scored by the bundled SmolLM2 with
 - the query target: full gate (fp32, and bf16), reader gate (fp32, and bf16), UPR, the relevance prompt, and
   exact leave-one-out (the reference the estimators approximate);
+- the signals that read the whole context: calibrated attention (ICR: the documents once, then the question and
+  "N/A"), the calibrated reader gate, and 3 rounds of conditional selection (one-pass estimate, and set-level UPR);
 - the draft target: a 32-token draft from the documents' cache plus the reader-gate pass that reuses it; and, for
   comparison, the same draft through llama.cpp (the Q4_1 GGUF) from the same token ids.
 Reported: p50 seconds of each, Spearman of the bf16 scores with fp32 (bf16 is used only where it stays >= 0.95)
@@ -27,8 +29,12 @@ from gradfuse.eval.benchmark import load_benchmark
 from gradfuse.eval.runner import commit_id, machine_description, queries_and_qrels
 from gradfuse.generate.llamacpp import load_llamacpp
 from gradfuse.generate.local import bundled_gguf
-from gradfuse.rerank import load_scorer, passage_text
+from gradfuse.rerank import RerankSettings, load_scorer, passage_text
+from gradfuse.rerank.attention import AttentionScorer
+from gradfuse.rerank.conditional import ConditionalGateScorer
+from gradfuse.rerank.gradient import CalibratedGateScorer
 from gradfuse.rerank.relevance import RelevancePromptScorer
+from gradfuse.rerank.set_upr import SetUPRScorer
 from gradfuse.rerank.upr import UPRScorer
 from gradfuse.workspace import Workspace
 from gradfuse.config import Config
@@ -63,6 +69,11 @@ def main() -> None:
     args = parser.parse_args()
     fp32, bf16 = load_scorer("smollm2", DOC_TOKENS, "float32"), load_scorer("smollm2", DOC_TOKENS, "bfloat16")
     upr, relevance = UPRScorer(fp32), RelevancePromptScorer(fp32)
+    query_settings = RerankSettings(n=N, doc_tokens=DOC_TOKENS, target="query", set_rounds=3)
+    whole_context = {"attention, calibrated (ICR)": (AttentionScorer(fp32), "attention"),
+                     "reader gate, calibrated (two short passes)": (CalibratedGateScorer(fp32), "calibrated_gate"),
+                     "conditional gate, 3 rounds": (ConditionalGateScorer(fp32), "conditional_gate"),
+                     "set-level UPR, 3 rounds (exact)": (SetUPRScorer(fp32), "set_upr")}
     engine = load_llamacpp(str(bundled_gguf()))
     seconds: dict[str, list[float]] = {}
     agreement: dict[str, list[float]] = {}
@@ -78,6 +89,8 @@ def main() -> None:
             "relevance prompt": lambda: relevance.score(question, docs, None).values["relevance"],
             "leave-one-out (n + 1 passes)": lambda: fp32.leave_one_out(docs, question, question,
                                                                       target_is_query=True)[1],
+            **{name: (lambda s=scorer, key=key: s.score(question, docs, query_settings).values[key])
+               for name, (scorer, key) in whole_context.items()},
         }
         values = {}
         for name, run in runs.items():
@@ -102,7 +115,7 @@ def main() -> None:
         for a, b in (("gate bf16", "gate fp32"), ("reader gate bf16", "reader gate fp32"),
                      ("reader gate fp32", "gate fp32")):
             agreement.setdefault(f"{a} vs {b}", []).append(float(spearmanr(values[a], values[b])[0]))
-        for name in ("gate fp32", "reader gate fp32", "upr", "relevance prompt"):
+        for name in ("gate fp32", "reader gate fp32", "upr", "relevance prompt", *whole_context):
             agreement.setdefault(f"{name} vs leave-one-out", []).append(
                 float(spearmanr(values[name], values["leave-one-out (n + 1 passes)"])[0]))
         print(f"query {index}: {packed.length} tokens", flush=True)

@@ -321,7 +321,8 @@ def _markdown(summary: dict, plots: list[str]) -> str:
         lines += [f"## Where UPR and each LM method fail ({metric} = 0, scoring-LM subsample)", "",
                   "Both: queries both get wrong; better of two: the mean if each query took the better of the "
                   "method and UPR (the ceiling of any mix of the two).", "",
-                  "| method | queries | both fail | only UPR fails | only method fails | UPR | method | better of two |",
+                  "| method | queries | both fail | only UPR fails | only method fails | UPR | method | "
+                  "better of two |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|"]
         lines += [f"| {m} | {r['queries']} | {r['both_fail']} | {r['only_upr_fails']} | {r['only_method_fails']} | "
                   f"{r['upr']:.3f} | {r['method']:.3f} | {r['better_of_two']:.3f} |" for m, r in table.items()]

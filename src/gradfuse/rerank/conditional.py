@@ -40,5 +40,5 @@ class ConditionalGateScorer:
             gate = self.gates_given(packed, documents, chosen)
             remaining = [i for i in range(len(docs)) if i not in chosen]
             chosen.append(max(remaining, key=lambda i: gate[i]))
-        return Scored({"conditional_gate": ranked_as(chosen_then_rest(chosen, len(docs)), len(docs))}, "conditional_gate",
-                      target=question, mixes=False)
+        values = ranked_as(chosen_then_rest(chosen, len(docs)), len(docs))
+        return Scored({"conditional_gate": values}, "conditional_gate", target=question, mixes=False)

@@ -20,5 +20,5 @@ class SetUPRScorer:
               k: int = 10) -> Scored:
         rounds = min(settings.set_rounds, k, len(docs))
         chosen, loss = self.lm.greedy_selection(docs, question, question, rounds, target_is_query=True)
-        return Scored({"set_upr": ranked_as(chosen_then_rest(chosen, len(docs)), len(docs))}, "set_upr", target=question,
-                      loss=loss, mixes=False)
+        values = ranked_as(chosen_then_rest(chosen, len(docs)), len(docs))
+        return Scored({"set_upr": values}, "set_upr", target=question, loss=loss, mixes=False)
