@@ -115,6 +115,9 @@ def test_gro_end_to_end_over_sources_with_explanation(tmp_path):
         assert {"prior", "rerank:reader_gate", "rerank:final"} <= set(candidate.scores)
     fused = ws.search(QUESTION, method="upr", retrieval="dense", n=4, pool="rrf")
     assert fused.rerank.scorer == "upr" and all("fusion:rrf" in c.scores for c in fused.candidates)
+    # gro's signal is a setting: with UPR it ranks as the upr method does, and takes no target then
+    by_upr = ws.search(QUESTION, method="gro", retrieval="dense", n=4, pool="rrf", scorer="upr", target="gold")
+    assert by_upr.rerank.scorer == "upr" and [c.key for c in by_upr.candidates] == [c.key for c in fused.candidates]
     dense = ws.search(QUESTION, method="dense", retrieval="dense")
     assert [c.scores["prior"] for c in dense.candidates] == sorted((c.scores["prior"] for c in dense.candidates),
                                                                    reverse=True)

@@ -20,7 +20,7 @@ def test_zsum_mixes_z_scores_and_within_reorders_only_the_priors_head():
 
 def test_settings_name_what_is_wrong():
     for field, value in (("pool", "bm25"), ("mix", "max"), ("estimator", "attention"), ("prior", "cosine"),
-                         ("dtype", "float16"), ("attention_layers", "middle")):
+                         ("dtype", "float16"), ("attention_layers", "middle"), ("scorer", "loo")):
         with pytest.raises(ValueError, match=f"unknown {field} '{value}'"):
             RerankSettings(**{field: value})
     for field in ("within_m", "set_rounds"):
@@ -34,6 +34,7 @@ def test_set_methods_cost_a_pass_a_round_or_every_remaining_candidate_a_round():
     assert lm_passes("conditional", 10, 10, 3) == 3 and lm_passes("conditional", 10, 2, 3) == 2
     assert lm_passes("set-upr", 10, 10, 3) == 10 + 9 + 8 and lm_passes("set-upr", 10, 10, 1) == lm_passes("upr", 10, 10)
     assert lm_passes("attention", 10, 10) == 1 and lm_passes("dense", 10, 10) == 0
+    assert lm_passes("gro", 10, 10) == 1 and lm_passes("gro", 10, 10, 3, "set-upr") == lm_passes("set-upr", 10, 10)
 
 
 def lists():

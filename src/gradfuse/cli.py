@@ -21,6 +21,7 @@ from gradfuse.fusion import UnknownMethod
 from gradfuse.generate import describe_generator
 from gradfuse.generate.openai_http import EndpointError
 from gradfuse.methods import METHOD_CHOICES
+from gradfuse.rerank.base import SIGNALS
 from gradfuse.redact import redact
 from gradfuse.schemas import answer_record, search_record, source_record
 from gradfuse.sources import BuildReport, IngestError, SourceError, SourceSpec, check_source_name
@@ -238,15 +239,16 @@ Retrieval = Annotated[Optional[str], typer.Option(help="bm25 | dense | hybrid (w
 Timeout = Annotated[Optional[float], typer.Option("--timeout", help="Seconds each source may take")]
 Target = Annotated[Optional[str], typer.Option(help="Stage-2 target: draft | gold | query")]
 Estimator = Annotated[Optional[str], typer.Option(help="Stage-2 estimator: gate | reader_gate | grad_x_input")]
+Signal = Annotated[Optional[str], typer.Option("--scorer", help=f"gro's stage-2 signal: {' | '.join(SIGNALS)}")]
 Pool = Annotated[Optional[int], typer.Option("--n", help="Candidates entering the stage-2 LM pass")]
 PoolOrder = Annotated[Optional[str], typer.Option("--pool", help="Stage-2 pool and prior: cosine | rrf | combsum-z")]
 Gold = Annotated[Optional[str], typer.Option(help="Reference answer (needed by --target gold)")]
 Explain = Annotated[bool, typer.Option(help="Show stage 1's decision and each document's prior, gradient, final score")]
 
 
-def _rerank_options(target, estimator, n, pool) -> dict:
-    return {key: value for key, value in (("target", target), ("estimator", estimator), ("n", n), ("pool", pool))
-            if value}
+def _rerank_options(target, estimator, n, pool, scorer) -> dict:
+    return {key: value for key, value in (("target", target), ("estimator", estimator), ("n", n), ("pool", pool),
+                                          ("scorer", scorer)) if value}
 
 
 @app.command()
@@ -259,6 +261,7 @@ def search(
     timeout: Timeout = None,
     target: Target = None,
     estimator: Estimator = None,
+    scorer: Signal = None,
     n: Pool = None,
     pool: PoolOrder = None,
     gold: Gold = None,
@@ -269,8 +272,9 @@ def search(
 ):
     """Ranked list over many sources: every row shows its source, doc id, rank in source and scores."""
     ws = _workspace(config, workspace)
+    options = _rerank_options(target, estimator, n, pool, scorer)
     result = _run_guarded(lambda: ws.search(query, method=method, k=k, sources=source, retrieval=retrieval,
-                                            timeout_s=timeout, gold=gold, **_rerank_options(target, estimator, n, pool)))
+                                            timeout_s=timeout, gold=gold, **options))
     if as_json:
         print(search_record(result).model_dump_json(indent=2))
         return
@@ -342,6 +346,7 @@ def ask(
     timeout: Timeout = None,
     target: Target = None,
     estimator: Estimator = None,
+    scorer: Signal = None,
     n: Pool = None,
     pool: PoolOrder = None,
     gold: Gold = None,
@@ -358,7 +363,7 @@ def ask(
     answer = _run_guarded(lambda: ws.ask(question, method=method, context_k=context_k, sources=source,
                                          retrieval=retrieval, timeout_s=timeout, generator=generator,
                                          max_new_tokens=max_new_tokens, gold=gold,
-                                         **_rerank_options(target, estimator, n, pool)))
+                                         **_rerank_options(target, estimator, n, pool, scorer)))
     if as_json:
         print(answer_record(answer).model_dump_json(indent=2))
         return

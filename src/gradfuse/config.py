@@ -31,6 +31,7 @@ Example (every key optional)::
     fusion = "dense"                 # how select ranks the chosen sources: rrf | combsum-z | concat | dense
     [rerank]                         # stage 2 (gradfuse.rerank.RerankSettings)
     model = "smollm2"                # white-box scoring LM (local only: gradients are needed)
+    scorer = "gradient"              # gro's stage-2 signal: gradient | calibrated-gate | attention | upr | ...
     n = 10
     estimator = "reader_gate"        # reader_gate | gate | grad_x_input
     target = "draft"                 # draft | gold | query

@@ -4,8 +4,8 @@
 - dense: all sources' candidates pooled, deduplicated and ranked by encoder cosine to the query;
 - select: stage 1 (`gradfuse.selection`) chooses the sources, then one fusion of them (`[selection] fusion`);
 - gradient: stage 2 (`gradfuse.rerank`) over a pool of every source's candidates;
-- gro: stage 1, then stage 2 over the chosen sources' pool (the full method); gro-calibrated: its reader gate
-  minus the gate of a content-free target;
+- gro: stage 1, then stage 2 over the chosen sources' pool by the signal `[rerank] scorer` names (the full
+  method); gro-calibrated: the reader gate minus the gate of a content-free target;
 - attention: stage 1, then in-context re-ranking (the question's calibrated attention to each passage);
 - conditional, set-upr: stage 1, then the first `set_rounds` documents chosen as a set, greedily, by the reader
   gate given the ones chosen so far (one short pass a round) or exactly by log P(question | chosen + candidate);
@@ -37,7 +37,7 @@ class MethodSpec:
     `max_lm_passes`)."""
 
     stage1: bool
-    scorer: str | None = None
+    scorer: str | None = None  # "configured": the one `[rerank] scorer` names
     target: bool = False
     mixes: bool = False
     passes: Callable[[int, int, int], int] = lambda n, k, rounds: 0
@@ -52,12 +52,13 @@ def _greedy(n: int, rounds: int) -> int:
     return sum(n - step for step in range(min(rounds, n)))
 
 
+CONFIGURED = "configured"
 # A new stage-2 method is a row.
 METHOD_SPECS: dict[str, MethodSpec] = {
     "dense": MethodSpec(stage1=False),
     "select": MethodSpec(stage1=True),
     "gradient": MethodSpec(stage1=False, scorer="gradient", target=True, mixes=True, passes=lambda n, k, r: 1),
-    "gro": MethodSpec(stage1=True, scorer="gradient", target=True, mixes=True, passes=lambda n, k, r: 1),
+    "gro": MethodSpec(stage1=True, scorer=CONFIGURED, target=True, mixes=True),
     "gro-calibrated": MethodSpec(stage1=True, scorer="calibrated-gate", target=True, mixes=True,
                                  passes=lambda n, k, r: 2),
     "attention": MethodSpec(stage1=True, scorer="attention", mixes=True, passes=lambda n, k, r: 1),
@@ -80,11 +81,20 @@ METHODS: tuple[str, ...] = (*FUSION_METHODS, *PIPELINE_METHODS)
 METHOD_CHOICES = " | ".join(METHODS)  # for help texts
 
 
-def lm_passes(method: str, n: int, k: int, rounds: int = 3) -> int:
+def spec_of(method: str, scorer: str = "gradient") -> MethodSpec:
+    """A method's row, with `gro`'s signal resolved to `scorer` (`[rerank] scorer`): its cost and whether it takes
+    a target are that scorer's."""
+    spec = METHOD_SPECS[method]
+    if spec.scorer != CONFIGURED:
+        return spec
+    own = next(s for s in METHOD_SPECS.values() if s.scorer == scorer)
+    return MethodSpec(stage1=True, scorer=scorer, target=own.target, mixes=own.mixes, passes=own.passes)
+
+
+def lm_passes(method: str, n: int, k: int, rounds: int = 3, scorer: str = "gradient") -> int:
     """How many LM passes one request of `method` costs over a pool of n for the top k, with `rounds` set rounds
-    (`[rerank] set_rounds`; 0: none)."""
-    spec = METHOD_SPECS.get(method)
-    return spec.passes(n, k, rounds) if spec else 0
+    (`[rerank] set_rounds`) and `scorer` as `gro`'s signal (`[rerank] scorer`); 0: none."""
+    return spec_of(method, scorer).passes(n, k, rounds) if method in METHOD_SPECS else 0
 
 
 def check_method(method: str, sources: list[str]) -> None:
@@ -131,7 +141,7 @@ def run_method(
     if method not in PIPELINE_METHODS:
         return MethodResult(fuse(method, ranked_lists, weights=weights))
     assert context is not None, "pipeline methods need a MethodContext"
-    spec = METHOD_SPECS[method]
+    spec = spec_of(method, context.rerank.scorer)
     decision, seconds = None, {}
     started = time.perf_counter()
     if spec.stage1:

@@ -19,7 +19,7 @@ from gradfuse.generate import BUNDLED_GENERATOR, Citation, fit_to_window, make_g
 from gradfuse.generate.local import load_tokenizer
 from gradfuse.generate.prompt import EXTRACTIVE, PASSAGE_CHARS, build_messages
 from gradfuse.execute import LOCAL, Executor
-from gradfuse.methods import PIPELINE_METHODS, TARGET_METHODS, MethodContext, check_method, run_method
+from gradfuse.methods import PIPELINE_METHODS, MethodContext, check_method, run_method, spec_of
 from gradfuse.rerank import RerankOutcome
 from gradfuse.rerank.sentences import LM_SENTENCE_SCORERS, EvidenceSettings, score_sentences
 from gradfuse.rerank.sentences import Passage as SentencePassage
@@ -357,7 +357,7 @@ class Workspace:
         context = None
         if method in PIPELINE_METHODS:  # only they need the encoder's and the scoring LM's view
             rerank = replace(self.config.rerank, **rerank_options)
-            if method in TARGET_METHODS and rerank.target == "gold" and not gold:
+            if spec_of(method, rerank.scorer).target and rerank.target == "gold" and not gold:
                 raise ValueError(f"method {method!r} with target 'gold' needs a reference answer (gold)")
             context = MethodContext(
                 question=query, query_vector=self._encoder().encode_query(query), embed=self._embed,

@@ -35,6 +35,7 @@ from gradfuse.rerank.base import (
     PassTooLong,
     RerankOutcome,
     RerankSettings,
+    SIGNALS,
     Scored,
     Stage2Scorer,
     combine,
@@ -50,7 +51,7 @@ from gradfuse.rerank.relevance import RelevancePromptScorer
 from gradfuse.rerank.set_upr import SetUPRScorer
 from gradfuse.rerank.upr import UPRScorer
 
-__all__ = ["DTYPES", "ESTIMATORS", "MIXES", "POOLS", "PRIORS", "SCORERS", "TARGETS", "CrossEncoderMissing",
+__all__ = ["DTYPES", "ESTIMATORS", "MIXES", "POOLS", "PRIORS", "SCORERS", "SIGNALS", "TARGETS", "CrossEncoderMissing",
            "LMScorer", "PassTooLong", "RerankOutcome", "RerankSettings", "Scored", "Stage2Scorer", "load_scorer", "make_scorer",
            "passage_text", "rerank", "score_pool"]
 

@@ -25,12 +25,16 @@ PRIORS = ("pool", "upr")
 MIXES = ("zsum", "within")
 DTYPES = ("float32", "bfloat16")
 ATTENTION_WINDOWS = ("all", "first-third", "middle-third", "last-third", "middle-half")  # see attention.py
+# The stage-2 signals `gro` can run after stage 1 (`[rerank] scorer`; gradfuse.rerank.SCORERS has each one).
+SIGNALS = ("gradient", "calibrated-gate", "attention", "conditional-gate", "set-upr", "upr", "relevance",
+           "cross-encoder")
 
 
 @dataclass(frozen=True)
 class RerankSettings:
     __pydantic_config__ = FILE_SETTINGS
     model: Text = "smollm2"  # the white-box scoring LM: bundled SmolLM2, a local HF folder or a .gguf file
+    scorer: Text = "gradient"  # the signal `gro` ranks by after stage 1 (SIGNALS)
     n: Count = 10  # candidates that enter the pass
     doc_tokens: Count = 128  # token budget per document
     # The reader gate: about 5 times cheaper than the full gate at n = 10 x 128 tokens on a CPU (results/stage2).
@@ -61,7 +65,7 @@ class RerankSettings:
     def __post_init__(self):
         for name, allowed in (("estimator", ESTIMATORS), ("target", TARGETS), ("pool", POOLS), ("prior", PRIORS),
                               ("mix", MIXES), ("dtype", DTYPES),
-                              ("attention_layers", ATTENTION_WINDOWS)):
+                              ("attention_layers", ATTENTION_WINDOWS), ("scorer", SIGNALS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r} (choose from {', '.join(allowed)})")
         if min(self.n, self.within_m, self.draft_tokens, self.max_pass_tokens, self.set_rounds) < 1:

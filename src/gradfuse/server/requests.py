@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gradfuse.methods import METHOD_CHOICES, lm_passes
+from gradfuse.rerank.base import SIGNALS
 from gradfuse.server.settings import ServerSettings
 from gradfuse.sources.base import check_source_name
 
@@ -34,6 +35,7 @@ class SearchRequest(BaseModel):
     estimator: Literal["gate", "reader_gate", "grad_x_input"] | None = Field(None, description="stage-2 estimator")
     n: int | None = Field(None, ge=1, le=LARGEST, description="candidates entering the stage-2 LM pass")
     pool: Literal["cosine", "rrf", "combsum-z"] | None = Field(None, description="stage-2 pool and prior")
+    scorer: Literal[SIGNALS] | None = Field(None, description="gro's stage-2 signal")
     gold: str | None = Field(None, description="reference answer (needed by target 'gold')")
 
     @field_validator("sources")
@@ -57,8 +59,8 @@ class SearchRequest(BaseModel):
             if value is not None and value > limit:
                 raise RequestLimitError(f"{name} = {value:g} is above this server's limit of {limit:g}")
         method, n, k = self.method or config.method, self.n or config.rerank.n, self.k or self.default_k(config)
-        rounds = config.rerank.set_rounds
-        if (passes := lm_passes(method, n, k, rounds)) > limits.max_lm_passes:
+        passes = lm_passes(method, n, k, config.rerank.set_rounds, self.scorer or config.rerank.scorer)
+        if passes > limits.max_lm_passes:
             raise RequestLimitError(f"{method} with n = {n} and k = {k} costs {passes} LM passes; this server "
                                     f"allows at most {limits.max_lm_passes} a request (max_lm_passes): lower n or k")
 
@@ -68,7 +70,8 @@ class SearchRequest(BaseModel):
 
     def search_options(self) -> dict:
         """Keyword arguments for `Workspace.search` (unset fields keep the workspace's defaults)."""
-        rerank = {key: getattr(self, key) for key in ("target", "estimator", "n", "pool") if getattr(self, key) is not None}
+        rerank = {key: getattr(self, key) for key in ("target", "estimator", "n", "pool", "scorer")
+                  if getattr(self, key) is not None}
         return {"method": self.method, "sources": self.sources, "retrieval": self.retrieval,
                 "timeout_s": self.timeout_s, "depth": self.depth, "gold": self.gold, **rerank}
 
