@@ -70,7 +70,7 @@ def run_benchmark(bench: Benchmark, *, progress: bool = True, executor: Executor
     """`executor`: where the scoring-LM methods' passes run (gradfuse.execute: this process, or scorer replicas on
     a Ray cluster); the samples, the outcomes cache and every number are the same either way. `dev_only`: the dev
     queries alone, for what they tune (gradfuse tune)."""
-    started = time.perf_counter()
+    started, commit = time.perf_counter(), commit_id()  # the code that runs is the code checked out now
     ws = Workspace(Config(workspace=bench.workspace, depth=bench.depth, k=bench.k, retrieval=bench.retrieval,
                           encoder=bench.encoder), executor=executor)
     builds = [asdict(ws.index(spec, progress=progress)) for spec in bench.sources.values()]
@@ -106,7 +106,7 @@ def run_benchmark(bench: Benchmark, *, progress: bool = True, executor: Executor
                    bench.lm_options.get("doc_tokens", 128), progress)
     evaluation.wall_seconds = time.perf_counter() - started
     evaluation.machine = machine_description()
-    evaluation.commit = commit_id()
+    evaluation.commit = commit
     return evaluation
 
 
