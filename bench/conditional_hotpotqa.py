@@ -11,7 +11,7 @@ value with
 Spearman correlation and whether each picks the exact round's choice; then complete evidence@2 of the orders each
 makes on its own (prior, UPR, conditional, set-upr). Writes results/conditional/hotpotqa.{md,json}.
 
-    python bench/conditional_hotpotqa.py --queries 40 --n 10 --rounds 3
+    python bench/conditional_hotpotqa.py --queries 12 --n 10 --rounds 3
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from gradfuse.rerank import RerankSettings, load_scorer
+from gradfuse.rerank.base import chosen_then_rest
 from gradfuse.rerank.conditional import ConditionalGateScorer
-from gradfuse.rerank.set_upr import SetUPRScorer
 from gradfuse.rerank.upr import UPRScorer
 from gradfuse.sources.encoder import load_encoder
 
@@ -75,18 +75,16 @@ def one_question(lm, question: str, docs: list[str], rounds: int) -> dict:
             row[name] = {"spearman": float(rho), "same_choice": float(remaining[int(np.argmax(values))] == best)}
         per_round.append(row)
         chosen.append(best)
-    settings = RerankSettings(n=n, set_rounds=rounds)
-    orders = {"prior (cosine)": list(range(n)), "UPR": [int(i) for i in np.argsort(-upr, kind="stable")]}
-    for name, scorer, key in (("conditional", conditional, "conditional_gate"),
-                              ("set-upr", SetUPRScorer(lm), "set_upr")):
-        values = scorer.score(question, docs, settings, k=n).values[key]
-        orders[name] = [int(i) for i in np.argsort(-values, kind="stable")]
+    conditional_order = conditional.score(question, docs, RerankSettings(n=n, set_rounds=rounds), k=n).values
+    orders = {"prior (cosine)": list(range(n)), "UPR": [int(i) for i in np.argsort(-upr, kind="stable")],
+              "conditional": [int(i) for i in np.argsort(-conditional_order["conditional_gate"], kind="stable")],
+              "set-upr": chosen_then_rest(chosen, n)}  # the exact path is set-upr's own choice
     return {"rounds": per_round, "orders": orders, "exact_path": chosen}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--queries", type=int, default=40)
+    parser.add_argument("--queries", type=int, default=12)
     parser.add_argument("--n", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--doc-tokens", type=int, default=64)
