@@ -70,10 +70,11 @@ def _failures_vs_upr(evaluation: Evaluation, methods: list[str], query_ids: list
     bench = evaluation.bench
     if "upr" not in evaluation.outcomes:
         return {}
+    every = {m: _metric_values(evaluation, m, [q for q in query_ids if q in evaluation.outcomes[m]], bench.metrics,
+                               True) for m in methods if is_lm_method(m)}
     result = {}
     for metric in bench.overlap_metrics or [bench.headline_metric]:
-        values = {m: _metric_values(evaluation, m, [q for q in query_ids if q in evaluation.outcomes[m]],
-                                    bench.metrics, True).get(metric, {}) for m in methods if is_lm_method(m)}
+        values = {m: by_metric.get(metric, {}) for m, by_metric in every.items()}
         upr, table = values.get("upr", {}), {}
         for method, by_query in values.items():
             shared = [q for q in by_query if q in upr]

@@ -113,16 +113,16 @@ class RerankOutcome:
     score_key: str = "rerank:final"  # the candidate score the scorer ranks by (rerank:gate, rerank:upr, ...)
 
 
-def ranked_as(order: list[int], n: int) -> np.ndarray:
-    """Values that rank `order` first to last (n, n - 1, ...), for a scorer whose output is an order."""
-    values = np.empty(n)
-    values[order] = np.arange(n, 0, -1, dtype=float)
-    return values
-
-
 def chosen_then_rest(chosen: list[int], n: int) -> list[int]:
     """A set scorer's final order: the chosen documents, then the rest in the prior's order."""
     return chosen + [i for i in range(n) if i not in chosen]
+
+
+def chosen_first(chosen: list[int], n: int) -> np.ndarray:
+    """Values (n, n - 1, ...) that rank `chosen_then_rest(chosen, n)` first to last: a set scorer's output."""
+    values = np.empty(n)
+    values[chosen_then_rest(chosen, n)] = np.arange(n, 0, -1, dtype=float)
+    return values
 
 
 def passage_text(candidate: Candidate) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gradfuse.rerank.base import RerankSettings, Scored, chosen_then_rest, ranked_as
+from gradfuse.rerank.base import RerankSettings, Scored, chosen_first
 from gradfuse.rerank.lm_scorer import LMScorer
 
 
@@ -40,5 +40,5 @@ class ConditionalGateScorer:
             gate = self.gates_given(packed, documents, chosen)
             remaining = [i for i in range(len(docs)) if i not in chosen]
             chosen.append(max(remaining, key=lambda i: gate[i]))
-        values = ranked_as(chosen_then_rest(chosen, len(docs)), len(docs))
+        values = chosen_first(chosen, len(docs))
         return Scored({"conditional_gate": values}, "conditional_gate", target=question, mixes=False)

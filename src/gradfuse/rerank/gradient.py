@@ -23,7 +23,7 @@ class GradientScorer(TargetScorer):
         if settings.estimator == "reader_gate" and settings.target == "draft" and not settings.both_orders:
             # The draft and the pass read the same documents: they are encoded once, for both (the encoding is
             # counted in the pass's time, not the target's).
-            documents = self.lm.encode_documents(self.lm.packer.pack(docs, question=question, target=None))
+            documents = self.encoded_documents(docs, question)
         target, target_seconds = self.target(settings, question, docs, gold, documents)
         orders = [list(range(len(docs)))] + ([list(reversed(range(len(docs))))] if settings.both_orders else [])
         names = ("reader_gate",) if settings.estimator == "reader_gate" else ("gate", "grad_x_input")
@@ -55,7 +55,7 @@ class CalibratedGateScorer(TargetScorer):
         query_target = settings.target == "query"
         documents = None
         if settings.target != "query":  # the draft (if any) and both passes read one encoding of the documents
-            documents = self.lm.encode_documents(self.lm.packer.pack(docs, question=question, target=None))
+            documents = self.encoded_documents(docs, question)
         target, target_seconds = self.target(settings, question, docs, gold, documents)
         packed = self.lm.pack(docs, question, target, target_is_query=query_target)
         free = self.lm.pack(docs, question, CONTENT_FREE, target_is_query=query_target)

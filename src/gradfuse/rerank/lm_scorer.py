@@ -339,6 +339,11 @@ class TargetScorer:
     def __init__(self, lm: LMScorer):
         self.lm = lm
 
+    def encoded_documents(self, docs: list[str], question: str):
+        """The cache of the documents as the question-and-answer prompt packs them: shared by a draft and every
+        pass whose target is an answer (their packed contexts are the same up to the last document)."""
+        return self.lm.encode_documents(self.lm.packer.pack(docs, question=question, target=None))
+
     def target(self, settings, question: str, docs: list[str], gold: str | None, documents=None) -> tuple[str, float]:
         """(the text whose likelihood is scored, seconds spent making it): the reference answer, the question
         itself, or the LM's draft (from `documents`, the documents' cache, when the caller has it)."""

@@ -3,7 +3,7 @@ passes) and greedy loss-minimising selection of k documents (about n k passes)."
 
 from __future__ import annotations
 
-from gradfuse.rerank.base import RerankSettings, Scored, chosen_then_rest, ranked_as
+from gradfuse.rerank.base import RerankSettings, Scored, chosen_first
 from gradfuse.rerank.lm_scorer import TargetScorer
 
 
@@ -29,5 +29,5 @@ class GreedyLossScorer(TargetScorer):
         target, target_seconds = self.target(settings, question, docs, gold)
         chosen, loss = self.lm.greedy_selection(docs, question, target, k,
                                                 target_is_query=settings.target == "query")
-        values = ranked_as(chosen_then_rest(chosen, len(docs)), len(docs))
+        values = chosen_first(chosen, len(docs))
         return Scored({"loo_greedy": values}, "loo_greedy", target, loss, target_seconds, mixes=False)

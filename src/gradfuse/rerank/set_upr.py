@@ -6,7 +6,7 @@ chosen documents, then the rest in the prior's order."""
 
 from __future__ import annotations
 
-from gradfuse.rerank.base import RerankSettings, Scored, chosen_then_rest, ranked_as
+from gradfuse.rerank.base import RerankSettings, Scored, chosen_first
 from gradfuse.rerank.lm_scorer import LMScorer
 
 
@@ -20,5 +20,5 @@ class SetUPRScorer:
               k: int = 10) -> Scored:
         rounds = min(settings.set_rounds, k, len(docs))
         chosen, loss = self.lm.greedy_selection(docs, question, question, rounds, target_is_query=True)
-        values = ranked_as(chosen_then_rest(chosen, len(docs)), len(docs))
+        values = chosen_first(chosen, len(docs))
         return Scored({"set_upr": values}, "set_upr", target=question, loss=loss, mixes=False)
