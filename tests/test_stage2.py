@@ -37,6 +37,14 @@ def test_set_methods_cost_a_pass_a_round_or_every_remaining_candidate_a_round():
     assert lm_passes("gro", 10, 10) == 1 and lm_passes("gro", 10, 10, 3, "set-upr") == lm_passes("set-upr", 10, 10)
 
 
+def test_every_signal_gro_can_run_is_a_scorer_with_a_method_row():
+    from gradfuse.methods import spec_of
+    from gradfuse.rerank import SCORERS, SIGNALS
+
+    for signal in SIGNALS:
+        assert signal in SCORERS and spec_of("gro", signal).scorer == signal
+
+
 def lists():
     a = [Candidate("a", f"a{i}", f"text a{i}", 10.0 - i, i + 1) for i in range(3)]
     b = [Candidate("b", f"b{i}", f"text b{i}", 5.0 - i, i + 1) for i in range(3)] + \
