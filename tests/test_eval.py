@@ -117,6 +117,27 @@ def test_a_moved_score_is_reported_beyond_one_swap_on_one_query(tmp_path):
     assert "not produced" in check_expected(expected, summary)[0]
 
 
+def test_a_set_method_ranks_from_the_pool_its_own_order_scores_best_on_dev():
+    """conditional and set-upr are not mixed with a prior, so the pool is their only dev choice; a tie keeps the
+    first pool."""
+    from types import SimpleNamespace
+
+    from gradfuse.eval.outcome import Outcome
+    from gradfuse.eval.runner import _own_order_pool
+
+    qrels = {str(q): {f"{q}-rel": 1} for q in range(4)}
+
+    def run_dev(pool):  # rrf ranks the relevant document first, cosine last, combsum-z as rrf does
+        order = ["rel", "x", "y"] if pool != "cosine" else ["x", "y", "rel"]
+        return {q: Outcome([(f"{q}-{d}", 3.0 - i) for i, d in enumerate(order)], ["s"], 0.1, []) for q in qrels}
+
+    evaluation = SimpleNamespace(bench=SimpleNamespace(tuning_metric="ndcg@10", folds=0), qrels=qrels, tuned={})
+    pool = _own_order_pool(evaluation, "conditional", 0, ["cosine", "rrf", "combsum-z"], run_dev, list(qrels))
+    assert pool == "rrf"  # above cosine, and before combsum-z, which ties it
+    chosen = evaluation.tuned["conditional stage 2"]
+    assert chosen["chosen"] == {"pool": "rrf", "dev_ndcg@10": 1.0} and chosen["pools"]["cosine"]["dev_ndcg@10"] < 1
+
+
 @needs_data
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["federated", "dl19", "qa"])

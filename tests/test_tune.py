@@ -51,3 +51,19 @@ def test_tune_writes_dev_choices_that_search_then_uses_and_reproduces(tmp_path):
         outcomes = {q.query_id: outcome_of(bench, workspace.search(q.text, k=bench.k)) for q in dev}
     assert comment and mean_score(qrels, outcomes, [q.query_id for q in dev], "ndcg@10") == pytest.approx(
         float(comment.group(1)), abs=5e-5), (method, text)
+
+
+def test_a_set_method_tuned_on_dev_writes_its_pool_and_no_mix():
+    """conditional ranks by its own order: tune writes the pool dev chose, the benchmark's stage-2 settings, and
+    none of the mix's keys (they would not describe what dev measured)."""
+    from types import SimpleNamespace
+
+    from gradfuse.eval.tune import _stage2_values
+
+    bench = SimpleNamespace(lm_options={"pools": ["cosine", "rrf"], "n": 10, "set_rounds": 3, "upr_prior": True})
+    evaluation = SimpleNamespace(bench=bench, tuned={"conditional stage 2": {"chosen": {"pool": "rrf",
+                                                                                         "dev_ndcg@10": 0.5}}})
+    written = {value.key: value.value for value in _stage2_values(evaluation, "conditional", "dev")}
+    assert written == {"pool": "rrf", "n": 10, "set_rounds": 3}
+    bench.lm_options["pools"], evaluation.tuned = ["cosine"], {}  # one pool, so nothing was tuned: that pool
+    assert {v.key: v.value for v in _stage2_values(evaluation, "conditional", "dev")}["pool"] == "cosine"

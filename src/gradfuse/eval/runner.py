@@ -276,7 +276,10 @@ def _run_lm_method(evaluation, ws, retrieved, profiles, method, groups, selectio
     priors = ["prior", "prior:upr"] if with_upr else ["prior"]
     for group, ((dev, apply_to), selection) in enumerate(zip(groups, selections)):
         if not mixes:  # the oracles and the set methods: their own order, as they rank it
-            evaluation.outcomes.setdefault(method, {}).update(run(pools[0], selection, apply_to))
+            pool = pools[0]
+            if base not in ORACLE_METHODS and len(pools) > 1:  # a set method's pool: its own order's best on dev
+                pool = _own_order_pool(evaluation, method, group, pools, lambda p: run(p, selection, dev), dev)
+            evaluation.outcomes.setdefault(method, {}).update(run(pool, selection, apply_to))
             continue
         choices = {}
         for pool in pools:
@@ -297,6 +300,23 @@ def _run_lm_method(evaluation, ws, retrieved, profiles, method, groups, selectio
                 outcome, chosen["score"], "prior", "within", 0), seconds=None)
             evaluation.outcomes.setdefault(f"{method}:alone", {})[query_id] = tuning.mix_prior(
                 outcome, chosen["score"], chosen["prior"], "zsum", 0.0)
+
+
+def _own_order_pool(evaluation, method: str, group: int, pools: list[str], run_dev, dev: list[str]) -> str:
+    """The pool under which a method that ranks by its own order (no mix) scores best on the dev queries; ties go
+    to the earlier pool."""
+    metric = evaluation.bench.tuning_metric
+    scores = {}
+    for pool in pools:
+        outcomes = run_dev(pool)
+        lm_dev = [q for q in dev if q in outcomes]
+        tuning.need_dev(lm_dev, f"{method}'s pool")
+        scores[pool] = tuning.mean_score(evaluation.qrels, outcomes, lm_dev, metric)
+    pool = max(pools, key=lambda p: (scores[p], -pools.index(p)))
+    _tuned(evaluation, f"{method} stage 2", group, {
+        "chosen": {"pool": pool, f"dev_{metric}": round(scores[pool], 4)},
+        "pools": {p: {"pool": p, f"dev_{metric}": round(score, 4)} for p, score in scores.items()}})
+    return pool
 
 
 class _LMRuns:

@@ -109,12 +109,16 @@ SCORE_VARIANT_SETTINGS = {"rerank:attention": "attention_layers"}  # rerank:<sco
 
 
 def _stage2_values(evaluation: Evaluation, method: str, why: str) -> list[TunedValue]:
-    chosen = evaluation.tuned[f"{method} stage 2"]["chosen"]
-    weight = ("prior_weight", float(chosen["value"])) if chosen["mix"] == "zsum" else ("within_m", int(chosen["value"]))
-    # With [lm] upr_prior the dev grid also mixes with UPR's values over the pool ("prior:upr").
-    values = [("pool", chosen["pool"]), ("prior", "upr" if chosen["prior"] == "prior:upr" else "pool"),
-              ("mix", chosen["mix"]), weight]
-    if "@" in chosen["score"]:  # a variant of the score chosen on dev: the setting that selects it
+    lm = evaluation.bench.lm_options
+    only_pool = {"pool": lm.get("pools", [lm.get("pool", "cosine")])[0]}  # a set method with one pool: none tuned
+    chosen = evaluation.tuned.get(f"{method} stage 2", {}).get("chosen", only_pool)
+    values = [("pool", chosen["pool"])]
+    if "mix" in chosen:  # the set methods rank by their own order: no mix to write
+        weight = ("prior_weight", float(chosen["value"])) if chosen["mix"] == "zsum" else \
+            ("within_m", int(chosen["value"]))
+        # With [lm] upr_prior the dev grid also mixes with UPR's values over the pool ("prior:upr").
+        values += [("prior", "upr" if chosen["prior"] == "prior:upr" else "pool"), ("mix", chosen["mix"]), weight]
+    if "@" in chosen.get("score", ""):  # a variant of the score chosen on dev: the setting that selects it
         score, variant = chosen["score"].split("@", 1)
         values.append((SCORE_VARIANT_SETTINGS[score], variant))
     # The benchmark's own stage-2 settings (n, doc_tokens, estimator, ...): the dev score holds with them.

@@ -62,13 +62,13 @@ def mean_score(qrels, outcomes, query_ids, metric: str) -> float:
         return float(evaluate(as_qrels(qrels, query_ids), as_run(outcomes, query_ids), metric, make_comparable=True))
 
 
-def _need_dev(dev: list[str], what: str) -> None:
+def need_dev(dev: list[str], what: str) -> None:
     if not dev:
         raise ValueError(f"{what} is tuned on dev queries, and this benchmark has none (raise [split] dev)")
 
 
 def best_static_source(qrels, singles: dict[str, dict], dev: list[str], metric: str) -> tuple[str, dict]:
-    _need_dev(dev, "static-best")
+    need_dev(dev, "static-best")
     scores = {source: round(mean_score(qrels, outcomes, dev, metric), 4) for source, outcomes in singles.items()}
     return max(scores, key=lambda s: (scores[s], s)), scores
 
@@ -76,7 +76,7 @@ def best_static_source(qrels, singles: dict[str, dict], dev: list[str], metric: 
 def learned_fusion(qrels, singles: dict[str, dict], dev: list[str], apply_to: list[str], norm: str, step: float,
                    metric: str):
     """Weights optimised by ranx on the dev queries, then fused by ranx for the `apply_to` queries."""
-    _need_dev(dev, "learned-fusion")
+    need_dev(dev, "learned-fusion")
     sources = list(singles)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -100,7 +100,7 @@ def selection_settings(
 ) -> tuple[SelectionSettings, list[dict]]:
     """Grid search of stage 1 and of select's fusion on the dev queries; `rank_sources(query_id, sources, fusion)`
     ranks with those sources."""
-    _need_dev(dev, "stage 1 (select, gro)")
+    need_dev(dev, "stage 1 (select, gro)")
     grid, best, best_score = [], SelectionSettings(), -1.0
     for fusion, redundancy_weight, threshold, max_sources in product(SELECT_FUSIONS, REDUNDANCY_WEIGHTS, THRESHOLDS,
                                                                      MAX_SOURCES):
@@ -149,7 +149,7 @@ def best_mix(qrels, outcomes: dict, dev: list[str], score_keys: list[str], prior
     """(chosen point, its dev score, every point's dev score) of the score/prior mix on the dev queries; where a
     scorer keeps variants of its score (`score_keys` after the first), the variant is chosen with the mix."""
     dev = [q for q in dev if q in outcomes]
-    _need_dev(dev, "the score/prior mix")
+    need_dev(dev, "the score/prior mix")
     grid, best, best_score = [], None, -1.0
     for point in mix_grid(score_keys, prior_keys):
         mixed = {q: mix_prior(outcomes[q], point["score"], point["prior"], point["mix"], point["value"]) for q in dev}
