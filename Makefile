@@ -47,8 +47,8 @@ clean:
 # Benchmarks report numbers into committed files under results/; they are not tests. Each benchmark file in
 # benchmarks/ also has a small --quick variant whose expected scores sit next to it (checked by the tests).
 BENCHMARKS := federated qa dl19
-.PHONY: bench bench-skeleton bench-serve bench-postgres bench-stage2 bench-conditional bench-scale bench-evidence bench-documents $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
-bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-stage2 bench-conditional bench-serve bench-postgres bench-scale bench-evidence bench-documents
+.PHONY: bench bench-skeleton bench-serve bench-postgres bench-stage2 bench-defaults bench-conditional bench-scale bench-evidence bench-documents $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
+bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-defaults bench-stage2 bench-conditional bench-serve bench-postgres bench-scale bench-evidence bench-documents
 
 bench-skeleton: install
 	$(BIN)/python bench/skeleton_scifact.py
@@ -61,6 +61,10 @@ bench-postgres: install
 
 bench-stage2: install
 	$(BIN)/python bench/stage2_passes.py
+
+# Stage 2's default from the three benchmarks' committed results (run after bench-federated, bench-qa, bench-dl19).
+bench-defaults: install
+	$(BIN)/python bench/stage2_defaults.py
 
 # Conditional selection: how the one-pass estimate tracks set-level UPR round by round (results/conditional/).
 bench-conditional: install

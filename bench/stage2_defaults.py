@@ -1,0 +1,125 @@
+"""Which stage-2 signal the benchmarks' dev choices agree on: reads the committed results of the federated, QA and
+DL19 benchmarks and writes, per benchmark and signal, the pool, prior and mix its dev queries chose, its dev score
+there, its test score on the scoring-LM subsample and its cost, then ranks the signals on dev in each benchmark.
+
+    python bench/stage2_defaults.py            # writes results/stage2/defaults.md
+
+Only signals a query can run with are ranked: the gold (reference-answer) target and the leave-one-out oracles are
+left out. A signal's method is the one each benchmark ran it as (`gro/query` is the gradient behind stage 1).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from gradfuse.eval.benchmark import base_method, method_target
+from gradfuse.methods import STAGE2_METHODS, spec_of
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ("federated", "qa", "dl19")
+LM_TABLE = "scoring-LM subsample of the test queries"
+ORACLES = ("loo", "loo-greedy")
+
+
+def signal_of(method: str) -> str:
+    """The stage-2 signal a benchmark row ranks by: gro's is the default the benchmark ran with, the gradient."""
+    return spec_of(base_method(method), "gradient").scorer
+
+
+def _choices(tuned: dict) -> list[dict]:
+    """The chosen points of a stage-2 method: one per fold with cross-fitting, else one."""
+    return [fold["chosen"] for fold in tuned.values()] if "chosen" not in tuned else [tuned["chosen"]]
+
+
+def _point(chosen: dict) -> str:
+    if "mix" not in chosen:
+        return f"{chosen['pool']}, own order"
+    prior = "UPR" if chosen["prior"] == "prior:upr" else "pool"
+    score = chosen.get("score", "").partition("@")[2]
+    weight = "alone" if chosen["mix"] == "zsum" and chosen["value"] == 0 else f"{chosen['mix']} {chosen['value']:g}"
+    return f"{chosen['pool']}, prior {prior}, {weight}" + (f", layers {score}" if score else "")
+
+
+def benchmark_rows(name: str) -> tuple[str, list[dict]]:
+    results = json.loads((ROOT / "results" / name / "results.json").read_text())
+    metric, headline = results["tuning_metric"], results["headline"]
+    table = next(t for t in results["tables"] if t["name"] == LM_TABLE)
+    rows = []
+    for row in table["rows"]:
+        method = row["method"]
+        if ":" in method or base_method(method) not in STAGE2_METHODS or base_method(method) in ORACLES or \
+                method_target(method) == "gold":
+            continue
+        tuned = results["tuned"].get(f"{method} stage 2")
+        choices = _choices(tuned) if tuned else []
+        dev = [c[f"dev_{metric}"] for c in choices]
+        rows.append({"benchmark": name, "method": method, "signal": signal_of(method), "metric": metric,
+                     "dev": sum(dev) / len(dev) if dev else None, "test": row[metric]["mean"],
+                     "headline": headline, "headline_test": row[headline]["mean"], "ms": row["ranking_ms_p50"],
+                     "choice": "; ".join(f"{point} ({count}x)" if len(choices) > 1 else point for point, count in
+                                         Counter(_point(c) for c in choices).most_common()) or "first pool, not tuned"})
+    return results["commit"], rows
+
+
+def signal_ranks(rows: list[dict]) -> dict[str, dict]:
+    """Each signal's place in one benchmark, by its best method on dev (the row dev would pick), and that row's
+    test place among the signals' picks."""
+    picks = {}
+    for row in rows:
+        best = picks.get(row["signal"])
+        if best is None or (row["dev"] or -1) > (best["dev"] or -1):
+            picks[row["signal"]] = row
+    for key in ("dev", "test"):
+        ranked = sorted((r for r in picks.values() if r[key] is not None), key=lambda r: -r[key])
+        for place, row in enumerate(ranked, 1):
+            row[f"{key}_rank"] = place
+    return picks
+
+
+def main() -> None:
+    lines = ["# Stage 2's default: what the benchmarks' dev choices agree on", "",
+             "Command: `python bench/stage2_defaults.py`, from the committed results of "
+             + ", ".join(f"`results/{b}`" for b in BENCHMARKS) + ". Dev: the method's score at its chosen point "
+             "on the benchmark's LM dev queries (mean over folds for DL19); test: the scoring-LM subsample; "
+             "rank 1 is best, among the signals (a signal run as several methods is ranked by the one dev prefers; "
+             "the others show no rank). The tuning metric is each benchmark's own.", ""]
+    every = []
+    for name in BENCHMARKS:
+        commit, rows = benchmark_rows(name)
+        every += signal_ranks(rows).values()
+        lines += [f"## {name} (commit {commit})", "",
+                  f"| method | signal | dev {rows[0]['metric']} (rank) | test {rows[0]['metric']} (rank) | "
+                  f"test {rows[0]['headline']} | ms a query | dev choice |", "|---|---|---:|---:|---:|---:|---|"]
+        for row in sorted(rows, key=lambda r: -(r["dev"] or -1)):
+            dev = f"{row['dev']:.4f} ({row.get('dev_rank', '–')})" if row["dev"] is not None else "–"
+            lines.append(f"| {row['method']} | {row['signal']} | {dev} | {row['test']:.4f} ({row.get('test_rank', '–')}) | "
+                         f"{row['headline_test']:.4f} | {row['ms']:,.0f} | {row['choice']} |")
+        lines.append("")
+    signals = sorted({r["signal"] for r in every})
+    lines += ["## Across the benchmarks", "", "| signal | dev ranks | mean dev rank | test ranks | mean test rank |",
+              "|---|---|---:|---|---:|"]
+    summary = []
+    for signal in signals:
+        rows = [r for r in every if r["signal"] == signal]
+        dev = [r["dev_rank"] for r in rows if "dev_rank" in r]
+        test = [r["test_rank"] for r in rows]
+        mean_dev = sum(dev) / len(dev) if dev else None
+        if len(dev) == len(BENCHMARKS):  # only a signal tuned on every benchmark's dev queries can be compared
+            summary.append((mean_dev, sum(test) / len(test), signal))
+        lines.append(f"| {signal} | " + ", ".join(f"{r['benchmark']} {r.get('dev_rank', '–')}" for r in rows) +
+                     f" | {'–' if mean_dev is None else f'{mean_dev:.2f}'} | " +
+                     ", ".join(f"{r['benchmark']} {r['test_rank']}" for r in rows) + f" | {sum(test) / len(test):.2f} |")
+    if summary:
+        best_dev, best_test = min(summary), min(summary, key=lambda s: (s[1], s[0]))
+        lines += ["", f"Of the signals tuned on all {len(BENCHMARKS)} benchmarks' dev queries, the best mean dev rank: "
+                  f"**{best_dev[2]}** ({best_dev[0]:.2f}); the best mean test rank: **{best_test[2]}** "
+                  f"({best_test[1]:.2f})."]
+    out = ROOT / "results" / "stage2" / "defaults.md"
+    out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
