@@ -73,7 +73,8 @@ def benchmark_rows(name: str) -> tuple[str, list[dict]]:
         choices = _choices(tuned) if tuned else []
         dev = [c[f"dev_{metric}"] for c in choices]
         rows.append({"benchmark": name, "method": method, "signal": signal_of(method), "metric": metric,
-                     "dev": sum(dev) / len(dev) if dev else None, "grids": _grids(tuned, metric) if tuned else [], "test": row[metric]["mean"],
+                     "dev": sum(dev) / len(dev) if dev else None, "grids": _grids(tuned, metric) if tuned else [],
+                     "pools": Counter(c["pool"] for c in choices), "test": row[metric]["mean"],
                      "headline": headline, "headline_test": row[headline]["mean"], "ms": row["ranking_ms_p50"],
                      "choice": "; ".join(f"{point} ({count}x)" if len(choices) > 1 else point for point, count in
                                          Counter(_point(c) for c in choices).most_common()) or "first pool, not tuned"})
@@ -106,8 +107,11 @@ def mix_regrets(signal: str, picks: list[dict]) -> list[str]:
     measured = sorted({b for by in regrets.values() for b in by})
     complete = {point: by for point, by in regrets.items() if len(by) == len(measured)}
     ranked = sorted(complete, key=lambda point: sum(complete[point].values()))
-    lines = ["", f"## {signal}'s mix: dev regret of each point (best point of the grid minus the point, on the pool "
-             "dev chose)", "", "| prior | mix | value | " + " | ".join(measured) + " | mean |",
+    pools = "; ".join(f"{r['benchmark']} " + ", ".join(f"{pool} ({n}x)" for pool, n in r["pools"].most_common())
+                      for r in picks if r["signal"] == signal)
+    lines = ["", f"## {signal}'s pool and mix", "", f"The pools its dev queries chose: {pools}.", "",
+             "Dev regret of each mix point (the best point of the grid minus the point, on the pool dev chose):", "",
+             "| prior | mix | value | " + " | ".join(measured) + " | mean |",
              "|---|---|---:|" + "---:|" * (len(measured) + 1)]
     for prior, mix, value in ranked:
         by = complete[(prior, mix, value)]
