@@ -8,8 +8,9 @@ The rule. The dev sets (15 to 43 queries) separate the signals by less than thei
 signal ranked first on dev (the gradient, draft target) is last on test. So the default signal is the one with the
 best mean rank on the held-out test queries, over the signals measured in all three benchmarks (ties: the better
 mean dev rank); this is a choice among a handful of signals, stated as such, not a tuned score. Its mix (prior,
-z-sum weight or reordering depth) is the point of its dev grids with the least mean regret across the benchmarks,
-and its pool the one most dev choices took.
+z-sum weight or reordering depth) is the point of its dev grids with the least mean regret across the benchmarks.
+The pool depends on the sources (the sources' fusion is strong only where they are runs of one collection, as in
+DL19): the table lists what each benchmark's dev chose, and `gradfuse tune` writes it for one's own data.
 
 Only signals a query can run with are ranked: the gold (reference-answer) target and the leave-one-out oracles are
 left out. A signal's method is the one each benchmark ran it as (`gro/query` is the gradient behind stage 1).
@@ -157,7 +158,7 @@ def main() -> None:
         best_dev, best_test = min(summary), min(summary, key=lambda s: (s[1], s[0]))
         lines += ["", f"Of the signals tuned on all {len(BENCHMARKS)} benchmarks' dev queries, the best mean dev rank: "
                   f"**{best_dev[2]}** ({best_dev[0]:.2f}); the best mean test rank: **{best_test[2]}** "
-                  f"({best_test[1]:.2f}). The default signal is the second (see the module's docstring for why), "
+                  f"({best_test[1]:.2f}). The default signal is the second (the rule: this script's docstring), "
                   "its mix the point of least mean dev regret below."]
         lines += mix_regrets(best_test[2], every)
     out = ROOT / "results" / "stage2" / "defaults.md"
