@@ -260,7 +260,7 @@ def test_gradfuse_serve_starts_from_the_command_line(workspace):
 @pytest.mark.slow
 def test_ask_streams_search_then_tokens_then_the_answer(workspace):
     body = {"query": "Which planet has the moons Phobos and Deimos?", "method": "gro", "k": 3, "n": 4,
-            "max_new_tokens": 24, "target": "query"}
+            "max_new_tokens": 24, "target": "query", "scorer": "gradient"}
     with serving(create_app(workspace)) as url:
         plain = post(url, "/ask", body).json()
         with httpx.stream("POST", url + "/ask", json={**body, "stream": True}, timeout=120) as response:
