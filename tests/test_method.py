@@ -107,7 +107,7 @@ def test_gro_end_to_end_over_sources_with_explanation(tmp_path):
     ws = Workspace(Config(workspace=tmp_path / "ws", k=3))
     ws.index(SourceSpec("vault", "jsonl", str(tmp_path / "vault.jsonl")))
     ws.index(SourceSpec("misc", "jsonl", str(tmp_path / "misc.jsonl")))
-    result = ws.search(QUESTION, method="gro", retrieval="dense", target="query", n=4)
+    result = ws.search(QUESTION, method="gro", retrieval="dense", target="query", n=4, scorer="gradient")
     assert result.selection is not None and "vault" in result.selection.sources
     assert result.rerank is not None and result.rerank.target == QUESTION
     assert {c.source for c in result.candidates} <= set(result.selection.sources) and "lm_pass" in result.timings
@@ -118,6 +118,9 @@ def test_gro_end_to_end_over_sources_with_explanation(tmp_path):
     # gro's signal is a setting: with UPR it ranks as the upr method does, and takes no target then
     by_upr = ws.search(QUESTION, method="gro", retrieval="dense", n=4, pool="rrf", scorer="upr", target="gold")
     assert by_upr.rerank.scorer == "upr" and [c.key for c in by_upr.candidates] == [c.key for c in fused.candidates]
+    # which is its default (results/stage2/defaults.md): no signal named, gro ranks as with scorer="upr"
+    default = ws.search(QUESTION, method="gro", retrieval="dense", n=4, pool="rrf")
+    assert default.rerank.scorer == "upr" and [c.key for c in default.candidates] == [c.key for c in by_upr.candidates]
     dense = ws.search(QUESTION, method="dense", retrieval="dense")
     assert [c.scores["prior"] for c in dense.candidates] == sorted((c.scores["prior"] for c in dense.candidates),
                                                                    reverse=True)

@@ -54,8 +54,8 @@ def test_ask_on_the_page_then_open_the_cited_passage(workspace, browser):
         expect(citation).to_be_visible(timeout=240_000)
         expect(page.locator("#stage1 tbody tr.chosen")).not_to_have_count(0)
         expect(page.locator("#score-chart rect.bar[data-series='prior']")).not_to_have_count(0)
-        expect(page.locator("#score-chart rect.bar[data-series='rerank:reader_gate']")).not_to_have_count(0)
-        expect(page.locator("#timings")).to_contain_text("gradient pass")
+        expect(page.locator("#score-chart rect.bar[data-series='rerank:upr']")).not_to_have_count(0)  # gro's default
+        expect(page.locator("#timings")).to_contain_text("scoring-LM pass")
         expect(page.locator("#timings")).to_contain_text("generation")
         expect(page.locator("#citation-note")).to_contain_text("SmolLM2-135M")  # who wrote it, and its size
 

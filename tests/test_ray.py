@@ -179,7 +179,7 @@ def test_the_service_keeps_answering_when_a_replica_dies(cluster, workspace, tmp
     with gradfuse_serve(workspace.root, "--config", str(config), env=ENV, log=tmp_path / "serve.log") as url:
         assert httpx.get(url + "/healthz").json()["scorer_replicas"] == 2
         # The LM line counts the replicas: lm_queue 1 with two replicas admits two at once, not one.
-        drafts = {**body, "target": "draft"}
+        drafts = {**body, "target": "draft", "scorer": "gradient"}  # a drafted answer: long enough to overlap
         with ThreadPoolExecutor(max_workers=4) as pool:
             statuses = sorted(pool.map(lambda _: httpx.post(url + "/search", json=drafts, timeout=120).status_code,
                                        range(4)))

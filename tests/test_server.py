@@ -156,7 +156,8 @@ BAD_REQUESTS = [
     (b'{"query": "moons", "sources": ["no/where"]}', "application/json", 422, "invalid source name: use 1 to 64"),
     (b'{"query": "moons", "target": "vibes"}', "application/json", 422, "target: Input should be"),
     (b'{"query": "moons", "sorce": ["astronomy"]}', "application/json", 422, "sorce: Extra inputs"),
-    (b'{"query": "moons", "method": "gro", "target": "gold"}', "application/json", 422, "needs a reference answer (gold)"),
+    (b'{"query": "moons", "method": "gro", "scorer": "gradient", "target": "gold"}', "application/json", 422,
+     "needs a reference answer (gold)"),
     (b"query=moons", "application/x-www-form-urlencoded", 415, "application/json"),
     (json.dumps({"query": "x" * 70_000}).encode(), "application/json", 413, "limit of 65536 bytes"),
 ]
@@ -260,7 +261,7 @@ def test_gradfuse_serve_starts_from_the_command_line(workspace):
 @pytest.mark.slow
 def test_ask_streams_search_then_tokens_then_the_answer(workspace):
     body = {"query": "Which planet has the moons Phobos and Deimos?", "method": "gro", "k": 3, "n": 4,
-            "max_new_tokens": 24, "target": "query"}
+            "max_new_tokens": 24, "target": "query", "scorer": "gradient"}
     with serving(create_app(workspace)) as url:
         plain = post(url, "/ask", body).json()
         with httpx.stream("POST", url + "/ask", json={**body, "stream": True}, timeout=120) as response:
@@ -395,7 +396,7 @@ def test_stage2_passes_are_bounded_in_tokens_and_gold_in_characters(server, work
     limits = httpx.get(server + "/options").json()["limits"]
     assert limits["max_pass_tokens"] == workspace.config.rerank.max_pass_tokens and limits["max_gold_chars"] > 0
     long_query = "Which planet has these moons: " + " ".join(str(i) for i in range(1400))  # 6,000 characters
-    refused = post(server, "/search", {"query": long_query, "method": "gro", "target": "query"})
+    refused = post(server, "/search", {"query": long_query, "method": "gro", "scorer": "gradient", "target": "query"})
     assert refused.status_code == 422 and "max_pass_tokens" in refused.json()["detail"], refused.text[:300]
     assert "tokens" in refused.json()["detail"]
     pointwise = post(server, "/search", {"query": long_query[:1500], "method": "upr", "n": 3})
@@ -403,7 +404,8 @@ def test_stage2_passes_are_bounded_in_tokens_and_gold_in_characters(server, work
     packed = post(server, "/search", {"query": long_query[:1500], "method": "gradient", "n": 3, "target": "gold",
                                       "gold": long_query[:1000]})  # question and gold in one packed pass
     assert packed.status_code == 422 and "max_pass_tokens" in packed.json()["detail"]
-    gold = post(server, "/search", {"query": "moons", "method": "gro", "target": "gold", "gold": "Phobos " * 500})
+    gold = post(server, "/search", {"query": "moons", "method": "gro", "scorer": "gradient", "target": "gold",
+                                    "gold": "Phobos " * 500})
     assert gold.status_code == 422 and "max_gold_chars" in gold.json()["detail"]
     with pytest.raises(PassTooLong, match="max_pass_tokens"):
         workspace.search(long_query, method="gradient", target="query")

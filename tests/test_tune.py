@@ -67,3 +67,19 @@ def test_a_set_method_tuned_on_dev_writes_its_pool_and_no_mix():
     assert written == {"pool": "rrf", "n": 10, "set_rounds": 3}
     bench.lm_options["pools"], evaluation.tuned = ["cosine"], {}  # one pool, so nothing was tuned: that pool
     assert {v.key: v.value for v in _stage2_values(evaluation, "conditional", "dev")}["pool"] == "cosine"
+
+
+def test_tune_writes_gros_signal_only_for_gro():
+    """A benchmark pins gro's signal ([lm] scorer); tune writes it as [rerank] scorer when gro won on dev, and not
+    when another method did (it would change what the user's gro ranks by)."""
+    from types import SimpleNamespace
+
+    from gradfuse.eval.tune import _stage2_values
+
+    chosen = {"pool": "cosine", "score": "rerank:reader_gate", "prior": "prior", "mix": "zsum", "value": 2.0}
+    bench = SimpleNamespace(lm_options={"pools": ["cosine"], "n": 10, "scorer": "gradient"})
+    evaluation = SimpleNamespace(bench=bench, tuned={"gro/query stage 2": {"chosen": chosen},
+                                                     "upr stage 2": {"chosen": {**chosen, "score": "rerank:upr"}}})
+    by_gro = {v.key: v.value for v in _stage2_values(evaluation, "gro/query", "dev")}
+    assert by_gro["scorer"] == "gradient" and by_gro["prior_weight"] == 2.0 and by_gro["target"] == "query"
+    assert "scorer" not in {v.key for v in _stage2_values(evaluation, "upr", "dev")}

@@ -31,13 +31,13 @@ Example (every key optional)::
     fusion = "dense"                 # how select ranks the chosen sources: rrf | combsum-z | concat | dense
     [rerank]                         # stage 2 (gradfuse.rerank.RerankSettings)
     model = "smollm2"                # white-box scoring LM (local only: gradients are needed)
-    scorer = "gradient"              # gro's stage-2 signal: gradient | calibrated-gate | attention | upr | ...
+    scorer = "upr"                   # gro's stage-2 signal: upr (best on the benchmarks) | gradient | attention | ...
     n = 10
     estimator = "reader_gate"        # reader_gate | gate | grad_x_input
     target = "draft"                 # draft | gold | query
     pool = "cosine"                  # cosine | rrf | combsum-z: which ranking picks the n and is their prior
     mix = "zsum"                     # zsum: final = z(score) + prior_weight * z(prior); within: reorder the top m
-    prior_weight = 4.0
+    prior_weight = 1.0
     within_m = 3
     dtype = "float32"                # of the passes: float32 | bfloat16
     cross_encoder = ""               # a local CrossEncoder folder, for --method cross-encoder

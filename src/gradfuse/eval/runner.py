@@ -34,7 +34,7 @@ from gradfuse.eval.benchmark import (
     sample_queries,
 )
 from gradfuse.execute import Executor
-from gradfuse.methods import MIXED_METHODS, STAGE1_METHODS, TARGET_METHODS
+from gradfuse.methods import CONFIGURED, METHOD_SPECS, MIXED_METHODS, STAGE1_METHODS, TARGET_METHODS
 from gradfuse.selection import SelectionSettings, choose_sources
 from gradfuse.sources.federated import FederatedResult
 from gradfuse.workspace import SearchResult, Workspace
@@ -258,6 +258,8 @@ def _run_lm_method(evaluation, ws, retrieved, profiles, method, groups, selectio
     base, target = base_method(method), method_target(method) or "draft"
     lm = dict(bench.lm_options)
     pools, upr_prior = lm.pop("pools", [lm.get("pool", "cosine")]), lm.pop("upr_prior", False)
+    if METHOD_SPECS[base].scorer != CONFIGURED:  # only gro reads [lm] scorer; the others' runs stay as they were
+        lm.pop("scorer", None)
     mixes = base in MIXED_METHODS
     options = {**lm, "prior_weight": 0.0, "mix": "zsum", "prior": "pool"}
     if base in TARGET_METHODS:

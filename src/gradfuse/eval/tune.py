@@ -24,6 +24,8 @@ from gradfuse.eval.benchmark import EVALUATION_METHODS, Benchmark, base_method, 
 from gradfuse.eval.runner import Evaluation, run_benchmark
 from gradfuse.eval.tuning import mean_score
 from gradfuse.execute import Executor
+from gradfuse.methods import CONFIGURED, METHOD_SPECS
+from gradfuse.rerank.base import RerankSettings
 
 ORACLES = ("oracle-origin", "loo", "loo-greedy")  # they read the relevance judgements or the gold answer
 _FUSION_OF_NORM = {"zmuv": "combsum-z", "min-max": "combsum"}
@@ -123,7 +125,10 @@ def _stage2_values(evaluation: Evaluation, method: str, why: str) -> list[TunedV
         values.append((SCORE_VARIANT_SETTINGS[score], variant))
     # The benchmark's own stage-2 settings (n, doc_tokens, estimator, ...): the dev score holds with them.
     values += [(key, value) for key, value in evaluation.bench.lm_options.items()
-               if key not in ("pools", "pool", "upr_prior", "prior", "mix", "prior_weight", "within_m", "target")]
+               if key not in ("pools", "pool", "upr_prior", "prior", "mix", "prior_weight", "within_m", "target",
+                              "scorer")]
+    if METHOD_SPECS[base_method(method)].scorer == CONFIGURED:  # gro's signal, as the benchmark ran it
+        values.append(("scorer", lm.get("scorer", RerankSettings().scorer)))
     if method_target(method):
         values.append(("target", method_target(method)))
     return [TunedValue("rerank", key, value, why) for key, value in values]

@@ -6,7 +6,7 @@ const $ = (id) => document.getElementById(id);
 const TIMING_STEPS = [  // what the latency bar shows, in pipeline order
   ["retrieval", "retrieval", "#6b8bd6"], ["selection", "stage 1 selection", "#58a37a"],
   ["prior", "prior (encoder)", "#9aa7b8"], ["target", "target (draft)", "#c9a227"],
-  ["lm_pass", "gradient pass", "#d06a2f"], ["generation", "generation", "#8b5cc7"],
+  ["lm_pass", "scoring-LM pass", "#d06a2f"], ["generation", "generation", "#8b5cc7"],
 ];
 let options = null;
 let shown = { passages: [], estimator: "gate", evidence: [] };
@@ -200,25 +200,25 @@ function showStage1(result) {
 
 function showChart(candidates, method, rerank) {
   // The stage-2 score the method ranked by (rerank:gate, rerank:upr, ...), else the estimator asked for.
-  const gradientName = rerank?.score_key ?? `rerank:${shown.estimator}`;
+  const scoreName = rerank?.score_key ?? `rerank:${shown.estimator}`;
   const scored = candidates.filter((c) => "prior" in c.scores);
   const section = $("chart-section");
   section.hidden = false;
   if (!scored.length) {
-    $("chart-note").textContent = `method ${method} computes no prior or gradient score (choose dense, gradient or gro).`;
+    $("chart-note").textContent = `method ${method} computes no prior or stage-2 score (choose dense, gro or a stage-2 method).`;
     $("chart").innerHTML = "";
     return;
   }
-  const hasGradient = scored.some((c) => gradientName in c.scores);
+  const hasScore = scored.some((c) => scoreName in c.scores);
   $("chart-note").innerHTML = `<span class="swatch" style="background:var(--prior)"></span>prior (the pool's order: cosine to the query or the sources' fusion) ` +
-    (hasGradient ? `<span class="swatch" style="background:var(--grad)"></span>stage-2 score (${escapeHtml(gradientName)}); bars are scaled to each series' largest magnitude, labels give the raw values.`
-                 : `— method ${escapeHtml(method)} makes no gradient pass.`);
-  const series = [["prior", "var(--prior)"]].concat(hasGradient ? [[gradientName, "var(--grad)"]] : []);
+    (hasScore ? `<span class="swatch" style="background:var(--grad)"></span>stage-2 score (${escapeHtml(scoreName)}); bars are scaled to each series' largest magnitude, labels give the raw values.`
+                 : `— method ${escapeHtml(method)} makes no scoring-LM pass.`);
+  const series = [["prior", "var(--prior)"]].concat(hasScore ? [[scoreName, "var(--grad)"]] : []);
   const scale = Object.fromEntries(series.map(([name]) =>
     [name, Math.max(1e-12, ...scored.map((c) => Math.abs(c.scores[name] ?? 0)))]));
   const row = 18 * series.length + 10, label = 190, half = 230, width = label + 2 * half + 60;
   const mid = label + half;
-  let svg = `<svg id="score-chart" width="${width}" height="${row * scored.length + 10}" role="img" aria-label="prior and gradient score per document">`;
+  let svg = `<svg id="score-chart" width="${width}" height="${row * scored.length + 10}" role="img" aria-label="prior and stage-2 score per document">`;
   svg += `<line x1="${mid}" x2="${mid}" y1="0" y2="${row * scored.length}" stroke="#c4ccd8"/>`;
   scored.forEach((c, i) => {
     const y = i * row + 4;
