@@ -42,23 +42,32 @@ def main() -> None:
     parser.add_argument("--set", dest="query_set", default=None, help="only this query set's queries")
     parser.add_argument("--runs", type=Path, default=None, help="default: .gradfuse/runs/<benchmark name>")
     args = parser.parse_args()
-    bench = load_benchmark(args.benchmark)
+    print(f"| method | queries | {args.metric} | {args.baseline} | Δ | p |\n|---|---:|---:|---:|---:|---:|")
+    for row in paired(args.benchmark, args.metric, args.baseline, args.methods, args.query_set, args.runs):
+        print(f"| {row['method']} | {row['queries']} | {row['mean']:.3f} | {row['baseline']:.3f} | "
+              f"{row['delta']:+.3f} | {row['p']:.3g} |")
+
+
+def paired(benchmark: Path, metric: str, baseline: str, methods: list[str], query_set: str | None = None,
+           runs: Path | None = None) -> list[dict]:
+    """Each method against the baseline on the queries both ran: their means, the difference and its p."""
+    bench = load_benchmark(benchmark)
     _, qrels, _ = queries_and_qrels(bench)
-    runs = args.runs or ROOT / ".gradfuse" / "runs" / bench.name
+    runs = runs or ROOT / ".gradfuse" / "runs" / bench.name
 
     def values(method: str) -> dict[str, float]:
         outcomes = read_run(runs / f"{method.replace('/', '-').replace(':', '-')}.trec")
-        ids = [q for q in outcomes if args.query_set is None or q.startswith(f"{args.query_set}/")]
-        return per_query(qrels, outcomes, ids, [args.metric])[args.metric]
+        ids = [q for q in outcomes if query_set is None or q.startswith(f"{query_set}/")]
+        return per_query(qrels, outcomes, ids, [metric])[metric]
 
-    base = values(args.baseline)
-    print(f"| method | queries | {args.metric} | {args.baseline} | Δ | p |\n|---|---:|---:|---:|---:|---:|")
-    for method in args.methods:
+    base, rows = values(baseline), []
+    for method in methods:
         own = values(method)
         shared = [q for q in own if q in base]
         a, b = np.array([own[q] for q in shared]), np.array([base[q] for q in shared])
-        print(f"| {method} | {len(shared)} | {a.mean():.3f} | {b.mean():.3f} | {a.mean() - b.mean():+.3f} | "
-              f"{paired_p_value(a, b):.3g} |")
+        rows.append({"method": method, "queries": len(shared), "mean": a.mean(), "baseline": b.mean(),
+                     "delta": a.mean() - b.mean(), "p": paired_p_value(a, b)})
+    return rows
 
 
 if __name__ == "__main__":
