@@ -75,9 +75,9 @@ def one_question(lm, question: str, docs: list[str], rounds: int) -> dict:
             row[name] = {"spearman": float(rho), "same_choice": float(remaining[int(np.argmax(values))] == best)}
         per_round.append(row)
         chosen.append(best)
-    conditional_order = conditional.score(question, docs, RerankSettings(n=n, set_rounds=rounds), k=n).values
+    conditional_values = conditional.score(question, docs, RerankSettings(n=n, set_rounds=rounds), k=n).values
     orders = {"prior (cosine)": list(range(n)), "UPR": [int(i) for i in np.argsort(-upr, kind="stable")],
-              "conditional": [int(i) for i in np.argsort(-conditional_order["conditional_gate"], kind="stable")],
+              "conditional": [int(i) for i in np.argsort(-conditional_values["conditional_gate"], kind="stable")],
               "set-upr": chosen_then_rest(chosen, n)}  # the exact path is set-upr's own choice
     return {"rounds": per_round, "orders": orders, "exact_path": chosen}
 

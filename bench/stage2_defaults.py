@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from functools import lru_cache
 from pathlib import Path
 
 from gradfuse.eval.benchmark import base_method, method_target
@@ -50,8 +51,9 @@ def _choices(tuned: dict) -> list[dict]:
 
 def _grids(tuned: dict, metric: str) -> list[dict]:
     """Per tuning group, the dev score of every mix point over the pool dev chose: (prior, mix, value) → score."""
-    return [{(p["prior"], p["mix"], p["value"]): p[metric] for p in group["pools"][group["chosen"]["pool"]]["dev_grid"]}
-            for group in _groups(tuned) if "dev_grid" in group["pools"][group["chosen"]["pool"]]]
+    chosen_pools = [group["pools"].get(group["chosen"]["pool"], {}) for group in _groups(tuned)]
+    return [{(p["prior"], p["mix"], p["value"]): p[metric] for p in pool["dev_grid"]}
+            for pool in chosen_pools if "dev_grid" in pool]  # the set methods have none
 
 
 def _point(chosen: dict) -> str:
@@ -63,8 +65,13 @@ def _point(chosen: dict) -> str:
     return f"{chosen['pool']}, prior {prior}, {weight}" + (f", layers {score}" if score else "")
 
 
+@lru_cache(maxsize=None)
+def _results(name: str) -> dict:
+    return json.loads((ROOT / "results" / name / "results.json").read_text())
+
+
 def benchmark_rows(name: str) -> tuple[str, list[dict]]:
-    results = json.loads((ROOT / "results" / name / "results.json").read_text())
+    results = _results(name)
     metric, headline = results["tuning_metric"], results["headline"]
     table = next(t for t in results["tables"] if t["name"] == LM_TABLE)
     rows = []
@@ -74,7 +81,7 @@ def benchmark_rows(name: str) -> tuple[str, list[dict]]:
             continue
         tuned = results["tuned"].get(f"{method} stage 2")
         choices = _choices(tuned) if tuned else []
-        dev = [c[f"dev_{metric}"] for c in choices]
+        dev = [c[f"dev_{metric}"] for c in choices if f"dev_{metric}" in c]  # none recorded with one pool
         rows.append({"benchmark": name, "method": method, "signal": signal_of(method), "metric": metric,
                      "dev": sum(dev) / len(dev) if dev else None, "grids": _grids(tuned, metric) if tuned else [],
                      "pools": Counter(c["pool"] for c in choices), "test": row[metric]["mean"],
@@ -129,7 +136,7 @@ def _runnable(method: str) -> bool:
 
 
 def _table_rows(name: str, table: str) -> dict[str, dict]:
-    results = json.loads((ROOT / "results" / name / "results.json").read_text())
+    results = _results(name)
     return {row["method"]: row for row in next(t for t in results["tables"] if t["name"] == table)["rows"]}
 
 

@@ -137,6 +137,13 @@ def test_a_set_method_ranks_from_the_pool_its_own_order_scores_best_on_dev():
     chosen = evaluation.tuned["conditional stage 2"]
     assert chosen["chosen"] == {"pool": "rrf", "dev_ndcg@10": 1.0} and chosen["pools"]["cosine"]["dev_ndcg@10"] < 1
 
+    def unrun(pool):
+        raise AssertionError("one pool: nothing to choose, so no dev run")
+
+    evaluation.tuned = {}  # one pool: it is the choice, recorded as such (tune writes it from the record)
+    assert _own_order_pool(evaluation, "conditional", 0, ["cosine"], unrun, list(qrels)) == "cosine"
+    assert evaluation.tuned["conditional stage 2"]["chosen"] == {"pool": "cosine"}
+
 
 @needs_data
 @pytest.mark.slow

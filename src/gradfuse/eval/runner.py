@@ -278,9 +278,8 @@ def _run_lm_method(evaluation, ws, retrieved, profiles, method, groups, selectio
     priors = ["prior", "prior:upr"] if with_upr else ["prior"]
     for group, ((dev, apply_to), selection) in enumerate(zip(groups, selections)):
         if not mixes:  # the oracles and the set methods: their own order, as they rank it
-            pool = pools[0]
-            if base not in ORACLE_METHODS and len(pools) > 1:  # a set method's pool: its own order's best on dev
-                pool = _own_order_pool(evaluation, method, group, pools, lambda p: run(p, selection, dev), dev)
+            pool = pools[0] if base in ORACLE_METHODS else _own_order_pool(
+                evaluation, method, group, pools, lambda p: run(p, selection, dev), dev)
             evaluation.outcomes.setdefault(method, {}).update(run(pool, selection, apply_to))
             continue
         choices = {}
@@ -306,8 +305,11 @@ def _run_lm_method(evaluation, ws, retrieved, profiles, method, groups, selectio
 
 def _own_order_pool(evaluation, method: str, group: int, pools: list[str], run_dev, dev: list[str]) -> str:
     """The pool under which a method that ranks by its own order (no mix) scores best on the dev queries; ties go
-    to the earlier pool."""
+    to the earlier pool. With one pool there is nothing to run: it is recorded as chosen."""
     metric = evaluation.bench.tuning_metric
+    if len(pools) == 1:
+        _tuned(evaluation, f"{method} stage 2", group, {"chosen": {"pool": pools[0]}, "pools": {}})
+        return pools[0]
     scores = {}
     for pool in pools:
         outcomes = run_dev(pool)

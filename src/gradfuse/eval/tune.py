@@ -112,8 +112,7 @@ SCORE_VARIANT_SETTINGS = {"rerank:attention": "attention_layers"}  # rerank:<sco
 
 def _stage2_values(evaluation: Evaluation, method: str, why: str) -> list[TunedValue]:
     lm = evaluation.bench.lm_options
-    only_pool = {"pool": lm.get("pools", [lm.get("pool", "cosine")])[0]}  # a set method with one pool: none tuned
-    chosen = evaluation.tuned.get(f"{method} stage 2", {}).get("chosen", only_pool)
+    chosen = evaluation.tuned[f"{method} stage 2"]["chosen"]
     values = [("pool", chosen["pool"])]
     if "mix" in chosen:  # the set methods rank by their own order: no mix to write
         weight = ("prior_weight", float(chosen["value"])) if chosen["mix"] == "zsum" else \
