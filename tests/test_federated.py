@@ -5,7 +5,9 @@ import time
 
 import pytest
 
-from gradfuse import Workspace
+from conftest import COOKING, write_jsonl
+
+from gradfuse import SourceSpec, Workspace
 from gradfuse.config import Config, SourceSettings
 from gradfuse.sources.federated import AllSourcesFailed, query_sources
 
@@ -89,3 +91,22 @@ def test_source_weights_from_the_config_reach_the_fusion(workspace):
     result = weighted.search("carbon dioxide", method="rrf", k=2, retrieval="bm25")
     assert [(c.source, c.doc_id) for c in result.candidates] == [("cooking", "bread"), ("astronomy", "venus")]
     assert result.candidates[0].scores["fusion:rrf"] == pytest.approx(3 / 61)
+
+
+def test_rrf_over_hybrid_sources_ranks_the_passage_both_rankings_agree_on_first_whatever_the_names(
+        tmp_path, corpus_dir):
+    """Each source fuses its BM25 and dense rankings; federated RRF fuses those rankings again as lists of their
+    own. Fused as one list per source, every source's first hit tied at 1/61 and came in the sources' name order."""
+    ws = Workspace(Config(workspace=tmp_path / "ws", retrieval="hybrid"))
+    ws.index(SourceSpec("a-cooking", "jsonl", str(write_jsonl(tmp_path / "cooking.jsonl", COOKING[:2]))))
+    ws.index(SourceSpec("b-gardening", "jsonl", str(write_jsonl(tmp_path / "garden.jsonl", [
+        {"id": "tomato", "title": "Tomatoes", "text": "Red tomatoes ripen in full sun; a brown spot on the fruit "
+                                                      "means blossom end rot."},
+        {"id": "roses", "title": "Roses", "text": "Prune roses in late winter, just above an outward-facing bud."},
+    ]))))
+    ws.index(SourceSpec("c-astronomy", "beir", str(corpus_dir / "astronomy")))
+    result = ws.search("Which planet has the Great Red Spot?", method="rrf", k=3)
+    first = result.candidates[0]
+    assert (first.source, first.doc_id) == ("c-astronomy", "jupiter")
+    assert first.retrieval_ranks == {"bm25": 1, "dense": 1}
+    assert first.scores["fusion:rrf"] == pytest.approx(2 / 61)

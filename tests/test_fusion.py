@@ -93,3 +93,20 @@ def test_unknown_method_names_the_choices():
 ])
 def test_every_method_works_when_only_one_source_answered(method, expected):
     assert scores(fuse(method, {"a": lists()["a"]}), method) == expected
+
+
+def test_rrf_fuses_a_hybrid_sources_bm25_and_dense_rankings_as_lists_of_their_own():
+    a = ranked("a", ("x", "text x", 2 / 61))  # first in both of its source's rankings
+    a[0].retrieval_ranks = {"bm25": 1, "dense": 1}
+    b = ranked("b", ("w", "text w", 1 / 61 + 1 / 90))  # first by BM25, 30th by cosine
+    b[0].retrieval_ranks = {"bm25": 1, "dense": 30}
+    fused = fuse("rrf", {"b": b, "a": a}, weights={"a": 1.0, "b": 2.0})
+    assert scores(fused, "rrf") == {"x": 2 / 61, "w": 2 * (1 / 61 + 1 / 90)}
+    assert scores(fuse("rrf", {"b": b, "a": a}), "rrf") == {"x": 2 / 61, "w": 1 / 61 + 1 / 90}
+
+
+def test_rrf_breaks_a_tie_by_how_far_each_first_hit_stands_above_its_own_list_not_by_source_name():
+    # Both first hits score 1/61; "b"'s stands far above the rest of its list, "a"'s barely.
+    lists = {"a": ranked("a", ("x", "text x", 10.0), ("x2", "text x2", 9.9), ("x3", "text x3", 9.8)),
+             "b": ranked("b", ("w", "text w", 9.0), ("w2", "text w2", 1.0), ("w3", "text w3", 0.5))}
+    assert [c.doc_id for c in fuse("rrf", lists)][:2] == ["w", "x"]

@@ -3,12 +3,20 @@
 These are what the per-query method has to beat, so the score arithmetic is ranx's wherever ranx has the
 method (CombMAX for concatenation, CombSUM/CombMNZ with min-max or z-score normalisation); weighted RRF is
 written here because ranx's RRF takes no weights, and a test checks it against ranx's with equal weights.
+
+RRF fuses the rankings the sources made, not only their final lists: a hybrid source's BM25 and dense rankings
+are two lists (`Candidate.retrieval_ranks`), as LlamaIndex's and Haystack's fusion of separate retrievers has it.
+Fused as one list each, every source's first hit scored 1/61 and they tied across sources. Ties that remain
+(every BM25-only source's first hit still scores 1/61) are broken by how far a candidate's native score stands
+above the rest of its own list (its z-score there), never by the sources' names.
 """
 
 from __future__ import annotations
 
 import threading
 import warnings
+
+import numpy as np
 
 from gradfuse.candidate import Candidate, merge_duplicates
 
@@ -69,16 +77,19 @@ def fuse(
     weights = {s: (weights or {}).get(s, 1.0) for s in per_source}
     if not per_source:
         return []
+    standing = {}
     if method == "rrf":
-        fused = _weighted_rrf(per_source, weights)
+        fused, standing = _weighted_rrf(per_source, weights), _standing(per_source)
     elif method.startswith("single:"):
         fused = {key: c.native_score for key, c in next(iter(per_source.values())).items()}
     else:
         fused = _ranx_fuse(method, per_source, weights)
     name = f"fusion:{method}"
     result = []
-    # Ties (common in rank fusion) break by rank in the source, then by name, so output is deterministic.
-    for key in sorted(fused, key=lambda key: (-fused[key], primaries[key].native_rank, primaries[key].key)):
+    # Ties (common in rank fusion) break by how far the candidate stands out in its own list (RRF), then by rank
+    # in the source, then by key, so output is deterministic.
+    for key in sorted(fused, key=lambda key: (-fused[key], -standing.get(key, 0.0), primaries[key].native_rank,
+                                              primaries[key].key)):
         primaries[key].scores[name] = fused[key]
         result.append(primaries[key])
     return result
@@ -103,11 +114,27 @@ def warm_up() -> None:
 
 
 def _weighted_rrf(per_source: dict[str, dict[str, Candidate]], weights: dict[str, float]) -> dict[str, float]:
+    """Sum over every ranking that holds the candidate, each a list of its own: a hybrid source's BM25 and dense
+    rankings, or a source's single ranking."""
     fused: dict[str, float] = {}
     for source, own in per_source.items():
         for key, candidate in own.items():
-            fused[key] = fused.get(key, 0.0) + weights[source] / (RRF_K + candidate.native_rank)
+            ranks = candidate.retrieval_ranks.values() or (candidate.native_rank,)
+            fused[key] = fused.get(key, 0.0) + weights[source] * sum(1.0 / (RRF_K + rank) for rank in ranks)
     return fused
+
+
+def _standing(per_source: dict[str, dict[str, Candidate]]) -> dict[str, float]:
+    """Each candidate's native score as a z-score within its own source's list (its best over the sources that
+    returned it): how clearly its source preferred it, comparable across sources whose raw scores are not."""
+    standing: dict[str, float] = {}
+    for own in per_source.values():
+        scores = np.array([c.native_score for c in own.values()], dtype=float)
+        spread = scores.std()
+        for key, score in zip(own, scores):
+            z = float((score - scores.mean()) / spread) if spread > 0 else 0.0
+            standing[key] = max(standing.get(key, z), z)
+    return standing
 
 
 def _ranx_fuse(

@@ -31,14 +31,18 @@ def hybrid_depth(k: int) -> int:
     return max(k, HYBRID_MIN_DEPTH)
 
 
-def rrf_in_source(rankings: list[list], k: int) -> list[tuple]:
-    """RRF of one source's own rankings (lexical and dense) by document key; equal sums by key. Shared by every
-    store, so `hybrid` means the same thing wherever a source lives."""
+def rrf_in_source(rankings: dict[str, list], k: int) -> list[tuple]:
+    """RRF of one source's own named rankings (bm25 and dense) by document key: (key, fused score, its rank in
+    each ranking that holds it), best first, equal sums by key. Shared by every store, so `hybrid` means the same
+    thing wherever a source lives; the ranks let a federated RRF fuse the lists themselves."""
     fused: dict = {}
-    for ranking in rankings:
+    ranks: dict = {}
+    for name, ranking in rankings.items():
         for rank, key in enumerate(ranking, start=1):
             fused[key] = fused.get(key, 0.0) + 1.0 / (HYBRID_RRF_K + rank)
-    return sorted(fused.items(), key=lambda item: (-item[1], item[0]))[:k]
+            ranks.setdefault(key, {})[name] = rank
+    best = sorted(fused.items(), key=lambda item: (-item[1], item[0]))[:k]
+    return [(key, score, ranks[key]) for key, score in best]
 _TOKEN = re.compile(r"\w+", flags=re.UNICODE)
 
 
@@ -127,12 +131,9 @@ class EmbeddedSource:
 
     def search(self, query: str, k: int, *, mode: str | None = None) -> list[Candidate]:
         mode, deeper = mode or self.mode, k + TIE_SLACK
-        if mode == "bm25":
-            rows, scores = self._bm25(query, deeper)
-        elif mode == "dense":
-            rows, scores = self._dense(query, deeper)
-        else:
-            rows, scores = self._hybrid(query, deeper)
+        if mode == "hybrid":
+            return self._hybrid(query, deeper, k)
+        rows, scores = self._bm25(query, deeper) if mode == "bm25" else self._dense(query, deeper)
         return rank_by_score(self._docs.candidates(self.name, rows, scores), k)
 
     def _bm25(self, query: str, k: int) -> tuple[list[int], list[float]]:
@@ -163,10 +164,13 @@ class EmbeddedSource:
         found = rows[0] >= 0  # faiss pads with -1 when the scanned lists hold fewer than k
         return rows[0][found].tolist(), scores[0][found].tolist()
 
-    def _hybrid(self, query: str, k: int) -> tuple[list[int], list[float]]:
-        depth = hybrid_depth(k)
-        best = rrf_in_source([self._bm25(query, depth)[0], self._dense(query, depth)[0]], k)
-        return [row for row, _ in best], [score for _, score in best]
+    def _hybrid(self, query: str, deeper: int, k: int) -> list[Candidate]:
+        depth = hybrid_depth(deeper)
+        best = rrf_in_source({"bm25": self._bm25(query, depth)[0], "dense": self._dense(query, depth)[0]}, deeper)
+        candidates = self._docs.candidates(self.name, [row for row, _, _ in best], [score for _, score, _ in best])
+        for candidate, (_, _, ranks) in zip(candidates, best):
+            candidate.retrieval_ranks = ranks
+        return rank_by_score(candidates, k)
 
     def stats(self) -> SourceStats:
         return stats_from_manifest(self.name, self._version, self._manifest, self.mode)

@@ -248,14 +248,16 @@ class PostgresSource:
         depth = hybrid_depth(k)
         rankings = [self._lexical(query, depth), self._dense(query, depth)]
         rows = {row[0]: row for ranking in rankings for row in ranking}  # by doc id; the score column is replaced
-        best = rrf_in_source([[row[0] for row in ranking] for ranking in rankings], k)
-        return [(*rows[doc_id][:-1], score) for doc_id, score in best]
+        best = rrf_in_source({name: [row[0] for row in ranking] for name, ranking in zip(("bm25", "dense"), rankings)},
+                             k)
+        return [(*rows[doc_id][:-1], score, ranks) for doc_id, score, ranks in best]
 
     def _candidate(self, row: tuple, rank: int) -> Candidate:
-        doc_id, title, text, parent_id, start, end, location, score = row
+        """A row of the select list and its score; a hybrid row also has its ranks in the fused rankings."""
+        doc_id, title, text, parent_id, start, end, location, score, *ranks = row
         return Candidate(source=self.name, doc_id=doc_id, text=text, title=title, native_score=float(score),
                          native_rank=rank, parent_id=parent_id, span=(start, end) if start is not None else None,
-                         location=Location.from_json(location))
+                         location=Location.from_json(location), retrieval_ranks=ranks[0] if ranks else {})
 
     def stats(self) -> SourceStats:
         s, metadata = self._table.settings, self._table.metadata
