@@ -36,6 +36,51 @@ def test_sentences_keep_their_spans_across_wrapped_lines_and_abbreviations():
     assert evidence.text == "The river then\nflooded." and evidence.parent_span == (500 + spans[1][0], 500 + spans[1][1])
 
 
+def _python_manual_page() -> str:
+    """Python's own manual page (it ships with the interpreter), as `man` renders it for a terminal."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    page = Path(sys.base_prefix) / "share" / "man" / "man1" / f"python{sys.version_info[0]}.{sys.version_info[1]}.1"
+    if not (page.is_file() and shutil.which("man") and shutil.which("col")):
+        pytest.skip("no Python manual page or no man(1) to render it (Debian: man-db)")
+    rendered = subprocess.run(["man", "--nh", "--nj", "-l", "-P", "cat", str(page)], capture_output=True, text=True,
+                              env={**os.environ, "MANWIDTH": "80"}, check=True).stdout
+    return subprocess.run(["col", "-bx"], input=rendered, capture_output=True, text=True, check=True).stdout
+
+
+def test_sentences_of_a_real_manual_page_keep_file_names_options_and_terms_whole():
+    text = _python_manual_page()
+    spans = sentence_spans(text)
+    sentences = [" ".join(text[a:b].split()) for a, b in spans]
+    # A dot that opens a file name or sits inside one ends no sentence ("the ." was once a quote).
+    assert not [text[a:b] for a, b in spans if text[b - 1] == "." and text[b:b + 1].isalnum()]
+    assert "-B Don't write .pyc files on import." in sentences  # an option with its description, one sentence
+    assert any(s.startswith("-m module-name Searches sys.path for the named module and runs the corresponding .py "
+                            "file as a script.") for s in sentences)
+    assert any(s.startswith("PYTHONPATH Augments the default search path") for s in sentences)  # a term, kept
+    assert not [s for s in sentences if s.startswith(("NAME", "DESCRIPTION", "COMMAND LINE OPTIONS"))]  # headings
+    assert not [s for s in sentences if "PYTHON(1)" in s]  # the page's header and footer lines
+
+
+def test_sentences_of_real_docstrings_keep_versions_and_cut_code_at_each_prompt():
+    import inspect
+    import json
+
+    doc = inspect.getdoc(json)
+    sentences = [doc[a:b] for a, b in sentence_spans(doc)]
+    prompts = [s for s in sentences if s.startswith(">>>")]
+    assert len(prompts) >= 10 and all(s.count(">>>") == 1 for s in prompts)  # one interpreter line a unit
+    assert any(s.startswith(">>> json.dumps(['foo'") and s.endswith("""'["foo", {"bar": ["baz", null, 1.0, 2]}]'""")
+               for s in sentences)  # with the output it printed
+    text = "The library was rewritten in version 2.0.1 for xz-utils 5.4.1. Files ending in .tar.gz are read too."
+    assert [text[a:b] for a, b in sentence_spans(text)] == [
+        "The library was rewritten in version 2.0.1 for xz-utils 5.4.1.", "Files ending in .tar.gz are read too."]
+
+
 @pytest.mark.slow
 def test_every_scorer_gives_one_value_per_sentence_and_calibration_subtracts_the_content_free_gate():
     lm = load_scorer("smollm2")

@@ -71,19 +71,31 @@ def _segmenter():
     return pysbd.Segmenter(language="en", clean=False, char_span=True)
 
 
-_WRAPPED = re.compile(r"(?<!\n)\n(?!\n)")  # a line break inside a paragraph (hard-wrapped text, Markdown)
 # What ends a block of sentences and is none itself: a blank line, a Markdown heading, a reStructuredText heading
-# (a line underlined by * = - ~ ^) or a bare rule.
+# (a line underlined by * = - ~ ^), a bare rule, a man page's header or footer line ("XZ(1)   XZ Utils   XZ(1)") and
+# a line in capitals alone (its section headings: NAME, SEE ALSO).
 _BREAK = re.compile(r"\n[ \t]*\n\s*|^[ \t]*#{1,6}[ \t][^\n]*$|^[^\n]*\S[^\n]*\n[ \t]*[*=\-~^]{3,}[ \t]*$"
-                    r"|^[ \t]*[*=\-~^]{3,}[ \t]*$", re.MULTILINE)
+                    r"|^[ \t]*[*=\-~^]{3,}[ \t]*$|^\S+\(\d\w*\)[ \t]{2,}[^\n]*\(\d\w*\)[ \t]*$"
+                    r"|^[A-Z][A-Z0-9 _-]{2,}$", re.MULTILINE)
 _WORD = re.compile(r"[^\W\d_]{2,}")
+# Dots that end no sentence: inside a token (libtasn1.h, os.path, 2.0.1, www.x.org) or opening one (.xz, .bashrc).
+# pysbd cut "the .xz format" after "the ."; they are hidden from it (same length, so the spans hold).
+_INNER_DOT = re.compile(r"(?<=\w)\.(?=\w)|(?<![\w.])\.(?=[A-Za-z0-9_])")
+# A line break that ends a sentence in laid-out text (man pages, option lists, code, bullet lists), where pysbd
+# sees only a space: after a line that ends one, before a line that starts an item (a bullet, a numbered step, an
+# interpreter prompt; a command-line option where it stands out to the left, not one wrapped into prose), and
+# after a short title line over more deeply indented text.
+_ITEM = re.compile(r"[ \t]*(?:[•·◦▪*][ \t]|\d{1,2}[.)][ \t]|>>>|\.\.\.[ \t]|\$[ \t])")
+_OPTION = re.compile(r"[ \t]*-{1,2}[A-Za-z0-9]")
+_ENDS = re.compile(r"[.!?:;][\"')\]’”]*[ \t]*$")
 
 
 def sentence_spans(text: str) -> list[tuple[int, int]]:
     """Character spans of the sentences of `text` (pysbd, rule-based: abbreviations, decimals, quotes), without
-    the white space around them. Headings and rules are not sentences, and no sentence runs across a blank line. A
-    single line break does not end a sentence (pysbd's own cleaning, which would, moves the offsets; a space of the
-    same length keeps them). Pieces of fewer than three words (the stub a passage's cut leaves) are dropped."""
+    the white space around them. Headings and rules are not sentences, and no sentence runs across a blank line.
+    A single line break ends a sentence only where the layout says so (see `_line_cuts`); elsewhere it is a space
+    to pysbd (pysbd's own cleaning, which would cut there, moves the offsets; a space of the same length keeps
+    them). Pieces of fewer than three words (the stub a passage's cut leaves) are dropped."""
     spans, start = [], 0
     for cut in (*_BREAK.finditer(text), None):
         end = cut.start() if cut else len(text)
@@ -93,19 +105,46 @@ def sentence_spans(text: str) -> list[tuple[int, int]]:
     return spans
 
 
+def _line_cuts(block: str) -> list[int]:
+    """Offsets in `block` of the line breaks that end a sentence (see `_ITEM` and `_ENDS`)."""
+    lines = block.split("\n")
+    cuts, position = [], 0
+    for line, following in zip(lines, lines[1:]):
+        position += len(line)
+        indent, next_indent = len(line) - len(line.lstrip()), len(following) - len(following.lstrip())
+        title = (2 <= len(line.split()) <= 6 and not _OPTION.match(line) and not _ENDS.search(line)
+                 and next_indent > indent)
+        if (_ENDS.search(line) or _ITEM.match(following) or (_OPTION.match(following) and next_indent < indent)
+                or title):
+            cuts.append(position)
+        position += 1
+    return cuts
+
+
 def _block_sentences(block: str) -> list[tuple[int, int]]:
     if not block.strip():
         return []
+    spans, start = [], 0
+    for cut in (*_line_cuts(block), len(block)):
+        spans += [(a + start, b + start) for a, b in _pysbd_sentences(block[start:cut])]
+        start = cut + 1
+    return spans
+
+
+def _pysbd_sentences(piece: str) -> list[tuple[int, int]]:
+    if not piece.strip():
+        return []
+    hidden = _INNER_DOT.sub("_", piece.replace("\n", " "))
     with _SPLITTING:
-        pieces = _segmenter().segment(_WRAPPED.sub(" ", block))
+        segments = _segmenter().segment(hidden)
     spans = []
-    for piece in pieces:
-        start, end = piece.start, piece.end
-        while start < end and block[start].isspace():
+    for segment in segments:
+        start, end = segment.start, segment.end
+        while start < end and piece[start].isspace():
             start += 1
-        while end > start and block[end - 1].isspace():
+        while end > start and piece[end - 1].isspace():
             end -= 1
-        if len(_WORD.findall(block[start:end])) >= 3:
+        if len(_WORD.findall(piece[start:end])) >= 3:
             spans.append((start, end))
     return spans
 
