@@ -32,8 +32,9 @@ def ws(tmp_path_factory) -> Workspace:
     return workspace
 
 
-def _check_retrieved(metadata: list[dict]) -> None:
+def _check_retrieved(metadata: list[dict], method: str = "rrf") -> None:
     top = metadata[0]
+    assert top["method"] == method and top["abstained"] is False and top["support"] > 0.5
     assert (top["source"], top["doc_id"]) in {("astronomy", "mars"), ("cooking", "mars-copy")}
     assert {"source", "doc_id", "rank", "native_rank", "scores", "provenance", "method"} <= set(top)
     assert all(m["failures"] and m["failures"][0]["source"] == "db" for m in metadata)  # visible, not vanished
@@ -41,7 +42,7 @@ def _check_retrieved(metadata: list[dict]) -> None:
 
 
 def _check_evidence(first_text: str, metadata: list[dict]) -> None:
-    """The best sentence of the documents' evidence (scored together, by the real scoring LM) is the first
+    """The best sentence of the documents' evidence (scored together, by the workspace's evidence scorer) is the first
     document's moons sentence, and its span points at it in that document's text."""
     best = max((e for m in metadata for e in m["evidence"]), key=lambda e: e["score"])
     start, end = best["span"]
@@ -56,6 +57,7 @@ LM_ALONE = {"target": "query", "prior_weight": 0.0}
 
 def _check_reranked(titles: list[str], metadata: list[dict]) -> None:
     assert titles[0] == "Mars" and sorted(titles) == sorted(d["title"] for d in FOREIGN)
+    assert metadata[0]["method"] == "gro" and "rerank:upr" in metadata[0]["scores"]  # the default signal
     assert all("rerank:final" in m["scores"] for m in metadata)
     _check_evidence(next(d["text"] for d in FOREIGN if d["title"] == "Mars"), metadata)
 
@@ -195,3 +197,19 @@ def test_stage_2_over_foreign_passages_keeps_every_passage_and_its_incoming_inde
     assert len(ranked) == 3 and passages[::-1][ranked[0][0]][1] == "Mars"
     assert [m["rank"] for _, _, m in ranked] == [1, 2, 3] and all(m["source"] == "input" for _, _, m in ranked)
     assert rerank_passages(ws, QUESTION, []) == []
+
+
+def test_every_frameworks_retriever_defaults_to_the_workspace_method_and_says_when_nothing_answers(ws):
+    from gradfuse.integrations.haystack import GradfuseRetriever as HaystackRetriever
+    from gradfuse.integrations.langchain import GradfuseRetriever as LangChainRetriever
+    from gradfuse.integrations.llamaindex import GradfuseRetriever as LlamaIndexRetriever
+
+    for question, abstained in ((QUESTION, False), ("What is the default TCP port of a PostgreSQL server?", True)):
+        metadata = {
+            "langchain": [d.metadata for d in LangChainRetriever(workspace=ws).invoke(question)],
+            "llamaindex": [n.node.metadata for n in LlamaIndexRetriever(ws).retrieve(question)],
+            "haystack": [d.meta for d in HaystackRetriever(ws).run(query=question)["documents"]],
+        }
+        for framework, documents in metadata.items():
+            assert documents and all(m["method"] == ws.config.method == "select" for m in documents), framework
+            assert all(m["abstained"] is abstained for m in documents), framework

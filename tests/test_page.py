@@ -45,8 +45,24 @@ def test_ask_on_the_page_then_open_the_cited_passage(workspace, browser):
         page.on("request", lambda request: None if request.url.startswith(url) else outside.append(request.url))
         page.goto(url)
         expect(page.locator("input[name=source]")).to_have_count(2)  # /sources listed both
-        page.fill("#question", "Which planet has the moons Phobos and Deimos?")
+        expect(page.locator("#method")).to_have_value("select")  # the server's default, as the API and CLI have it
+        for option in ("scorer", "n", "pool", "target", "estimator"):  # select reads none of them
+            expect(page.locator(f"label[data-option={option}]")).to_be_hidden()
         page.select_option("#method", "gro")
+        expect(page.locator("#scorer")).to_have_value("upr")
+        expect(page.locator("label[data-option=n]")).to_be_visible()
+        expect(page.locator("label[data-option=target]")).to_be_hidden()  # UPR has no target
+        page.select_option("#scorer", "gradient")
+        expect(page.locator("label[data-option=target]")).to_be_visible()
+        expect(page.locator("label[data-option=estimator]")).to_be_visible()
+        page.select_option("#scorer", "upr")
+
+        page.fill("#question", "What is the default TCP port of a PostgreSQL server?")
+        page.click("#ask")
+        expect(page.locator("#answer.not-found")).to_contain_text("Not found in these sources", timeout=240_000)
+        expect(page.locator("#citation-note")).to_contain_text("too weak to answer from")
+
+        page.fill("#question", "Which planet has the moons Phobos and Deimos?")
         page.fill("#k", "3")
         page.click("#ask")
 
@@ -56,6 +72,7 @@ def test_ask_on_the_page_then_open_the_cited_passage(workspace, browser):
         expect(page.locator("#score-chart rect.bar[data-series='prior']")).not_to_have_count(0)
         expect(page.locator("#score-chart rect.bar[data-series='rerank:upr']")).not_to_have_count(0)  # gro's default
         expect(page.locator("#timings")).to_contain_text("scoring-LM pass")
+        expect(page.locator("#timings")).to_contain_text("evidence sentences")  # every step of the wait
         expect(page.locator("#timings")).to_contain_text("generation")
         expect(page.locator("#citation-note")).to_contain_text("SmolLM2-135M")  # who wrote it, and its size
 

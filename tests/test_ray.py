@@ -5,6 +5,7 @@ or without Ray the error says so."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -172,9 +173,10 @@ def test_an_eval_on_the_cluster_gives_the_local_numbers_even_when_a_node_dies(cl
 @pytest.mark.slow
 def test_the_service_keeps_answering_when_a_replica_dies(cluster, workspace, tmp_path):
     config = tmp_path / "gradfuse.toml"
-    # Extractive answers: /ask's only LM work is its evidence, scored on the replicas like stage 2's passes.
-    config.write_text(f'[generator]\nanswer = "extractive"\n[server]\nray = "{cluster.address}"\n'
-                      'ray_replicas = 2\nlm_queue = 1\n')
+    # Extractive answers: /ask's only LM work is its evidence by the gate, scored on the replicas like stage 2's
+    # passes (the default evidence scorer needs no LM).
+    config.write_text(f'[generator]\nanswer = "extractive"\n[evidence]\nscorer = "gate"\n[server]\n'
+                      f'ray = "{cluster.address}"\nray_replicas = 2\nlm_queue = 1\n')
     body = {"query": "which planet has two moons", "method": "gro", "target": "query", "n": 3, "k": 3}
     with gradfuse_serve(workspace.root, "--config", str(config), env=ENV, log=tmp_path / "serve.log") as url:
         assert httpx.get(url + "/healthz").json()["scorer_replicas"] == 2
@@ -201,7 +203,8 @@ def test_the_service_keeps_answering_when_a_replica_dies(cluster, workspace, tmp
         assert httpx.get(url + "/healthz").json()["scorer_replicas"] == 2
         asked = httpx.post(url + "/ask", json={"query": body["query"], "method": "dense", "k": 3}, timeout=120)
         assert asked.status_code == 200, asked.text
-    local = workspace.evidence(body["query"], workspace.search(body["query"], method="dense", k=3).candidates)
+    local = workspace.evidence(body["query"], workspace.search(body["query"], method="dense", k=3).candidates,
+                               settings=dataclasses.replace(workspace.config.evidence, scorer="gate"))
     remote = asked.json()["evidence"]
     assert [(e["doc_id"], tuple(e["span"])) for e in remote] == [(e.doc_id, e.span) for e in local[:len(remote)]]
     assert [e["score"] for e in remote] == pytest.approx([e.score for e in local[:len(remote)]], abs=1e-5)

@@ -106,6 +106,23 @@ def test_search_returns_each_candidates_provenance_and_scores(server):
     assert "prior" in dense["candidates"][0]["scores"] and dense["candidates"][0]["doc_id"] == "mars"
 
 
+@pytest.mark.slow
+def test_the_default_method_is_select_and_a_question_no_source_answers_is_declined(server):
+    options = httpx.get(server + "/options").json()
+    assert options["defaults"]["method"] == "select" and options["defaults"]["scorer"] == "upr"
+    assert options["reads"]["gro"]["upr"] == ["scorer", "n", "pool"] and options["reads"]["select"]["upr"] == []
+    assert options["reads"]["gro"]["gradient"] == ["scorer", "n", "pool", "target", "estimator"]
+    found = post(server, "/search", {"query": "Phobos Deimos moons", "k": 2}).json()
+    assert found["method"] == "select" and found["selection"]["chosen"][0]["source"] == "astronomy"
+    answered = post(server, "/ask", {"query": "Which planet has the moons Phobos and Deimos?", "k": 2,
+                                     "max_new_tokens": 8}).json()
+    assert answered["method"] == "select" and not answered["abstained"] and answered["support"] > 0.5
+    assert answered["generator"] == "smollm2"  # this workspace has its generator write
+    missing = post(server, "/ask", {"query": "What is the default TCP port of a PostgreSQL server?", "k": 2}).json()
+    assert missing["abstained"] and missing["support"] < 0.1 and missing["answer"].startswith("Not found in these")
+    assert missing["generator"] == "extractive" and missing["citations"]  # nothing written; the closest, cited
+
+
 def test_sources_health_and_the_openapi_schema(server):
     sources = httpx.get(server + "/sources").json()
     assert {s["input"] for s in sources} == {"astronomy", "cooking.jsonl"}  # names, not the server's paths

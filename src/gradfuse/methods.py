@@ -97,6 +97,22 @@ def lm_passes(method: str, n: int, k: int, rounds: int = 3, scorer: str = "gradi
     return spec_of(method, scorer).passes(n, k, rounds) if method in METHOD_SPECS else 0
 
 
+def options_read(method: str, scorer: str) -> tuple[str, ...]:
+    """The request options beyond the query, k, sources and retrieval that `method` reads, with `scorer` as gro's
+    signal: a client (the page) offers only these."""
+    if method not in METHOD_SPECS:
+        return ()
+    spec = spec_of(method, scorer)
+    read = ("scorer",) if METHOD_SPECS[method].scorer == CONFIGURED else ()
+    if spec.scorer:
+        read += ("n", "pool")
+    if spec.target:
+        read += ("target",)
+    if spec.scorer == "gradient":
+        read += ("estimator",)
+    return read
+
+
 def check_method(method: str, sources: list[str]) -> None:
     """Raise UnknownMethod with every valid choice when `method` cannot run over `sources`."""
     if method in PIPELINE_METHODS:

@@ -9,7 +9,9 @@ haystack.py). What they share is here:
   configured scoring LM reorders them;
 - both put each of the first `evidence_k` documents' evidence in its metadata (`evidence`: the sentences among
   the `[evidence] top` best of those documents, scored together as an answer's are, with their character spans
-  into the document's text), so a framework's prompt can quote or keep only them. `evidence_k` defaults to
+  into the document's text), so a framework's prompt can quote or keep only them, and whether those documents
+  hold an answer at all as an answer would say it (`support`, the chance; `abstained`: below
+  `[evidence] abstain_below`, where an answer says "not found in these sources"). `evidence_k` defaults to
   `[generator] context_k`, the passages an answer reads; 0 scores none.
 """
 
@@ -23,6 +25,9 @@ from gradfuse.sources.federated import FederatedResult
 from gradfuse.workspace import SearchResult, Workspace
 
 FOREIGN_SOURCE = "input"  # the one source a reranker's incoming documents form
+# A reranker's method: stage 2 by the workspace's signal (`[rerank] scorer`, UPR by default); stage 1 keeps the one
+# source its incoming documents form. A retriever's method is the workspace's default (`[defaults] method`).
+RERANK_METHOD = "gro"
 
 
 @dataclass(frozen=True)
@@ -58,16 +63,19 @@ def main_score(candidate: Candidate) -> float:
 
 
 def evidence_by_document(workspace: Workspace, query: str, candidates: list[Candidate],
-                         evidence_k: int | None) -> list[list[dict]]:
-    """For each candidate, its sentences among the best `[evidence] top` of the first `evidence_k` candidates,
-    best first: passage (its rank), span, parent_span, text, score (comparable within one query only)."""
+                         evidence_k: int | None) -> list[dict]:
+    """For each candidate, metadata of its evidence: `evidence`, its sentences among the best `[evidence] top` of
+    the first `evidence_k` candidates, best first (passage: its rank, span, parent_span, text, score, comparable
+    within one query only); `support` and `abstained`, the same for every document (see the module's text)."""
     count = workspace.config.context_k if evidence_k is None else evidence_k
-    evidence = workspace.evidence(query, candidates[:count])[: workspace.config.evidence.top]
-    by_document: list[list[dict]] = [[] for _ in candidates]
-    for sentence in evidence:
+    evidence = workspace.evidence(query, candidates[:count])
+    chance = workspace.support(query, evidence)
+    verdict = {"support": chance, "abstained": chance is not None and chance < workspace.config.evidence.abstain_below}
+    by_document: list[dict] = [{"evidence": [], **verdict} for _ in candidates]
+    for sentence in evidence[: workspace.config.evidence.top]:
         record = asdict(sentence)
         del record["source"], record["doc_id"], record["location"]  # the document's own metadata says them
-        by_document[sentence.passage - 1].append(record)
+        by_document[sentence.passage - 1]["evidence"].append(record)
     return by_document
 
 
@@ -76,11 +84,11 @@ def ranked_documents(workspace: Workspace, query: str, *, evidence_k: int | None
     """`Workspace.search`, as framework-neutral documents best first, with their evidence."""
     result = workspace.search(query, **search_options)
     evidence = evidence_by_document(workspace, query, result.candidates, evidence_k)
-    return [RankedDocument(c.text, {**document_metadata(c, result, rank), "evidence": sentences}, main_score(c))
-            for rank, (c, sentences) in enumerate(zip(result.candidates, evidence), start=1)]
+    return [RankedDocument(c.text, {**document_metadata(c, result, rank), **found}, main_score(c))
+            for rank, (c, found) in enumerate(zip(result.candidates, evidence), start=1)]
 
 
-def rerank_passages(workspace: Workspace, query: str, passages: list[tuple[str, str]], *, method: str = "gradient",
+def rerank_passages(workspace: Workspace, query: str, passages: list[tuple[str, str]], *, method: str = RERANK_METHOD,
                     top_n: int | None = None, evidence_k: int | None = None,
                     **rerank_options) -> list[tuple[int, float, dict]]:
     """Stage 2 over foreign passages ((text, title) in their incoming order): (index into `passages`, score,
@@ -94,5 +102,5 @@ def rerank_passages(workspace: Workspace, query: str, passages: list[tuple[str, 
     result = workspace.rank(query, FederatedResult({FOREIGN_SOURCE: candidates}), method=method,
                             k=top_n or len(passages), **options)
     evidence = evidence_by_document(workspace, query, result.candidates, evidence_k)
-    return [(int(c.doc_id), main_score(c), {**document_metadata(c, result, rank), "evidence": sentences})
-            for rank, (c, sentences) in enumerate(zip(result.candidates, evidence), start=1)]
+    return [(int(c.doc_id), main_score(c), {**document_metadata(c, result, rank), **found})
+            for rank, (c, found) in enumerate(zip(result.candidates, evidence), start=1)]

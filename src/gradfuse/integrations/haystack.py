@@ -16,7 +16,7 @@ os.environ.setdefault("HAYSTACK_TELEMETRY_ENABLED", "False")
 
 from haystack import Document, component  # noqa: E402  (after the telemetry setting)
 
-from gradfuse.integrations import ranked_documents, rerank_passages  # noqa: E402
+from gradfuse.integrations import RERANK_METHOD, ranked_documents, rerank_passages  # noqa: E402
 
 
 @component
@@ -36,7 +36,7 @@ class GradfuseRetriever:
 class GradfuseRanker:
     """Stage 2 over documents from any retriever: their order is the prior, the scoring LM reorders them."""
 
-    def __init__(self, workspace, *, method: str = "gradient", top_k: int | None = None, **rerank_options):
+    def __init__(self, workspace, *, method: str = RERANK_METHOD, top_k: int | None = None, **rerank_options):
         self.workspace, self.method, self.top_k, self.rerank_options = workspace, method, top_k, rerank_options
 
     @component.output_types(documents=list[Document])

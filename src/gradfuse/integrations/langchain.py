@@ -16,7 +16,7 @@ from langchain_core.documents.compressor import BaseDocumentCompressor
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field
 
-from gradfuse.integrations import ranked_documents, rerank_passages
+from gradfuse.integrations import RERANK_METHOD, ranked_documents, rerank_passages
 
 
 class GradfuseRetriever(BaseRetriever):
@@ -36,7 +36,7 @@ class GradfuseReranker(BaseDocumentCompressor):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
     workspace: Any = Field(description="a gradfuse Workspace (its [rerank] settings and scoring LM)")
-    method: str = "gradient"
+    method: str = RERANK_METHOD
     top_n: int | None = None
     rerank_options: dict = Field(default_factory=dict, description="RerankSettings fields: target, estimator, ...")
 

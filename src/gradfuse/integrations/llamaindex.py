@@ -16,7 +16,7 @@ from llama_index.core.retrievers import BaseRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from pydantic import Field
 
-from gradfuse.integrations import ranked_documents, rerank_passages
+from gradfuse.integrations import RERANK_METHOD, ranked_documents, rerank_passages
 
 
 def _node(text: str, metadata: dict, node_id: str) -> TextNode:
@@ -42,7 +42,7 @@ class GradfuseReranker(BaseNodePostprocessor):
     """Stage 2 over nodes from any retriever: their order is the prior, the scoring LM reorders them."""
 
     workspace: Any = Field(exclude=True, description="a gradfuse Workspace (its [rerank] settings and scoring LM)")
-    method: str = "gradient"
+    method: str = RERANK_METHOD
     top_n: int | None = None
     rerank_options: dict = Field(default_factory=dict)
 

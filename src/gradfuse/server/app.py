@@ -22,9 +22,9 @@ from pydantic import BaseModel
 
 from gradfuse import __version__
 from gradfuse.fusion import warm_up
-from gradfuse.methods import METHODS
+from gradfuse.methods import METHODS, options_read
 from gradfuse.redact import RedactingFilter, redact
-from gradfuse.rerank import ESTIMATORS, TARGETS
+from gradfuse.rerank import ESTIMATORS, POOLS, SIGNALS, TARGETS
 from gradfuse.rerank.sentences import LM_SENTENCE_SCORERS
 from gradfuse.schemas import (
     AnswerRecord,
@@ -70,7 +70,10 @@ class Options(BaseModel):
     methods: list[str]
     targets: list[str]
     estimators: list[str]
+    signals: list[str]  # gro's stage-2 signals (`scorer`)
+    pools: list[str]
     retrieval: list[str]
+    reads: dict[str, dict[str, list[str]]]  # method → gro's signal → the options it reads (others are ignored)
     defaults: dict[str, str | int | float]
     limits: dict[str, int | float]
     api_key_required: bool
@@ -153,9 +156,10 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
     async def ask_endpoint(request: AskRequest, http: Request):
         """An answer with citations [n] mapped to source/doc id; `stream: true` sends server-sent events."""
         request.check_limits(settings, config)
-        local_generator = not config.generator.startswith(("http://", "https://"))
+        # A local generator that writes, a stage-2 method and an LM evidence scorer hold the LM; quoting does not.
+        local_generator = not workspace.answers_extractively and not config.generator.startswith(("http://", "https://"))
         needs_lm = (local_generator or (request.method or config.method) in LM_METHODS
-                    or config.evidence.scorer in LM_SENTENCE_SCORERS)  # the evidence's pass is the LM's too
+                    or config.evidence.scorer in LM_SENTENCE_SCORERS)
         release = admission.place(needs_lm)
         try:
             events = workspace.ask_stream(request.query, context_k=request.k, max_new_tokens=request.max_new_tokens,
@@ -199,10 +203,13 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
     def options_endpoint() -> Options:
         """Valid names and this server's defaults and limits, for clients and the web page."""
         return Options(
-            methods=list(METHODS), targets=list(TARGETS), estimators=list(ESTIMATORS),
+            methods=list(METHODS), targets=list(TARGETS), estimators=list(ESTIMATORS), signals=list(SIGNALS),
+            pools=list(POOLS),
             retrieval=["bm25", "dense", "hybrid"],
+            reads={method: {signal: list(options_read(method, signal)) for signal in SIGNALS} for method in METHODS},
             defaults={"method": config.method, "k": config.k, "context_k": config.context_k,
-                      "target": config.rerank.target, "estimator": config.rerank.estimator, "n": config.rerank.n},
+                      "target": config.rerank.target, "estimator": config.rerank.estimator, "n": config.rerank.n,
+                      "scorer": config.rerank.scorer, "pool": config.rerank.pool},
             limits={**{name: getattr(settings, name) for name in (
                 "max_query_chars", "max_gold_chars", "max_k", "max_n", "max_depth", "max_new_tokens",
                 "max_timeout_s", "max_body_bytes", "max_lm_passes")},

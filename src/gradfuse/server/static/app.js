@@ -3,11 +3,14 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const TIMING_STEPS = [  // what the latency bar shows, in pipeline order
-  ["retrieval", "retrieval", "#6b8bd6"], ["selection", "stage 1 selection", "#58a37a"],
-  ["prior", "prior (encoder)", "#9aa7b8"], ["target", "target (draft)", "#c9a227"],
-  ["lm_pass", "scoring-LM pass", "#d06a2f"], ["generation", "generation", "#8b5cc7"],
+const TIMING_STEPS = [  // what the latency bar shows, in pipeline order; "fusion" is what ranking took besides
+  ["retrieval", "retrieval", "#6b8bd6"], ["selection", "stage 1 selection", "#58a37a"],  // the named steps
+  ["fusion", "fusion and ranking", "#7fb3c7"], ["prior", "prior (encoder)", "#9aa7b8"],
+  ["target", "target (draft)", "#c9a227"], ["lm_pass", "scoring-LM pass", "#d06a2f"],
+  ["evidence", "evidence sentences", "#3f9e9e"], ["generation", "generation", "#8b5cc7"],
 ];
+const RANKING_STEPS = ["selection", "prior", "target", "lm_pass"];
+const OPTION_CONTROLS = ["scorer", "n", "pool", "target", "estimator"];  // shown only where the method reads them
 let options = null;
 let shown = { passages: [], estimator: "gate", evidence: [] };
 
@@ -42,12 +45,16 @@ async function loadOptions() {
   $("api-key").value = $("api-key").value || localStorage.getItem("gradfuse-api-key") || "";
   options = await (await api("/options")).json();
   const methods = options.methods.filter((m) => !m.startsWith("single:"));
-  const preferred = methods.includes("gro") ? "gro" : options.defaults.method;
-  fillSelect($("method"), methods, preferred);
+  fillSelect($("method"), methods, options.defaults.method);  // the server's default, as the API and the CLI have it
+  fillSelect($("scorer"), options.signals, options.defaults.scorer);
+  fillSelect($("pool"), options.pools, options.defaults.pool);
   fillSelect($("target"), options.targets, options.defaults.target);
   fillSelect($("estimator"), options.estimators, options.defaults.estimator);
   $("k").value = options.defaults.context_k;
   $("k").max = options.limits.max_k;
+  $("n").value = options.defaults.n;
+  $("n").max = options.limits.max_n;
+  showControls();
   $("api-key-label").hidden = !options.api_key_required;
   await loadSources();
 }
@@ -65,13 +72,20 @@ async function loadSources() {
   }
 }
 
+function readOptions() {
+  return options ? options.reads[$("method").value]?.[$("scorer").value] ?? [] : [];
+}
+
+function showControls() {
+  const read = readOptions();
+  for (const name of OPTION_CONTROLS) document.querySelector(`label[data-option=${name}]`).hidden = !read.includes(name);
+}
+
 function requestBody() {
   const all = [...document.querySelectorAll("input[name=source]")];
   const chosen = all.filter((c) => c.checked).map((c) => c.value);
-  const body = {
-    query: $("question").value, method: $("method").value, k: Number($("k").value),
-    target: $("target").value, estimator: $("estimator").value, stream: $("stream").checked,
-  };
+  const body = { query: $("question").value, method: $("method").value, k: Number($("k").value), stream: $("stream").checked };
+  for (const name of readOptions()) body[name] = name === "n" ? Number($(name).value) : $(name).value;
   if (chosen.length && chosen.length < all.length) body.sources = chosen;
   return body;
 }
@@ -95,7 +109,7 @@ async function ask(event) {
   if ($("api-key").value) localStorage.setItem("gradfuse-api-key", $("api-key").value);
   reset();
   const body = requestBody();
-  shown.estimator = body.estimator;
+  shown.estimator = body.estimator ?? options.defaults.estimator;
   $("ask").disabled = true;
   $("status").textContent = "retrieving and ranking…";
   try {
@@ -150,9 +164,14 @@ function showAnswer(answer) {
   showPassages(answer.passages, answer.citations.map((c) => c.number));
   showTimings(answer.timings);
   $("answer").innerHTML = linkCitations(answer.answer, answer.passages.length);
+  $("answer").classList.toggle("not-found", answer.abstained);
   $("answer-section").hidden = false;
   const notes = [];
-  if (!answer.citations.length) notes.push("The answer cites no passage.");
+  if (answer.support !== null && answer.support !== undefined) {
+    notes.push(answer.abstained ? `The evidence is too weak to answer from (support ${fmt(answer.support, 2)}): the sentences above came closest.`
+                                : `Support ${fmt(answer.support, 2)}: the chance that these passages hold the answer.`);
+  }
+  if (!answer.citations.length && !answer.abstained) notes.push("The answer cites no passage.");
   if (answer.invalid_citations.length) notes.push(`Cited numbers with no passage: ${answer.invalid_citations.join(", ")}.`);
   if (answer.dropped && answer.dropped.length) notes.push(`${answer.dropped.length} lower-ranked passage(s) left out to fit the generator's context window.`);
   notes.push(`Written by ${answer.generator_note}; ranking: ${answer.method}.`);
@@ -249,7 +268,9 @@ function showPassages(passages, cited) {
   $("passages-section").hidden = false;
 }
 
-function showTimings(timings) {
+function showTimings(given) {
+  const timings = { ...given };
+  if ("ranking" in timings) timings.fusion = Math.max(0, timings.ranking - RANKING_STEPS.reduce((sum, name) => sum + (timings[name] || 0), 0));
   const steps = TIMING_STEPS.filter(([name]) => name in timings);
   const total = steps.reduce((sum, [name]) => sum + timings[name], 0) || 1;
   $("timing-bar").innerHTML = steps.map(([name, label, color]) =>
@@ -299,6 +320,8 @@ document.addEventListener("click", (event) => {
 
 document.addEventListener("DOMContentLoaded", () => {
   $("ask-form").addEventListener("submit", ask);
+  $("method").addEventListener("change", showControls);
+  $("scorer").addEventListener("change", showControls);
   $("question").addEventListener("keydown", (e) => { if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); $("ask-form").requestSubmit(); } });
   $("api-key").addEventListener("change", () => {
     localStorage.setItem("gradfuse-api-key", $("api-key").value);
