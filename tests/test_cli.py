@@ -95,3 +95,20 @@ def test_serve_beyond_loopback_needs_a_key_or_an_explicit_opt_out(tmp_path, monk
     refused = runner.invoke(app, ["serve", "--host", "0.0.0.0", "--workspace", str(tmp_path / "ws")],
                             terminal_width=200)
     assert refused.exit_code == 2 and "without an API key" in refused.output and "--insecure-no-key" in refused.output
+
+
+def test_search_and_ask_default_to_select_and_an_unanswerable_question_says_not_found(tmp_path):
+    ws = ["--workspace", str(tmp_path / "ws")]
+    write_jsonl(tmp_path / "astro" / "corpus.jsonl", ASTRONOMY)
+    write_jsonl(tmp_path / "cooking.jsonl", COOKING)
+    assert runner.invoke(app, ["index", "beir", str(tmp_path / "astro"), "--source", "astro", *ws]).exit_code == 0
+    assert runner.invoke(app, ["index", "jsonl", str(tmp_path / "cooking.jsonl"), "-s", "cooking", *ws]).exit_code == 0
+    found = json.loads(runner.invoke(app, ["search", "Phobos and Deimos", "--json", *ws]).output)
+    assert found["method"] == "select" and found["selection"]["chosen"][0]["source"] == "astro"
+    asked = json.loads(runner.invoke(app, ["ask", "Which planet has the moons Phobos and Deimos?", "--json",
+                                           *ws]).output)
+    assert asked["method"] == "select" and not asked["abstained"] and "Phobos" in asked["answer"]
+    missing = runner.invoke(app, ["ask", "What is the default TCP port of a PostgreSQL server?", *ws],
+                            terminal_width=200)
+    assert missing.exit_code == 0, missing.output
+    assert "Not found in these sources." in missing.output and "too weak to answer from" in missing.output

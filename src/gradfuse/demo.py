@@ -29,18 +29,18 @@ class DemoQuestion:
     how: str  # what the demo says about the retrieval it uses
 
 
-DENSE = {"method": "concat", "retrieval": "dense", "k": 3}
+DEFAULT = {"k": 3}
 QUESTIONS = (
-    DemoQuestion('What happens when the body of a "with" statement raises an exception?', DENSE,
-                 "dense retrieval in every source, concatenated by cosine (one encoder makes the scores comparable)"),
-    DemoQuestion("How do I turn a Python dictionary into a JSON string?", DENSE, "the same"),
-    DemoQuestion("What was Microsoft's closing share price on 2003-09-19?", {"method": "rrf", "retrieval": "bm25",
-                                                                            "k": 3},
-                 "a date is found by its words: BM25 in every source, fused by RRF (meaning-based retrieval does "
-                 "not match numbers)"),
-    DemoQuestion("What happens in gradfuse when one source times out?", {"method": "gro", "retrieval": "dense", "k": 3},
-                 "the full method: stage 1 chooses the sources, then stage 2's pass of the scoring LM ranks their "
-                 "passages"),
+    DemoQuestion('What happens when the body of a "with" statement raises an exception?', DEFAULT,
+                 "the default method, select: the sources most relevant to the question are chosen, then their "
+                 "passages ranked by cosine"),
+    DemoQuestion("How do I turn a Python dictionary into a JSON string?", DEFAULT, "the same"),
+    DemoQuestion("What was Microsoft's closing share price on 2003-09-19?", DEFAULT,
+                 "the same: a table row is evidence on its own"),
+    DemoQuestion("What happens in gradfuse when one source times out?", {"method": "gro", "k": 3},
+                 "the full method, gro: stage 1 chooses the sources, then the scoring LM (UPR) ranks their passages"),
+    DemoQuestion("What is the default port of a PostgreSQL server?", DEFAULT,
+                 "none of these sources holds the answer: gradfuse says so"),
 )
 
 _CHUNKS = {"chunk_words": 150, "chunk_overlap": 30}  # short passages: the demo generator has a small window

@@ -181,6 +181,15 @@ def extractive_answer(evidence: list[Evidence], sentences: int = EXTRACTIVE_SENT
         "The passages hold no sentence to answer from."
 
 
+NOT_FOUND = "Not found in these sources."
+
+
+def not_found(evidence: list[Evidence], sentences: int = EXTRACTIVE_SENTENCES) -> str:
+    """What an answer says when its evidence is too weak: that, and the sentences that came closest, cited."""
+    closest = "; ".join(f"“{e.quoted()}” [{e.passage}]" for e in evidence[:sentences])
+    return f"{NOT_FOUND} The closest: {closest}" if closest else NOT_FOUND
+
+
 def excerpts(evidence: list[Evidence], count_tokens: Callable[[str], int], budget: int) -> dict[int, list[str]]:
     """The best sentences that fit `budget` tokens (the first always), grouped by passage, in document order:
     what a generator reads instead of whole passages."""

@@ -19,7 +19,8 @@ T = TypeVar("T")
 
 def loaded_once(maxsize: int) -> Callable[[Callable[..., T]], Callable[..., T]]:
     """`functools.lru_cache`, with every call (and so every load) under LOADING: concurrent first callers wait for
-    the one load instead of each loading a copy."""
+    the one load instead of each loading a copy. transformers' bar of the tensors it loads is off: a load takes a
+    second, and the demo printed one bar of 272 tensors a model."""
 
     def decorate(load: Callable[..., T]) -> Callable[..., T]:
         cached = functools.lru_cache(maxsize=maxsize)(load)
@@ -27,12 +28,20 @@ def loaded_once(maxsize: int) -> Callable[[Callable[..., T]], Callable[..., T]]:
         @functools.wraps(load)
         def once(*args, **kwargs) -> T:
             with LOADING:
+                _quiet_loads()
                 return cached(*args, **kwargs)
 
         once.cache_clear = cached.cache_clear
         return once
 
     return decorate
+
+
+@functools.cache
+def _quiet_loads() -> None:
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
 
 
 def check_materialised(model, where: str):

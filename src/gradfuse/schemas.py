@@ -148,6 +148,9 @@ class AnswerRecord(BaseModel):
     timings: dict[str, float]
     evidence: list[EvidenceRecord] = Field(default_factory=list, description="the passages' sentences the answer "
                                            "quotes, best first ([evidence] scorer)")
+    support: float | None = Field(None, description="the chance that the passages hold the answer (0-1)")
+    abstained: bool = Field(False, description="the evidence was too weak ([evidence] abstain_below): the answer "
+                                               "says it was not found, and quotes what came closest")
 
 
 class SourceRecord(BaseModel):
@@ -216,7 +219,8 @@ def answer_record(answer: Answer) -> AnswerRecord:
         failures=[failure_record(f) for f in answer.failures], generator=answer.generator,
         generator_note=describe_generator(answer.generator),
         method=answer.search.method, selection=_selection(answer.search), rerank=_rerank(answer.search),
-        timings=answer.timings, evidence=[evidence_record(e) for e in answer.evidence],
+        timings=answer.timings, evidence=[evidence_record(e) for e in answer.evidence], support=answer.support,
+        abstained=answer.abstained,
     )
 
 

@@ -14,13 +14,13 @@ import numpy as np
 from gradfuse.candidate import Candidate
 from gradfuse.checked import MAX_DEPTH
 from gradfuse.config import Config, load_config
-from gradfuse.evidence import Evidence, excerpts, extractive_answer, passage_sentences
+from gradfuse.evidence import Evidence, excerpts, extractive_answer, not_found, passage_sentences
 from gradfuse.generate import BUNDLED_GENERATOR, Citation, fit_to_window, make_generator, parse_citations
 from gradfuse.generate.local import load_tokenizer
 from gradfuse.generate.prompt import EXTRACTIVE, PASSAGE_CHARS, build_messages
 from gradfuse.execute import LOCAL, Executor
 from gradfuse.methods import PIPELINE_METHODS, MethodContext, check_method, run_method, spec_of
-from gradfuse.rerank import RerankOutcome
+from gradfuse.rerank import RerankOutcome, support
 from gradfuse.rerank.sentences import LM_SENTENCE_SCORERS, EvidenceSettings, score_sentences
 from gradfuse.rerank.sentences import Passage as SentencePassage
 from gradfuse.selection import SelectionDecision, SelectionSettings
@@ -76,9 +76,11 @@ class _Prepared:
     dropped: list[Candidate]
     evidence: list[Evidence]  # every sentence of the passages shown, best first
     options: dict
+    support: float | None  # the chance that the passages hold the answer (`Workspace.support`)
+    abstained: bool  # below `[evidence] abstain_below`: the answer says "not found" and nothing is generated
 
     def extract(self) -> str:
-        return extractive_answer(self.evidence)
+        return not_found(self.evidence) if self.abstained else extractive_answer(self.evidence)
 
 
 @dataclass
@@ -104,6 +106,8 @@ class Answer:
     timings: dict[str, float] = field(default_factory=dict)
     dropped: list[Candidate] = field(default_factory=list)  # the lowest-ranked, left out to fit the window
     evidence: list[Evidence] = field(default_factory=list)  # the passages' sentences it quotes, best first
+    support: float | None = None  # the chance that the passages hold the answer (`Workspace.support`)
+    abstained: bool = False  # the evidence was too weak: "not found in these sources", with what came closest
 
     @property
     def passages(self) -> list[Candidate]:
@@ -113,13 +117,6 @@ class Answer:
     @property
     def failures(self) -> list[SourceFailure]:
         return self.search.failures
-
-    def quoted(self) -> Answer:
-        """The same answer made of its evidence sentences, nothing generated (what `answer = "extractive"` gives
-        from the same passages)."""
-        text = extractive_answer(self.evidence)
-        citations, invalid = parse_citations(text, self.passages)
-        return replace(self, text=text, generator=EXTRACTIVE, citations=citations, invalid_citations=invalid)
 
 
 class Workspace:
@@ -466,6 +463,16 @@ class Workspace:
                   for number, (candidate, unit) in enumerate(zip(passages, units), start=1) for span in unit.sentences]
         return sorted(scored, key=lambda e: -e.score)
 
+    def support(self, question: str, evidence: list[Evidence]) -> float | None:
+        """The chance that `evidence` (every sentence of an answer's passages) holds the answer to `question`
+        (rerank/support.py); None without sentences scored."""
+        if not evidence:
+            return None
+        texts = [e.text for e in evidence]
+        encoder = self._encoder()
+        found = support.signals(question, texts, encoder.encode(texts) @ encoder.encode_query(question))
+        return support.answered(found, support.model().answered)
+
     def _prepare_answer(self, question, generator, context_k, max_new_tokens, search_options) -> _Prepared:
         result = self.search(question, k=context_k or self.config.context_k, **search_options)
         extractive = generator is None and self.answers_extractively
@@ -480,19 +487,23 @@ class Workspace:
         shown = result.candidates[: len(result.candidates) - len(dropped)]
         started = time.perf_counter()
         evidence = self.evidence(question, shown, gold=search_options.get("gold"))
+        chance = self.support(question, evidence)
         result.timings["evidence"] = time.perf_counter() - started
+        abstained = chance is not None and chance < self.config.evidence.abstain_below
+        if abstained:  # nothing to answer from: no generator writes one
+            model = None
         if model is not None and self.config.context == "evidence" and evidence:
             tokenizer = load_tokenizer(self.config.rerank.model)
             kept = excerpts(evidence, lambda text: len(tokenizer.encode(text, add_special_tokens=False)),
                             self.config.evidence_tokens)
             messages = build_messages(question, shown, excerpts=kept)
         options = {"max_new_tokens": max_new_tokens, "passages": len(shown) if self.config.cite_first else 0}
-        return _Prepared(result, model, messages, dropped, evidence, options)
+        return _Prepared(result, model, messages, dropped, evidence, options, chance, abstained)
 
     def _answer(self, question: str, text: str, prepared: _Prepared, seconds: float) -> Answer:
         result = prepared.result
         answer = Answer(question, text, [], [], prepared.model.name if prepared.model else EXTRACTIVE, result,
                         {**result.timings, "generation": seconds}, prepared.dropped,
-                        prepared.evidence[: self.config.evidence.top])
+                        prepared.evidence[: self.config.evidence.top], prepared.support, prepared.abstained)
         answer.citations, answer.invalid_citations = parse_citations(text, answer.passages)
         return answer

@@ -47,7 +47,7 @@ import os
 import random
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +128,15 @@ class Benchmark:
     @property
     def headline_metric(self) -> str:
         return self.headline or self.metrics[0]
+
+    def only(self, methods: list[str]) -> Benchmark:
+        """This benchmark with a subset of its methods (in the file's order)."""
+        chosen = [m.strip() for m in methods if m.strip()]
+        unknown = [m for m in chosen if m not in self.methods]
+        if unknown or not chosen:
+            raise ConfigError(f"{self.file}: --methods names {', '.join(unknown) or 'none'}, not among the file's "
+                              f"methods ({', '.join(self.methods)})")
+        return replace(self, methods=[m for m in self.methods if m in chosen])
 
     def expand_methods(self) -> list[str]:
         methods: list[str] = []

@@ -5,6 +5,8 @@ The reader gate's one pass is where the gradient's cost advantage is largest: 5 
 25-50 units, which UPR scores with 25-50 passes and leave-one-out with 26-51, while the gate's forward + backward
 pass covers them all at once (documents encoded once without gradients, see lm_scorer.py).
 
+- support: no language model: the share of the question's rare words a sentence holds, whether it holds the kind of
+  value the question asks for, its cosine, its length, weighted as dev questions chose (rerank/support.py);
 - gate: -dL/dlog(alpha_s) for each sentence s, the first-order rise of the target's loss as attention to s is
   turned down; `calibrated`: minus the same gate under the content-free target "N/A" (its second pass reuses the
   documents' cache), which removes what the position alone earns a sentence;
@@ -16,16 +18,17 @@ pass covers them all at once (documents encoded once without gradients, see lm_s
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
-from gradfuse.checked import FILE_SETTINGS, Count, Flag, Text
+from gradfuse.checked import FILE_SETTINGS, Count, Flag, Text, Weight
+from gradfuse.rerank import support
 from gradfuse.rerank.lm_scorer import CONTENT_FREE, LMScorer
 from gradfuse.rerank.upr import UPRScorer
 
-SENTENCE_SCORERS = ("gate", "cosine", "upr", "loo")
+SENTENCE_SCORERS = ("support", "gate", "cosine", "upr", "loo")
 LM_SENTENCE_SCORERS = ("gate", "upr", "loo")
 
 
@@ -34,13 +37,14 @@ class EvidenceSettings:
     """`[evidence]`: which sentences of the passages an answer quotes as its evidence."""
 
     __pydantic_config__ = FILE_SETTINGS
-    # The defaults follow make bench-evidence (results/evidence): on HotpotQA's top 5 dense passages the plain gate
-    # put the answer in its top 4 sentences most often (0.484; UPR 0.451, cosine 0.440) at 0.41x UPR's time, and
-    # calibration lowered supporting-sentence recall@4 from 0.534 to 0.447.
-    scorer: Text = "gate"  # gate | cosine | upr | loo | none (no evidence)
+    # The defaults follow make bench-answers (results/answers/fit.md and results.md): see support.py.
+    scorer: Text = "support"  # support | gate | cosine | upr | loo | none (no evidence)
     calibrated: Flag = False  # the gate minus its value under the content-free target
     target: Text = "query"  # query (likelihood of the question) | gold (a reference answer, where one is given)
     top: Count = 4  # sentences quoted with an answer
+    # Below this chance that the passages hold the answer (`support.answered`), the answer says "not found in these
+    # sources" and lists what came closest; 0 never does. Chosen on dev questions with the weights (support.json).
+    abstain_below: Weight = field(default_factory=lambda: support.model().abstain_below)
 
     def __post_init__(self):
         if self.scorer not in (*SENTENCE_SCORERS, "none"):
@@ -71,6 +75,10 @@ def score_sentences(scorer: str, question: str, passages: list[Passage], *, lm: 
         return np.zeros(0)
     if scorer == "cosine":
         return embed([s for p in passages for s in p.sentence_texts()]) @ query_vector
+    if scorer == "support":
+        texts, weights = [s for p in passages for s in p.sentence_texts()], support.model().weights
+        cosines = embed(texts) @ query_vector if "cosine" in weights else np.zeros(len(texts))  # encoded if weighed
+        return support.sentence_values(support.signals(question, texts, cosines), weights)
     if scorer == "upr":
         return UPRScorer(lm).values(question, [s for p in passages for s in p.sentence_texts()])
     if scorer == "gate":

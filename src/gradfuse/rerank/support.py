@@ -1,0 +1,132 @@
+"""The `support` evidence scorer: which sentences of an answer's passages hold its answer, from signals that need no
+language model (an answer's evidence costs milliseconds instead of a pass of the scoring LM), and how likely it is
+that any of them does (below `[evidence] abstain_below` the answer says "not found in these sources").
+
+The signals of a sentence s for a question q:
+- overlap: the share of q's content words that s holds, each weighted by its rarity among the passages' sentences
+  (a word every sentence has says little; a word of q that no sentence has weighs most);
+- typed: s holds what q asks for and does not already say: a year or date for "when", a number for "how many" or
+  "what size", a command-line option or identifier for "which option", a name for "who" and "where";
+- cosine: the encoder's cosine of q and s;
+- words: how long s is (log of its content words).
+
+A sentence's value is a weighted sum of the signals that cross-validation on dev questions chose (a conditional
+logit over each question's sentences; the shipped weights use overlap alone: typed, cosine and words did not raise
+how often the two best sentences hold the answer); the chance that the passages answer at all is a logistic model
+of the best sentence's overlap and cosine. `bench/fit_support.py` fits both on dev questions only and stores them
+beside this file (support.json, with the command and the data that made them; results/answers/fit.md).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+SIGNALS = ("overlap", "typed", "cosine", "words")
+MODEL_FILE = Path(__file__).with_name("support.json")
+
+_STOP = frozenset("""a an the of in on at to for from by with about as into through over under and or but if then than
+so is are was were be been being am do does did done have has had having it its this that these those there here what
+which who whom whose when where why how i you he she we they me him her us them my your his our their not no can could
+should would may might must will shall also only just very more most much many any some each every all both few other
+such own same too one get gets use used using make makes""".split())
+_WORD = re.compile(r"[A-Za-z0-9]+(?:[._'-][A-Za-z0-9]+)*")
+
+# What a question asks for, by its words, and how a sentence shows one (a value the question does not hold).
+_ASKS = (
+    ("date", re.compile(r"\b(when|what year|which year|what date|what day|since when)\b")),
+    ("number", re.compile(r"\bhow (many|much|long|old|far|big|large|high|tall|often|fast|slow|slower)\b|\bwhat "
+                          r"(percentage|percent|proportion|number|amount|rate|size|value|price|cost|age|length|"
+                          r"height|population|total|ratio|share|port|level|version|unit|limit|width|depth|factor)\b")),
+    ("code", re.compile(r"\b(option|flag|switch|command|argument|parameter|variable|function|method|module|file|"
+                        r"header|program|utility|tool|setting|keystrokes?)\b")),
+    ("name", re.compile(r"\bwho(m|se)?\b|\bwhere\b|\bwhat (name|company|country|city|magazine|band|film)\b")),
+)
+_YEAR = re.compile(r"\b(1[5-9]\d\d|20\d\d)\b")
+_DATE = re.compile(r"\b(January|February|March|April|May|June|July|August|September|October|November|December)\b|"
+                   r"\b\d{4}-\d{2}-\d{2}\b|\b\d{1,2}/\d{1,2}/\d{2,4}\b")
+_NUMBER = re.compile(r"(?<![\w.])[-+$€£]?\d[\d,]*(?:\.\d+)?(?:%|\s?[kKMG]i?B?\b)?")
+_CODE = re.compile(r"(?<![\w-])--?[A-Za-z][\w-]*(=\S+)?|\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b|\b\w+\(\)|\b\w+\.\w+\b|~\.")
+_NAME = re.compile(r"\b[A-Z][a-z]+(?:\s+(?:[A-Z][a-z]+|of|the|de|van|von))*")
+
+
+def content_words(text: str) -> list[str]:
+    """Lower-cased words less the common ones, plurals folded ("files" → "file")."""
+    words = []
+    for word in _WORD.findall(text.lower()):
+        if word in _STOP:
+            continue
+        if len(word) > 4 and word.endswith("s") and not word.endswith("ss"):
+            word = word[:-1]
+        words.append(word)
+    return words
+
+
+def asks_for(question: str) -> str | None:
+    lowered = question.lower()
+    return next((kind for kind, cue in _ASKS if cue.search(lowered)), None)
+
+
+def holds_asked(kind: str | None, sentence: str, question: str) -> bool:
+    """Whether `sentence` holds a value of the kind `question` asks for that the question does not hold itself."""
+    if kind is None:
+        return False
+    if kind == "date":
+        return any(y not in question for y in _YEAR.findall(sentence)) or bool(_DATE.search(sentence))
+    if kind == "number":
+        return any(n.strip() not in question for n in _NUMBER.findall(sentence))
+    if kind == "code":
+        return any(m.group() not in question for m in _CODE.finditer(sentence))
+    lowered = question.lower()
+    return any(name.lower() not in lowered for name in _NAME.findall(sentence))
+
+
+@dataclass(frozen=True)
+class SupportModel:
+    weights: dict[str, float]  # signal → weight of a sentence's value
+    answered: dict[str, float]  # "overlap", "cosine", "bias": the logistic model of "the passages answer"
+    abstain_below: float  # `[evidence] abstain_below`'s default, chosen on the same dev questions
+
+    @classmethod
+    def load(cls, path: Path = MODEL_FILE) -> SupportModel:
+        stored = json.loads(path.read_text())
+        return cls(stored["weights"], stored["answered"], stored["abstain_below"])
+
+
+@cache
+def model() -> SupportModel:
+    return SupportModel.load()
+
+
+def signals(question: str, sentences: list[str], cosines: np.ndarray) -> dict[str, np.ndarray]:
+    """Every signal of every sentence (see the module's text), as arrays in the sentences' order."""
+    asked = content_words(question)
+    held = [set(content_words(s)) for s in sentences]
+    weight = {w: math.log((len(sentences) + 1) / (sum(w in h for h in held) + 0.5)) for w in set(asked)}
+    total = sum(weight.values()) or 1.0
+    kind = asks_for(question)
+    return {
+        "overlap": np.array([sum(weight[w] for w in weight if w in h) / total for h in held]),
+        "typed": np.array([float(holds_asked(kind, s, question)) for s in sentences]),
+        "cosine": np.asarray(cosines, dtype=float),
+        "words": np.array([math.log1p(len(h)) for h in held]),
+    }
+
+
+def sentence_values(found: dict[str, np.ndarray], weights: dict[str, float]) -> np.ndarray:
+    return sum(weights[name] * found[name] for name in weights)
+
+
+def answered(found: dict[str, np.ndarray], coefficients: dict[str, float]) -> float:
+    """The chance that some sentence answers: a logistic model of the best overlap and the best cosine."""
+    if not len(found["overlap"]):
+        return 0.0
+    logit = (coefficients["bias"] + coefficients["overlap"] * float(found["overlap"].max())
+             + coefficients["cosine"] * float(found["cosine"].max()))
+    return 1.0 / (1.0 + math.exp(-logit))
