@@ -7,7 +7,7 @@ export TRANSFORMERS_OFFLINE := 1
 # The shared evaluation data stays outside the repository; a checkout in another folder still finds it.
 export GRADFUSE_DATA ?= $(abspath $(firstword $(wildcard ../shared/data /work/shared/data)))
 
-.PHONY: install demo test clean browser tesseract
+.PHONY: install demo test docs clean browser tesseract
 
 $(BIN)/gradfuse: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ demo: install
 
 test: install browser tesseract
 	$(BIN)/python -m pytest
+
+# The documentation site (mkdocs.yml) into site/; the results pages come from results/ as committed.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # The page's browser test drives Debian's Chromium through Playwright; no browser is ever downloaded.
 browser:
@@ -42,13 +46,13 @@ tesseract:
 	  else echo "note: no tesseract and not root: the OCR test will be skipped (apt-get install tesseract-ocr)"; fi; }
 
 clean:
-	rm -rf $(VENV) .gradfuse
+	rm -rf $(VENV) .gradfuse site
 
 # Benchmarks report numbers into committed files under results/; they are not tests. Each benchmark file in
 # benchmarks/ also has a small --quick variant whose expected scores sit next to it (checked by the tests).
 BENCHMARKS := federated qa dl19
-.PHONY: bench bench-skeleton bench-serve bench-postgres bench-stage2 bench-defaults bench-conditional bench-scale bench-evidence bench-documents $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
-bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-defaults bench-stage2 bench-conditional bench-serve bench-postgres bench-scale bench-evidence bench-documents
+.PHONY: bench bench-skeleton bench-serve bench-postgres bench-stage2 bench-defaults bench-conditional bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
+bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-defaults bench-stage2 bench-conditional bench-serve bench-postgres bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default
 
 bench-skeleton: install
 	$(BIN)/python bench/skeleton_scifact.py
@@ -78,6 +82,22 @@ bench-evidence: install
 
 bench-documents: install
 	$(BIN)/python bench/documents.py
+
+# Answers over real documents, a third of the questions with no answer anywhere: the evidence scorer and the
+# "not found" threshold fitted on the dev questions, then every method on the test questions (results/answers/).
+bench-answers: install
+	$(BIN)/python bench/fit_support.py
+	$(BIN)/python bench/answers.py
+
+# The uniform and stage-1 methods of the federated and QA benchmarks over every test query (results/fusion/).
+FUSION_METHODS := single:*,static-best,oracle-origin,concat,rrf,combsum,combsum-z,combmnz,combmnz-z,learned-fusion,dense,select
+bench-fusion: install
+	$(BIN)/gradfuse eval benchmarks/federated.toml --methods '$(FUSION_METHODS)' --out results/fusion/federated
+	$(BIN)/gradfuse eval benchmarks/qa.toml --methods '$(FUSION_METHODS)' --out results/fusion/qa
+
+# The default method from the committed results, by the rule in bench/default_method.py (results/defaults/).
+bench-default: install
+	$(BIN)/python bench/default_method.py
 
 # Retrieval cost, memory and build time at 10k to 1M passages, and the scoring LM on 1 and 2 Ray replicas.
 bench-scale: install

@@ -114,7 +114,7 @@ def measure(workspace, pools: Pools, query: dict, nll_lm, count, *, generator=No
     question, answers = query["text"], tuple(query["answers"])
     passages = pools.top(question)
     started = time.perf_counter()
-    evidence = workspace.evidence(question, passages)
+    evidence = workspace.evidence(question, passages, chars=PASSAGE_CHARS)
     row = {"evidence_seconds": time.perf_counter() - started}
     shown = [c.text[:PASSAGE_CHARS] for c in passages]
     contexts = {"passages": [f"{c.title}: {text}" if c.title else text for c, text in zip(passages, shown)]}

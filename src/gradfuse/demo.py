@@ -35,12 +35,15 @@ QUESTIONS = (
                  "the default method, select: the sources most relevant to the question are chosen, then their "
                  "passages ranked by cosine"),
     DemoQuestion("How do I turn a Python dictionary into a JSON string?", DEFAULT, "the same"),
-    DemoQuestion("What was Microsoft's closing share price on 2003-09-19?", DEFAULT,
-                 "the same: a table row is evidence on its own"),
+    DemoQuestion("What was Microsoft's closing share price on 2003-09-19?", {"method": "rrf", "retrieval": "bm25",
+                                                                            "k": 3},
+                 "a date is found by its words, not its meaning: BM25 in every source, fused by RRF (select ranks by "
+                 "the encoder's cosine, which does not match a date); a table row is evidence on its own"),
     DemoQuestion("What happens in gradfuse when one source times out?", {"method": "gro", "k": 3},
                  "the full method, gro: stage 1 chooses the sources, then the scoring LM (UPR) ranks their passages"),
-    DemoQuestion("What is the default port of a PostgreSQL server?", DEFAULT,
-                 "none of these sources holds the answer: gradfuse says so"),
+    DemoQuestion("Who won the 2018 FIFA World Cup?", DEFAULT,
+                 "none of these sources holds the answer: gradfuse says so (a question close to what they do hold is "
+                 "declined less often: results/answers)"),
 )
 
 _CHUNKS = {"chunk_words": 150, "chunk_overlap": 30}  # short passages: the demo generator has a small window

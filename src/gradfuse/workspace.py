@@ -438,13 +438,14 @@ class Workspace:
         return answer == "extractive" or (answer == "auto" and self.config.generator == BUNDLED_GENERATOR)
 
     def evidence(self, question: str, passages: list[Candidate], *, settings: EvidenceSettings | None = None,
-                 gold: str | None = None) -> list[Evidence]:
-        """Every sentence of `passages` (numbered from 1, as far as the generator's prompt shows them) with the
-        `[evidence]` scorer's value, best first; none with scorer "none"."""
+                 gold: str | None = None, chars: int | None = None) -> list[Evidence]:
+        """Every sentence of `passages` (numbered from 1; of their first `chars` characters, as far as a generator's
+        prompt shows them, or all of them) with the `[evidence]` scorer's value, best first; none with scorer
+        "none"."""
         settings = settings or self.config.evidence
         if settings.scorer == "none" or not passages:
             return []
-        shown = [c.text[:PASSAGE_CHARS] for c in passages]
+        shown = [c.text[:chars] for c in passages]
         units = [SentencePassage(f"{c.title}: " if c.title else "", text, passage_sentences(c, text))
                  for c, text in zip(passages, shown)]
         if settings.target == "gold" and not gold:
@@ -486,7 +487,9 @@ class Workspace:
             messages, dropped = fit_to_window(question, result.candidates, model, max_new_tokens)
         shown = result.candidates[: len(result.candidates) - len(dropped)]
         started = time.perf_counter()
-        evidence = self.evidence(question, shown, gold=search_options.get("gold"))
+        # A generator reads the start of each passage (PASSAGE_CHARS); a quoted answer can quote all of it.
+        evidence = self.evidence(question, shown, gold=search_options.get("gold"),
+                                 chars=None if model is None else PASSAGE_CHARS)
         chance = self.support(question, evidence)
         result.timings["evidence"] = time.perf_counter() - started
         abstained = chance is not None and chance < self.config.evidence.abstain_below

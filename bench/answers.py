@@ -1,0 +1,429 @@
+"""The answer benchmark: what a user asks of documents nobody here wrote, over many sources at once, a third of it with
+no answer anywhere (issue 28; `make bench-answers`, after `bench/fit_support.py`).
+
+Sources (each its own; none of their files is copied into the repository, they are made or copied at each run):
+- manuals (two PDF manuals Debian packages ship), debian (Debian's release table, CSV), ubuntu (Ubuntu's, as a
+  workbook), python-statements (five statements of Python's reference, Word), stdlib-slides (ten modules, slides):
+  the files of `bench/documents.py`;
+- man-pages: 25 manual pages as `man` renders them for a terminal (gzip and bzip2 and xz and zstd, ssh and scp, grep
+  and sed, ...: look-alikes the right one of which must be found); valgrind: Valgrind's HTML manual;
+- hotpotqa: HotpotQA's paragraphs, less the gold paragraphs of the HotpotQA questions held out as unanswerable;
+  tatqa: TAT-QA's report paragraphs.
+
+Questions (answers checked in the indexed files before anything is measured; a question whose check fails is
+dropped and counted): the 30 of `bench/documents.py`; 43 over the man pages and the manual, written by reading them
+(`bench/answer_questions.json`, each with the file whose text holds the answer); HotpotQA and TAT-QA test questions;
+and with no answer anywhere: 25 written over the same man pages and manual (near misses: rsync beside gzip's
+--rsyncable, lz4 beside zstd), HotpotQA questions whose paragraphs were held out (their answer string is in no
+source; their distractor paragraphs stay), and PubMedQA questions (no source holds biomedical abstracts). A seeded third of each kind is dev
+(`bench/fit_support.py` fits the evidence weights and the "not found" threshold on it); everything below is test.
+
+Per method, over the test questions: hit@1 and hit@5 (a passage from the answer's place: its page, row, slide or
+section, or for a man page or an HTML page the passage of that file holding the answer string, or a HotpotQA or
+TAT-QA question's judged paragraph), quoted answer correct (the gold answer inside the sentences the extractive
+answer quotes, and not declined), declined (no-answer questions), declined wrongly (answerable ones), and seconds
+per answer (`Workspace.ask`, warm). Then the evidence scorers on the default method's passages, the "not found"
+curve, and the extractive answers of the QA benchmark's test questions (HotpotQA, TAT-QA) by each sentence scorer.
+Writes results/answers/results.{md,json}.
+
+    python bench/answers.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from gradfuse import SourceSpec, Workspace
+from gradfuse.candidate import Candidate
+from gradfuse.config import Config
+from gradfuse.eval.qa import answer_in_context, checkable
+from gradfuse.evidence import extractive_answer
+from gradfuse.generate.prompt import PASSAGE_CHARS
+from gradfuse.sources.build import FILE_CHUNK_OVERLAP, FILE_CHUNK_WORDS
+from gradfuse.sources.documents import IngestReport
+from gradfuse.sources.files import read_files
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+import documents  # noqa: E402  (bench/documents.py: the five formats' files and questions)
+
+DATA = Path(os.environ.get("GRADFUSE_DATA", ROOT.parent / "shared" / "data"))
+OUT = ROOT / "results" / "answers"
+WORK = ROOT / ".gradfuse" / "bench" / "answers"  # inputs and indexes, kept between runs (nothing rebuilds twice)
+QUESTIONS_FILE = BENCH / "answer_questions.json"
+MAN_PAGES = ("gzip", "bzip2", "xz", "zstd", "zip", "unzip", "tar", "ssh", "scp", "ssh-keygen", "curl", "wget", "grep",
+             "sed", "find", "xargs", "make", "psql", "python3.11", "less", "diff", "patch", "sort", "du", "valgrind")
+VALGRIND = Path("/usr/share/doc/valgrind/html")
+METHODS = ("rrf", "combsum-z", "concat", "dense", "select", "gro")
+SCORERS = ("support", "gate", "cosine")  # evidence scorers compared on the default method's passages
+K = 5  # passages an answer reads (the issue's runs asked with k = 5)
+SEED = 0
+# (answerable, held out) per QA set. TAT-QA questions are not held out: they ask about "the company" of their own
+# report, and another report's paragraph answers the same question.
+QA_COUNTS = {"hotpotqa": (25, 25), "tatqa": (25, 0)}
+PUBMED_COUNT = 25
+
+
+@dataclass
+class Question:
+    id: str
+    kind: str  # document, man, valgrind, hotpotqa, tatqa, pubmedqa
+    text: str
+    answers: tuple[str, ...] = ()  # empty: no source holds an answer
+    file: str | None = None  # the file holding the answer (document, man, valgrind)
+    place: dict = field(default_factory=dict)  # page, row, slide or heading (document questions)
+    judged: frozenset = frozenset()  # source/doc id keys of the judged paragraphs (hotpotqa, tatqa)
+    held: tuple[str, ...] = ()  # a held-out QA question's own answers: they must stand in no source
+    split: str = "test"
+
+    @property
+    def answerable(self) -> bool:
+        return bool(self.answers)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
+
+
+def read_qrels(path: Path) -> dict[str, set[str]]:
+    judged: dict[str, set[str]] = {}
+    for line in open(path, encoding="utf-8"):
+        query, doc, relevance = line.rstrip("\n").split("\t")
+        if int(relevance) > 0:
+            judged.setdefault(query, set()).add(doc)
+    return judged
+
+
+def render_man_pages(folder: Path) -> list[str]:
+    """Each page as `man` prints it for a terminal of 80 columns (no hyphenation or justification)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    made = []
+    for page in MAN_PAGES:
+        shown = subprocess.run(["man", "--nh", "--nj", "-P", "cat", page], capture_output=True, text=True,
+                               env={**os.environ, "MANWIDTH": "80"})
+        if shown.returncode == 0 and shown.stdout.strip():
+            text = subprocess.run(["col", "-bx"], input=shown.stdout, capture_output=True, text=True).stdout
+            (folder / f"{page}.txt").write_text(text, encoding="utf-8")
+            made.append(f"{page}.txt")
+    return made
+
+
+def qa_sets(rng: random.Random) -> tuple[list[Question], dict[str, set[str]]]:
+    """HotpotQA and TAT-QA test questions with checkable answers: some answerable, some held out (their judged
+    paragraphs removed from the sources: `removed`, per set)."""
+    questions, removed = [], {}
+    sets = {
+        "hotpotqa": ("hotpotqa_train100_hipporag", read_jsonl(DATA / "hotpotqa_train100_hipporag" / "queries.jsonl")[20:]),
+        "tatqa": ("tatqa_hybrid", [q for q in read_jsonl(DATA / "tatqa_hybrid" / "queries.jsonl")
+                                   if q["split"] == "test" and q["answer_type"] == "span" and q["answer_from"] == "text"]),
+    }
+    for name, (folder, pool) in sets.items():
+        qrels = read_qrels(DATA / folder / "qrels.tsv")
+        usable = [q for q in pool if checkable(tuple(q["answers"])) and qrels.get(q["id"])]
+        rng.shuffle(usable)
+        answerable, held = QA_COUNTS[name]
+        removed[name] = set()
+        for number, q in enumerate(usable[: answerable + held]):
+            judged = {d for d in qrels[q["id"]] if name != "tatqa" or d.startswith("text/")}
+            out = number >= answerable
+            if out:
+                removed[name] |= judged
+            answers = tuple(q["answers"])
+            questions.append(Question(f"{name}:{q['id']}", name, q["text"], () if out else answers,
+                                      judged=frozenset(f"{name}/{d}" for d in judged), held=answers if out else ()))
+    return questions, removed
+
+
+def pubmed_questions(rng: random.Random) -> list[Question]:
+    pool = read_jsonl(DATA / "pubmedqa_pqal" / "queries.jsonl")
+    return [Question(f"pubmedqa:{q['id']}", "pubmedqa", q["text"]) for q in rng.sample(pool, PUBMED_COUNT)]
+
+
+def written_questions() -> list[Question]:
+    questions = []
+    for number, q in enumerate(json.loads(QUESTIONS_FILE.read_text())):
+        kind = "valgrind" if q.get("file", "").endswith(".html") else "man"
+        answers = (q["answer"],) if q["kind"] == "answerable" else ()
+        questions.append(Question(f"written:{number}", kind if answers else "written-none", q["question"], answers,
+                                  file=q.get("file")))
+    return questions
+
+
+def document_questions() -> list[Question]:
+    return [Question(f"document:{number}", "document", text, (answer,), file=file, place=where)
+            for number, (_, file, where, text, answer) in enumerate(documents.QUESTIONS)]
+
+
+def build() -> tuple[Workspace, list[Question], dict]:
+    """Every source built (or found unchanged) in WORK, and every question checked against the indexed text."""
+    rng = random.Random(SEED)
+    inputs = WORK / "inputs"
+    if inputs.exists():
+        shutil.rmtree(inputs)
+    made = documents.write_files(inputs / "documents")
+    man = render_man_pages(inputs / "man-pages")
+    (inputs / "valgrind").mkdir(parents=True)
+    for page in sorted(VALGRIND.glob("*.html")):
+        shutil.copy(page, inputs / "valgrind" / page.name)
+    qa, removed = qa_sets(rng)
+    corpora = {"hotpotqa": [d for d in read_jsonl(DATA / "hotpotqa_train100_hipporag" / "corpus.jsonl")
+                            if d["id"] not in removed["hotpotqa"]],
+               "tatqa": [d for d in read_jsonl(DATA / "tatqa_hybrid" / "corpus.jsonl")
+                         if d["id"].startswith("text/") and d["id"] not in removed["tatqa"]]}
+    for name, records in corpora.items():
+        with open(inputs / f"{name}.jsonl", "w", encoding="utf-8") as handle:
+            for record in records:
+                handle.write(json.dumps({"id": record["id"], "title": record.get("title", ""),
+                                         "text": record["text"]}) + "\n")
+    names = {"pdf": "manuals", "csv": "debian", "xlsx": "ubuntu", "docx": "python-statements", "pptx": "stdlib-slides"}
+    specs = [SourceSpec(names[kind], "files", str(inputs / "documents" / kind)) for kind in made]
+    specs += [SourceSpec("man-pages", "files", str(inputs / "man-pages")),
+              SourceSpec("valgrind", "files", str(inputs / "valgrind")),
+              SourceSpec("hotpotqa", "jsonl", str(inputs / "hotpotqa.jsonl")),
+              SourceSpec("tatqa", "jsonl", str(inputs / "tatqa.jsonl"))]
+    ws = Workspace(Config(workspace=WORK / "workspace"))
+    builds = {}
+    for spec in specs:
+        report = ws.index(spec)
+        builds[spec.name] = {"documents": report.documents, "seconds": round(report.seconds, 1),
+                             "skipped": len(report.skipped)}
+    questions = document_questions() + written_questions() + qa + pubmed_questions(rng)
+    passages = _passages(specs)
+    kept, dropped = [], []
+    for q in questions:
+        (kept if _checked(q, passages) else dropped).append(q)
+    _split(kept, rng)
+    return ws, kept, {"builds": builds, "dropped": [q.text for q in dropped], "man_pages": len(man)}
+
+
+def _passages(specs: list[SourceSpec]) -> list[Candidate]:
+    """Every passage the builds indexed, as the same readers and chunking made them (files), or every record."""
+    passages = []
+    for spec in specs:
+        if spec.kind == "files":
+            passages += [Candidate(spec.name, d.doc_id, d.text, 0.0, 1, location=d.location) for d in
+                         read_files(Path(spec.path), IngestReport(), words=FILE_CHUNK_WORDS, overlap=FILE_CHUNK_OVERLAP)]
+        else:
+            passages += [Candidate(spec.name, r["id"], r["text"], 0.0, 1) for r in read_jsonl(Path(spec.path))]
+    return passages
+
+
+def _checked(q: Question, passages: list[Candidate]) -> bool:
+    """An answerable question's answer stands at its place in the indexed text; a held-out QA question's answer
+    stands in no source."""
+    if q.held:
+        return all(answer_in_context(q.held, [c.text]) != 1.0 for c in passages)
+    return not q.answerable or any(holds_answer(q, c) for c in passages)
+
+
+def holds_answer(q: Question, candidate) -> bool:
+    """Whether `candidate` is a passage that answers q: at its place and holding its answer (files), or one of
+    its judged paragraphs (QA sets)."""
+    if q.judged:
+        return f"{candidate.source}/{candidate.doc_id}" in q.judged
+    location = candidate.location
+    if location is None or Path(location.file).name != q.file:
+        return False
+    if q.place and not documents.at_place(candidate, location.file, q.place):
+        return False
+    return q.kind == "document" or answer_in_context(q.answers, [candidate.text]) == 1.0
+
+
+def _split(questions: list[Question], rng: random.Random) -> None:
+    """A seeded third of each kind (answerable and not apart) is dev."""
+    groups: dict[tuple[str, bool], list[Question]] = {}
+    for q in questions:
+        groups.setdefault((q.kind, q.answerable), []).append(q)
+    for group in groups.values():
+        for q in rng.sample(group, len(group) // 3):
+            q.split = "dev"
+
+
+def quoted_correct(q: Question, text: str) -> float:
+    return float(answer_in_context(q.answers, [text]) == 1.0)
+
+
+def ask(ws: Workspace, q: Question, method: str) -> dict:
+    started = time.perf_counter()
+    answer = ws.ask(q.text, method=method, context_k=K)
+    seconds = time.perf_counter() - started
+    hits = [holds_answer(q, c) for c in answer.passages]
+    row = {"id": q.id, "kind": q.kind, "answerable": q.answerable, "seconds": seconds, "support": answer.support,
+           "declined": answer.abstained}
+    if q.answerable:
+        row.update({"hit@1": float(any(hits[:1])), "hit@5": float(any(hits[:5])),
+                    "quoted": 0.0 if answer.abstained else quoted_correct(q, answer.text)})
+    return row
+
+
+def scorer_rows(ws: Workspace, q: Question, method: str) -> dict:
+    """The quoted answer each evidence scorer would give from the same passages (the default method's)."""
+    passages = ws.search(q.text, method=method, k=K).candidates
+    row = {"id": q.id, "kind": q.kind}
+    for scorer in SCORERS:
+        started = time.perf_counter()
+        evidence = ws.evidence(q.text, passages, settings=replace(ws.config.evidence, scorer=scorer))
+        row[f"{scorer} seconds"] = time.perf_counter() - started
+        row[scorer] = quoted_correct(q, extractive_answer(evidence)) if evidence else 0.0
+    return row
+
+
+def main() -> None:
+    started = time.perf_counter()
+    ws, questions, built = build()
+    test = [q for q in questions if q.split == "test"]
+    default = ws.config.method
+    for q in test[:3]:  # warm: the encoder, the scoring LM and ranx's compiled code are loaded before timing
+        for method in METHODS:
+            ws.ask(q.text, method=method, context_k=K)
+    rows = {}
+    for method in METHODS:
+        rows[method] = [ask(ws, q, method) for q in test]
+        print(f"{method}: {len(test)} questions", file=sys.stderr, flush=True)
+    scorers = [scorer_rows(ws, q, default) for q in test if q.answerable]
+    summary = {"methods": {m: summarise(r) for m, r in rows.items()},
+               "kinds": {m: {kind: summarise([x for x in r if x["kind"] == kind]) for kind in
+                             sorted({x["kind"] for x in r})} for m, r in rows.items()},
+               "scorers": {s: {"quoted": mean([r[s] for r in scorers]),
+                               "seconds": mean([r[f"{s} seconds"] for r in scorers])} for s in SCORERS},
+               "curve": curve(rows[default]), "default": default,
+               "abstain_below": ws.config.evidence.abstain_below, "rows": rows,
+               "questions": {"test": len(test), "dev": len(questions) - len(test),
+                             "no answer": sum(not q.answerable for q in questions),
+                             "by kind": count_kinds(questions)},
+               **built, "machine": machine(), "minutes": (time.perf_counter() - started) / 60}
+    summary["qa_extractive"] = qa_extractive(ws)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "results.json").write_text(json.dumps(summary, indent=1))
+    (OUT / "results.md").write_text(report(summary))
+    print(report(summary))
+
+
+def mean(values) -> float:
+    values = [v for v in values if v is not None]
+    return float(np.mean(values)) if values else float("nan")
+
+
+def summarise(rows: list[dict]) -> dict:
+    answerable = [r for r in rows if r["answerable"]]
+    unanswerable = [r for r in rows if not r["answerable"]]
+    return {"hit@1": mean([r["hit@1"] for r in answerable]), "hit@5": mean([r["hit@5"] for r in answerable]),
+            "quoted": mean([r["quoted"] for r in answerable]),
+            "declined": mean([float(r["declined"]) for r in unanswerable]),
+            "declined wrongly": mean([float(r["declined"]) for r in answerable]),
+            "seconds p50": float(np.median([r["seconds"] for r in rows])) if rows else float("nan"),
+            "questions": len(rows)}
+
+
+def curve(rows: list[dict]) -> list[dict]:
+    """At each threshold: the share of unanswerable questions declined and of answerable ones declined wrongly."""
+    points = []
+    for threshold in np.round(np.arange(0.0, 1.0001, 0.05), 2):
+        declined = [r["support"] is not None and r["support"] < threshold for r in rows]
+        points.append({"threshold": float(threshold),
+                       "declined": mean([float(d) for d, r in zip(declined, rows) if not r["answerable"]]),
+                       "declined wrongly": mean([float(d) for d, r in zip(declined, rows) if r["answerable"]])})
+    return points
+
+
+def count_kinds(questions: list[Question]) -> dict:
+    counts: dict[str, dict[str, int]] = {}
+    for q in questions:
+        entry = counts.setdefault(q.kind, {"answerable": 0, "no answer": 0})
+        entry["answerable" if q.answerable else "no answer"] += 1
+    return counts
+
+
+def qa_extractive(ws: Workspace) -> dict:
+    """The QA benchmark's test questions (HotpotQA's last 80, TAT-QA's first 60 test span answers from text) with
+    the five passages the dense prior ranks first and their first PASSAGE_CHARS characters (`bench/evidence_budget.py`'s
+    protocol, which measured today's gate): the extractive answer of each sentence scorer holds the gold answer how
+    often, and at what cost."""
+    from evidence_budget import FOLDERS, Pools, question_sets
+
+    encoder = ws._encoder()
+    pools = {name: Pools(name, encoder) for name in FOLDERS}
+    out = {}
+    for name, parts in question_sets().items():
+        rows = []
+        for q in parts["test"]:
+            passages = pools[name].top(q["text"])
+            row = {}
+            for scorer in SCORERS:
+                started = time.perf_counter()
+                evidence = ws.evidence(q["text"], passages, settings=replace(ws.config.evidence, scorer=scorer),
+                                       chars=PASSAGE_CHARS)
+                row[f"{scorer} seconds"] = time.perf_counter() - started
+                row[scorer] = answer_in_context(tuple(q["answers"]), [extractive_answer(evidence)])
+            rows.append(row)
+        out[name] = {s: {"contains gold": mean([r[s] for r in rows]), "seconds": mean([r[f"{s} seconds"] for r in rows]),
+                         "questions": sum(r[s] is not None for r in rows)} for s in SCORERS}
+    return out
+
+
+def machine() -> str:
+    import torch
+
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
+
+
+def report(summary: dict) -> str:
+    qs = summary["questions"]
+    lines = ["# Answers from real documents, and saying \"not found\"", "",
+             "Made by `make bench-answers` (`bench/fit_support.py` on the dev questions, then `bench/answers.py` on "
+             f"the test questions). {qs['test']} test questions ({qs['dev']} more are dev), {qs['no answer']} of all "
+             "with no answer in any source; nine sources: two PDF manuals, Debian's and Ubuntu's release tables (CSV, "
+             "workbook), Python statements (Word), stdlib modules (slides), 25 man pages, Valgrind's HTML manual, "
+             "HotpotQA's paragraphs (less those of the questions held out) and TAT-QA's. Every answer reads "
+             f"{K} passages; quoted: the gold answer in the sentences the extractive answer quotes, not declined. "
+             f"Seconds: `Workspace.ask`, warm, on {summary['machine']} ({summary['minutes']:.0f} min in all).", "",
+             "| method | hit@1 | hit@5 | quoted answer correct | no-answer questions declined | answerable declined "
+             "wrongly | s / answer (p50) |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for method, row in summary["methods"].items():
+        name = f"`{method}`" + (" (the default)" if method == summary["default"] else "")
+        lines.append(f"| {name} | {row['hit@1']:.2f} | {row['hit@5']:.2f} | {row['quoted']:.2f} | {row['declined']:.2f} "
+                     f"| {row['declined wrongly']:.2f} | {row['seconds p50']:.2f} |")
+    lines += ["", f"By kind of question (`{summary['default']}`; hit@1 · quoted · declined):", "",
+              "| kind | answerable | no answer | hit@1 | quoted | declined (no answer) | declined wrongly |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    for kind, row in summary["kinds"][summary["default"]].items():
+        counts = summary["questions"]["by kind"][kind]
+        cells = [row[k] for k in ("hit@1", "quoted", "declined", "declined wrongly")]
+        lines.append(f"| {kind} | {counts['answerable']} | {counts['no answer']} | "
+                     + " | ".join("–" if np.isnan(c) else f"{c:.2f}" for c in cells) + " |")
+    lines += ["", f"Evidence scorers on `{summary['default']}`'s passages (answerable test questions; quoted: the two "
+              "best sentences hold the gold answer):", "", "| scorer | quoted answer correct | s / answer |",
+              "|---|---:|---:|"]
+    for scorer, row in summary["scorers"].items():
+        lines.append(f"| {scorer} | {row['quoted']:.2f} | {row['seconds']:.3f} |")
+    lines += ["", "Extractive answers on the QA benchmark's test questions (the dense prior's top 5 passages, as in "
+              "results/evidence/budget.md, whose gate answers held the gold answer for 0.446 of HotpotQA's and 0.583 of "
+              "TAT-QA's):", "", "| set | scorer | contains gold | questions | s / answer |", "|---|---|---:|---:|---:|"]
+    for name, scorers in summary["qa_extractive"].items():
+        for scorer, row in scorers.items():
+            lines.append(f"| {name} | {scorer} | {row['contains gold']:.3f} | {row['questions']} | {row['seconds']:.3f} |")
+    lines += ["", f"\"Not found\" on the test questions as the threshold moves (`{summary['default']}`; the library's "
+              f"`[evidence] abstain_below` is {summary['abstain_below']:.2f}, chosen on dev):", "",
+              "| threshold | no-answer questions declined | answerable declined wrongly |", "|---:|---:|---:|"]
+    for point in summary["curve"]:
+        lines.append(f"| {point['threshold']:.2f} | {point['declined']:.2f} | {point['declined wrongly']:.2f} |")
+    if summary["dropped"]:
+        lines += ["", f"Dropped before measuring (answer not found at its place): {len(summary['dropped'])}: "
+                  + "; ".join(summary["dropped"])]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""The default method, chosen by a stated rule from the committed benchmark results (`make bench-default`, after the
+benchmarks it reads).
+
+Rule: among the methods whose answer takes at most LATENCY_BUDGET seconds (p50, warm, on this 2-core machine, in
+the answer benchmark), the default is the one with the best mean rank over the benchmarks' headline metrics on
+their test questions: federated nDCG@10, QA answer@5, DL19 nDCG@10 and the answer benchmark's quoted answer correct
+(hit@1 breaks a tie). Methods over the budget are listed beside, with what they would add.
+
+Reads results/fusion/{federated,qa}/results.json (the uniform and stage-1 methods after the RRF fix, over all test
+queries), results/dl19/results.json and results/answers/results.json; writes results/defaults/method.md.
+
+    python bench/default_method.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results"
+OUT = RESULTS / "defaults" / "method.md"
+LATENCY_BUDGET = 1.0  # seconds an answer may take, p50 (warm, two cores)
+BENCHMARKS = {  # name → (results file, table, metric)
+    "federated nDCG@10": ("fusion/federated/results.json", "all test queries", "ndcg@10"),
+    "QA answer@5": ("fusion/qa/results.json", "all test queries", "answer@5"),
+    "DL19 nDCG@10": ("dl19/results.json", "all test queries", "ndcg@10"),
+}
+
+
+def benchmark_scores() -> dict[str, dict[str, float]]:
+    scores = {}
+    for name, (file, table, metric) in BENCHMARKS.items():
+        tables = json.loads((RESULTS / file).read_text())["tables"]
+        rows = next(t for t in tables if t["name"] == table)["rows"]
+        scores[name] = {row["method"]: row[metric]["mean"] for row in rows if metric in row}
+    return scores
+
+
+def main() -> None:
+    answers = json.loads((RESULTS / "answers" / "results.json").read_text())
+    scores = benchmark_scores()
+    scores["answers: quoted answer correct"] = {m: r["quoted"] for m, r in answers["methods"].items()}
+    hit = {m: r["hit@1"] for m, r in answers["methods"].items()}
+    latency = {m: r["seconds p50"] for m, r in answers["methods"].items()}
+    methods = [m for m in answers["methods"] if all(m in s for s in scores.values())]
+    ranks = {m: [] for m in methods}
+    for values in scores.values():
+        order = sorted(methods, key=lambda m: -values[m])
+        for m in methods:
+            ranks[m].append(1 + sum(values[o] > values[m] for o in order))
+    within = [m for m in methods if latency[m] <= LATENCY_BUDGET]
+    chosen = min(within, key=lambda m: (np.mean(ranks[m]), -hit[m]))
+    over = [m for m in answers["methods"] if latency[m] > LATENCY_BUDGET]
+    lines = ["# The default method", "", "Made by `python bench/default_method.py` (`make bench-default`) from the committed "
+             "results. The rule: among the methods whose answer takes at most "
+             f"{LATENCY_BUDGET:g} s (p50, warm, two cores, in the answer benchmark), the one with the best mean rank "
+             "over the benchmarks' headline metrics on their test questions; hit@1 on the answer benchmark breaks a "
+             "tie. The federated and QA rows are the uniform and stage-1 methods rerun after the RRF fix "
+             "(results/fusion/), over every test query.", "",
+             "| method | " + " | ".join(scores) + " | answers hit@1 | mean rank | s / answer |",
+             "|---|" + "---:|" * (len(scores) + 3)]
+    for m in sorted(methods, key=lambda m: np.mean(ranks[m])):
+        name = f"**`{m}`** (the default)" if m == chosen else f"`{m}`"
+        lines.append(f"| {name} | " + " | ".join(f"{s[m]:.3f}" for s in scores.values())
+                     + f" | {hit[m]:.2f} | {np.mean(ranks[m]):.2f} | {latency[m]:.2f} |")
+    lines += ["", f"Over the latency budget: " + "; ".join(
+        f"`{m}` {latency[m]:.1f} s an answer (answer benchmark: quoted {answers['methods'][m]['quoted']:.2f}, hit@1 "
+        f"{hit[m]:.2f})" for m in over) + ". Its ranking benchmarks' scores are on their scoring-LM subsamples "
+        "(results/federated, qa, dl19: the `upr` rows are gro with UPR's signal).", "",
+              f"**The default is `{chosen}`** (`[defaults] method`, the CLI, the HTTP API, the page and the framework "
+              "retrievers)."]
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
