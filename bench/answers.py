@@ -268,13 +268,18 @@ def ask(ws: Workspace, q: Question, method: str) -> dict:
     return row
 
 
+BEFORE = "gate, first 600 characters (before)"  # how a quoted answer was chosen before: the gate over the prompt's view
+
+
 def scorer_rows(ws: Workspace, q: Question, method: str) -> dict:
-    """The quoted answer each evidence scorer would give from the same passages (the default method's)."""
+    """The quoted answer each evidence scorer would give from the same passages (the default method's), whole, and
+    the gate over the first PASSAGE_CHARS characters of each, as answers were quoted before."""
     passages = ws.search(q.text, method=method, k=K).candidates
     row = {"id": q.id, "kind": q.kind}
-    for scorer in SCORERS:
+    for scorer, chars in [(s, None) for s in SCORERS] + [(BEFORE, PASSAGE_CHARS)]:
         started = time.perf_counter()
-        evidence = ws.evidence(q.text, passages, settings=replace(ws.config.evidence, scorer=scorer))
+        settings = replace(ws.config.evidence, scorer=scorer.split(",")[0])
+        evidence = ws.evidence(q.text, passages, settings=settings, chars=chars)
         row[f"{scorer} seconds"] = time.perf_counter() - started
         row[scorer] = quoted_correct(q, extractive_answer(evidence)) if evidence else 0.0
     return row
@@ -297,7 +302,7 @@ def main() -> None:
                "kinds": {m: {kind: summarise([x for x in r if x["kind"] == kind]) for kind in
                              sorted({x["kind"] for x in r})} for m, r in rows.items()},
                "scorers": {s: {"quoted": mean([r[s] for r in scorers]),
-                               "seconds": mean([r[f"{s} seconds"] for r in scorers])} for s in SCORERS},
+                               "seconds": mean([r[f"{s} seconds"] for r in scorers])} for s in (*SCORERS, BEFORE)},
                "curve": curve(rows[default]), "default": default,
                "abstain_below": ws.config.evidence.abstain_below, "rows": rows,
                "questions": {"test": len(test), "dev": len(questions) - len(test),
@@ -403,8 +408,9 @@ def report(summary: dict) -> str:
         cells = [row[k] for k in ("hit@1", "quoted", "declined", "declined wrongly")]
         lines.append(f"| {kind} | {counts['answerable']} | {counts['no answer']} | "
                      + " | ".join("–" if np.isnan(c) else f"{c:.2f}" for c in cells) + " |")
-    lines += ["", f"Evidence scorers on `{summary['default']}`'s passages (answerable test questions; quoted: the two "
-              "best sentences hold the gold answer):", "", "| scorer | quoted answer correct | s / answer |",
+    lines += ["", f"Evidence scorers on `{summary['default']}`'s passages, read whole as a quoted answer reads them, and the "
+              "gate over their first 600 characters as answers were quoted before (answerable test questions; quoted: "
+              "the two best sentences hold the gold answer):", "", "| scorer | quoted answer correct | s / answer |",
               "|---|---:|---:|"]
     for scorer, row in summary["scorers"].items():
         lines.append(f"| {scorer} | {row['quoted']:.2f} | {row['seconds']:.3f} |")

@@ -70,12 +70,16 @@ def qa_dev(ws) -> list[dict]:
 
 
 def answer_dev(ws, questions) -> list[dict]:
+    """The dev questions of the answer benchmark: their sentences' signals (for the weights), and the signals of the
+    same sentences as an answer quotes them (for "not found", as `Workspace.support` computes it)."""
     rows = []
     for q in questions:
         passages = ws.search(q.text, k=answers.K).candidates
         texts, found = sentence_signals(ws, q.text, passages)
+        quoted = support.quoted_signals(q.text, ws.evidence(q.text, passages), ws._encoder())
         rows.append({"set": "answers" if q.kind in ("document", "man", "valgrind") else q.kind,
-                     "answers": q.answers, "texts": texts, "signals": found, "answerable": q.answerable})
+                     "answers": q.answers, "texts": texts, "signals": found, "quoted": quoted,
+                     "answerable": q.answerable})
     return rows
 
 
@@ -140,7 +144,7 @@ def choose_signals(rows: list[dict]) -> tuple[tuple[str, ...], list[dict]]:
 
 
 def fit_answered(rows: list[dict]) -> dict[str, float]:
-    x = np.array([[r["signals"]["overlap"].max(), r["signals"]["cosine"].max()] for r in rows if r["texts"]])
+    x = np.array([[r["quoted"]["overlap"].max(), r["quoted"]["cosine"].max()] for r in rows if r["texts"]])
     y = np.array([float(r["answerable"] and labels(r).any()) for r in rows if r["texts"]])
 
     def loss(w):
@@ -157,7 +161,7 @@ def fit_answered(rows: list[dict]) -> dict[str, float]:
 def choose_threshold(rows: list[dict], coefficients: dict[str, float]) -> tuple[float, list[dict]]:
     """The highest threshold (in steps of 0.01) that declines at most MAX_WRONG_DECLINES of the answerable dev
     questions; with the dev curve."""
-    chance = [support.answered(r["signals"], coefficients) if r["texts"] else 0.0 for r in rows]
+    chance = [support.answered(r["quoted"], coefficients) if r["texts"] else 0.0 for r in rows]
     points = []
     for threshold in np.round(np.arange(0.0, 1.0001, 0.01), 2):
         wrong = np.mean([c < threshold for c, r in zip(chance, rows) if r["answerable"]])

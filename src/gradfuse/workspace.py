@@ -469,10 +469,7 @@ class Workspace:
         (rerank/support.py); None without sentences scored."""
         if not evidence:
             return None
-        texts = [e.text for e in evidence]
-        encoder = self._encoder()
-        found = support.signals(question, texts, encoder.encode(texts) @ encoder.encode_query(question))
-        return support.answered(found, support.model().answered)
+        return support.answered(support.quoted_signals(question, evidence, self._encoder()), support.model().answered)
 
     def _prepare_answer(self, question, generator, context_k, max_new_tokens, search_options) -> _Prepared:
         result = self.search(question, k=context_k or self.config.context_k, **search_options)
@@ -492,7 +489,7 @@ class Workspace:
                                  chars=None if model is None else PASSAGE_CHARS)
         chance = self.support(question, evidence)
         result.timings["evidence"] = time.perf_counter() - started
-        abstained = chance is not None and chance < self.config.evidence.abstain_below
+        abstained = support.too_weak(chance, self.config.evidence.abstain_below)
         if abstained:  # nothing to answer from: no generator writes one
             model = None
         if model is not None and self.config.context == "evidence" and evidence:

@@ -119,6 +119,13 @@ def signals(question: str, sentences: list[str], cosines: np.ndarray) -> dict[st
     }
 
 
+def quoted_signals(question: str, evidence, encoder) -> dict[str, np.ndarray]:
+    """The signals of an answer's scored sentences (`Evidence` records) as the answer quotes them: a table row with
+    its column names ("Date: 2003-09-19, Close: 29.96"), which a row's bare values lack."""
+    texts = [e.quoted() for e in evidence]
+    return signals(question, texts, encoder.encode(texts) @ encoder.encode_query(question))
+
+
 def sentence_values(found: dict[str, np.ndarray], weights: dict[str, float]) -> np.ndarray:
     return sum(weights[name] * found[name] for name in weights)
 
@@ -130,3 +137,8 @@ def answered(found: dict[str, np.ndarray], coefficients: dict[str, float]) -> fl
     logit = (coefficients["bias"] + coefficients["overlap"] * float(found["overlap"].max())
              + coefficients["cosine"] * float(found["cosine"].max()))
     return 1.0 / (1.0 + math.exp(-logit))
+
+
+def too_weak(chance: float | None, threshold: float) -> bool:
+    """Whether an answer with this chance of its passages holding it says "not found" (None: nothing was scored)."""
+    return chance is not None and chance < threshold

@@ -3,8 +3,9 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const TIMING_STEPS = [  // what the latency bar shows, in pipeline order; "fusion" is what ranking took besides
-  ["retrieval", "retrieval", "#6b8bd6"], ["selection", "stage 1 selection", "#58a37a"],  // the named steps
+// What the latency bar shows, in pipeline order; "fusion" is what ranking took besides the steps it names.
+const TIMING_STEPS = [
+  ["retrieval", "retrieval", "#6b8bd6"], ["selection", "stage 1 selection", "#58a37a"],
   ["fusion", "fusion and ranking", "#7fb3c7"], ["prior", "prior (encoder)", "#9aa7b8"],
   ["target", "target (draft)", "#c9a227"], ["lm_pass", "scoring-LM pass", "#d06a2f"],
   ["evidence", "evidence sentences", "#3f9e9e"], ["generation", "generation", "#8b5cc7"],
