@@ -110,3 +110,17 @@ def test_rrf_over_hybrid_sources_ranks_the_passage_both_rankings_agree_on_first_
     assert (first.source, first.doc_id) == ("c-astronomy", "jupiter")
     assert first.retrieval_ranks == {"bm25": 1, "dense": 1}
     assert first.scores["fusion:rrf"] == pytest.approx(2 / 61)
+
+
+def test_bm25_ranks_the_passage_holding_a_date_whole_above_passages_holding_its_parts(tmp_path):
+    """"2003-09-19" is three common tokens; asked as a phrase as well, the row of that day comes first (before, the
+    rows richest in "2003", "09" and "19" apart did)."""
+    days = [f"2003-{month:02d}-{day:02d} | 2{day}.{month}0 | 19{month:02d}0{day:02d}" for month in (8, 9)
+            for day in range(10, 30)]
+    rows = [{"id": f"rows-{i}", "title": "MSFT 2003", "text": "Date | Close | Volume\n" + "\n".join(days[i:i + 4])}
+            for i in range(0, len(days), 4)]
+    rows.append({"id": "noise", "title": "Counts", "text": "19 09 19 09 2003 2003 19 09 and 2003 again: 19, 09."})
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    ws.index(SourceSpec("prices", "jsonl", str(write_jsonl(tmp_path / "prices.jsonl", rows))))
+    first = ws.search("closing price on 2003-09-19", method="concat", k=3, retrieval="bm25").candidates[0]
+    assert "2003-09-19 |" in first.text, first.text

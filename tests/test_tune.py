@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import re
+import shutil
 
 import pytest
 from typer.testing import CliRunner
@@ -27,6 +28,11 @@ from gradfuse.eval.tuning import mean_score
 def test_tune_writes_dev_choices_that_search_then_uses_and_reproduces(tmp_path):
     config = tmp_path / "gradfuse.toml"
     config.write_text('# my own workspace\nworkspace = "ws"\n\n[generator]\nmax_new_tokens = 64  # keep me\n')
+    # The quick benchmark's embeddings where its test has run: the sources are still read and built, not re-embedded.
+    embedded = BENCHMARKS.parent / ".gradfuse" / "bench" / "quick-sources" / "cache" / "embeddings.sqlite"
+    if embedded.is_file():
+        (tmp_path / "ws" / "cache").mkdir(parents=True)
+        shutil.copy(embedded, tmp_path / "ws" / "cache" / "embeddings.sqlite")
     shown = CliRunner().invoke(app, ["tune", str(BENCHMARKS / "federated.toml"), "--quick", "--write", "--config",
                                      str(config)], terminal_width=300)
     assert shown.exit_code == 0, shown.output

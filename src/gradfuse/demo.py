@@ -35,10 +35,10 @@ QUESTIONS = (
                  "the default method, select: the sources most relevant to the question are chosen, then their "
                  "passages ranked by cosine"),
     DemoQuestion("How do I turn a Python dictionary into a JSON string?", DEFAULT, "the same"),
-    DemoQuestion("What was Microsoft's closing share price on 2003-09-19?", {"method": "rrf", "retrieval": "bm25",
-                                                                            "k": 3},
-                 "a date is found by its words, not its meaning: BM25 in every source, fused by RRF (select ranks by "
-                 "the encoder's cosine, which does not match a date); a table row is evidence on its own"),
+    DemoQuestion("closing price on 2003-09-19", {"method": "rrf", "retrieval": "bm25", "k": 3},
+                 "a date is found by its words, not its meaning: BM25 in every source (the date as a phrase), fused "
+                 "by RRF (select ranks by the encoder's cosine, which does not match a date); a table row is "
+                 "evidence on its own, quoted with its column names"),
     DemoQuestion("What happens in gradfuse when one source times out?", {"method": "gro", "k": 3},
                  "the full method, gro: stage 1 chooses the sources, then the scoring LM (UPR) ranks their passages"),
     DemoQuestion("Who won the 2018 FIFA World Cup?", DEFAULT,

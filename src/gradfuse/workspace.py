@@ -21,7 +21,7 @@ from gradfuse.generate.prompt import EXTRACTIVE, PASSAGE_CHARS, build_messages
 from gradfuse.execute import LOCAL, Executor
 from gradfuse.methods import PIPELINE_METHODS, MethodContext, check_method, run_method, spec_of
 from gradfuse.rerank import RerankOutcome, support
-from gradfuse.rerank.sentences import LM_SENTENCE_SCORERS, EvidenceSettings, score_sentences
+from gradfuse.rerank.sentences import LM_SENTENCE_SCORERS, EvidenceSettings, score_texts
 from gradfuse.rerank.sentences import Passage as SentencePassage
 from gradfuse.selection import SelectionDecision, SelectionSettings
 from gradfuse.sources import (
@@ -455,14 +455,13 @@ class Workspace:
             fit, values = self.executor.sentences(settings.scorer, question, units, self.config.rerank,
                                                   target=target, calibrated=settings.calibrated)
             units, passages = units[:fit], passages[:fit]
-        else:
-            encoder = self._encoder()
-            values = score_sentences(settings.scorer, question, units, embed=encoder.encode,
-                                     query_vector=encoder.encode_query(question))
-        values = iter(values)
-        scored = [Evidence.of(number, candidate, span, next(values))
+        scored = [Evidence.of(number, candidate, span, 0.0)
                   for number, (candidate, unit) in enumerate(zip(passages, units), start=1) for span in unit.sentences]
-        return sorted(scored, key=lambda e: -e.score)
+        if settings.scorer not in LM_SENTENCE_SCORERS:  # read as quoted: a table row with its column names
+            encoder = self._encoder()
+            values = score_texts(settings.scorer, question, [e.quoted() for e in scored], embed=encoder.encode,
+                                 query_vector=encoder.encode_query(question))
+        return sorted((replace(e, score=float(value)) for e, value in zip(scored, values)), key=lambda e: -e.score)
 
     def support(self, question: str, evidence: list[Evidence]) -> float | None:
         """The chance that `evidence` (every sentence of an answer's passages) holds the answer to `question`

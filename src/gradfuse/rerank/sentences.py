@@ -29,6 +29,7 @@ from gradfuse.rerank.lm_scorer import CONTENT_FREE, LMScorer
 from gradfuse.rerank.upr import UPRScorer
 
 SENTENCE_SCORERS = ("support", "gate", "cosine", "upr", "loo")
+TEXT_SCORERS = ("support", "cosine")  # no LM: they read a sentence's text alone
 LM_SENTENCE_SCORERS = ("gate", "upr", "loo")
 
 
@@ -73,12 +74,9 @@ def score_sentences(scorer: str, question: str, passages: list[Passage], *, lm: 
     leave-one-out score (None: the question, as query likelihood)."""
     if not any(p.sentences for p in passages):
         return np.zeros(0)
-    if scorer == "cosine":
-        return embed([s for p in passages for s in p.sentence_texts()]) @ query_vector
-    if scorer == "support":
-        texts, weights = [s for p in passages for s in p.sentence_texts()], support.model().weights
-        cosines = embed(texts) @ query_vector if "cosine" in weights else np.zeros(len(texts))  # encoded if weighed
-        return support.sentence_values(support.signals(question, texts, cosines), weights)
+    if scorer in TEXT_SCORERS:
+        return score_texts(scorer, question, [s for p in passages for s in p.sentence_texts()], embed=embed,
+                           query_vector=query_vector)
     if scorer == "upr":
         return UPRScorer(lm).values(question, [s for p in passages for s in p.sentence_texts()])
     if scorer == "gate":
@@ -86,6 +84,19 @@ def score_sentences(scorer: str, question: str, passages: list[Passage], *, lm: 
     if scorer == "loo":
         return _leave_one_out(lm, question, passages, target)
     raise ValueError(f"unknown sentence scorer {scorer!r} (choose from {', '.join(SENTENCE_SCORERS)})")
+
+
+def score_texts(scorer: str, question: str, texts: list[str], *, embed: Callable[[list[str]], np.ndarray],
+                query_vector: np.ndarray) -> np.ndarray:
+    """The LM-free scorers' values of sentences given as text (an answer scores a table row as it quotes it, with
+    its column names)."""
+    if not texts:
+        return np.zeros(0)
+    if scorer == "cosine":
+        return embed(texts) @ query_vector
+    weights = support.model().weights
+    cosines = embed(texts) @ query_vector if "cosine" in weights else np.zeros(len(texts))  # encoded if weighed
+    return support.sentence_values(support.signals(question, texts, cosines), weights)
 
 
 def _packed(lm: LMScorer, question: str, passages: list[Passage], target: str | None):

@@ -57,15 +57,19 @@ _NAME = re.compile(r"\b[A-Z][a-z]+(?:\s+(?:[A-Z][a-z]+|of|the|de|van|von))*")
 
 
 def content_words(text: str) -> list[str]:
-    """Lower-cased words less the common ones, plurals folded ("files" → "file")."""
-    words = []
-    for word in _WORD.findall(text.lower()):
-        if word in _STOP:
-            continue
-        if len(word) > 4 and word.endswith("s") and not word.endswith("ss"):
-            word = word[:-1]
-        words.append(word)
-    return words
+    """Lower-cased words less the common ones, their endings folded ("closing", "closed", "close" → "clos")."""
+    return [_stem(word) for word in _WORD.findall(text.lower()) if word not in _STOP]
+
+
+def _stem(word: str) -> str:
+    """A light suffix fold for plain words (names with digits or punctuation stay whole: 2003-09-19, libtasn1.h)."""
+    if not word.isalpha():
+        return word
+    for suffix in ("ing", "ed", "es", "s"):
+        if len(word) > len(suffix) + 3 and word.endswith(suffix) and not word.endswith("ss"):
+            word = word[: -len(suffix)]
+            break
+    return word[:-1] if len(word) > 4 and word.endswith("e") else word
 
 
 def asks_for(question: str) -> str | None:

@@ -43,7 +43,12 @@ def rrf_in_source(rankings: dict[str, list], k: int) -> list[tuple]:
             ranks.setdefault(key, {})[name] = rank
     best = sorted(fused.items(), key=lambda item: (-item[1], item[0]))[:k]
     return [(key, score, ranks[key]) for key, score in best]
+
+
 _TOKEN = re.compile(r"\w+", flags=re.UNICODE)
+# A date, version or file name ("2003-09-19", "1.2.3", "libtasn1.h"): its parts are common alone, so it is also
+# asked as a phrase, which scores the passages that hold it whole above those that hold its parts apart.
+_JOINED = re.compile(r"\w+(?:[-./:]\w+)+", flags=re.UNICODE)
 
 
 def _schema() -> tantivy.Schema:
@@ -140,7 +145,8 @@ class EmbeddedSource:
         terms = _TOKEN.findall(query)  # free text, never query syntax: a stray quote must not fail the search
         if not terms:
             return [], []
-        parsed = self._index.parse_query(" ".join(terms), ["title", "body"])
+        phrases = [f'"{" ".join(_TOKEN.findall(joined))}"' for joined in _JOINED.findall(query)]
+        parsed = self._index.parse_query(" ".join(terms + phrases), ["title", "body"])
         hits = self._searcher.search(parsed, k).hits
         return [self._searcher.doc(address)["row"][0] for _, address in hits], [score for score, _ in hits]
 
