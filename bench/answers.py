@@ -307,7 +307,7 @@ def main() -> None:
                "abstain_below": ws.config.evidence.abstain_below, "rows": rows,
                "questions": {"test": len(test), "dev": len(questions) - len(test),
                              "no answer": sum(not q.answerable for q in questions),
-                             "by kind": count_kinds(questions)},
+                             "by kind (test)": count_kinds(test)},
                **built, "machine": machine(), "minutes": (time.perf_counter() - started) / 60}
     summary["qa_extractive"] = qa_extractive(ws)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -400,11 +400,11 @@ def report(summary: dict) -> str:
         name = f"`{method}`" + (" (the default)" if method == summary["default"] else "")
         lines.append(f"| {name} | {row['hit@1']:.2f} | {row['hit@5']:.2f} | {row['quoted']:.2f} | {row['declined']:.2f} "
                      f"| {row['declined wrongly']:.2f} | {row['seconds p50']:.2f} |")
-    lines += ["", f"By kind of question (`{summary['default']}`; hit@1 · quoted · declined):", "",
+    lines += ["", f"By kind of test question (`{summary['default']}`; hit@1 · quoted · declined):", "",
               "| kind | answerable | no answer | hit@1 | quoted | declined (no answer) | declined wrongly |",
               "|---|---:|---:|---:|---:|---:|---:|"]
     for kind, row in summary["kinds"][summary["default"]].items():
-        counts = summary["questions"]["by kind"][kind]
+        counts = summary["questions"]["by kind (test)"][kind]
         cells = [row[k] for k in ("hit@1", "quoted", "declined", "declined wrongly")]
         lines.append(f"| {kind} | {counts['answerable']} | {counts['no answer']} | "
                      + " | ".join("–" if np.isnan(c) else f"{c:.2f}" for c in cells) + " |")

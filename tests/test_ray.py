@@ -68,7 +68,7 @@ class TwoNodeCluster:
         for process in (self.worker, self.head):
             if process is not None:
                 try:
-                    process.wait(timeout=20)
+                    process.wait(timeout=5)  # a node took 15-20 s to stop by itself; its processes die anyway
                 except subprocess.TimeoutExpired:
                     os.killpg(process.pid, signal.SIGKILL)
         subprocess.run(["pkill", "-9", "-f", self.temp_dir], check=False)  # anything of this cluster left behind

@@ -385,8 +385,8 @@ def test_an_answer_stops_generating_when_its_client_leaves(workspace, monkeypatc
 
     monkeypatch.setattr(engine, "complete", counting)
     # A question its passages support well: a weakly supported one is declined before any token is decoded.
-    body = {"query": "Tell me everything about the planet Mars and its two small moons, Phobos and Deimos.",
-            "method": "rrf", "k": 3,
+    body = {"query": "Describe the planets Mars, Jupiter and Venus: their moons, the Great Red Spot, the carbon "
+                     "dioxide atmosphere and the hottest surface.", "method": "rrf", "k": 3,
             "max_new_tokens": 200}
     with serving(create_app(workspace)) as url:
         assert post(url, "/ask", body).status_code == 200
