@@ -124,3 +124,11 @@ def test_bm25_ranks_the_passage_holding_a_date_whole_above_passages_holding_its_
     ws.index(SourceSpec("prices", "jsonl", str(write_jsonl(tmp_path / "prices.jsonl", rows))))
     first = ws.search("closing price on 2003-09-19", method="concat", k=3, retrieval="bm25").candidates[0]
     assert "2003-09-19 |" in first.text, first.text
+
+
+@pytest.mark.parametrize("query", ["AND", "x IN y", "NOT a planet", "rock AND-OR roll", 'title:"Mars" OR'])
+def test_bm25_reads_operator_words_and_syntax_as_plain_words(workspace, query):
+    """tantivy's parser took an upper-case AND, OR, NOT or IN as an operator: a syntax error, or a different query."""
+    workspace.search(query, method="concat", k=3, retrieval="bm25")  # answers, whatever the words
+    mars = workspace.search("Mars AND Jupiter", method="concat", k=5, retrieval="bm25").candidates
+    assert {c.doc_id for c in mars} >= {"mars", "jupiter"}  # either word suffices: no AND was applied

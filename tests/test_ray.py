@@ -107,10 +107,12 @@ def _bench_file(tmp_path: Path, name: str) -> Path:
     text = re.sub(r'^name = .*$', f'name = "{name}"', text, count=1, flags=re.M)
     text = re.sub(r'^data = .*$', f'data = "{_shared_data()}"', text, count=1, flags=re.M)
     text = text.replace('"../.gradfuse/', f'"{REPO}/.gradfuse/')
-    text = re.sub(r'^methods = \["single:\*".*$', 'methods = ["dense", "gro/query", "upr"]', text, flags=re.M)
+    text, methods = re.subn(r'^methods = \["single:\*".*$', 'methods = ["dense", "gro/query", "upr"]', text,
+                            flags=re.M)
     # Two test and two dev queries for the scoring LM (three runs of the benchmark: locally, on the cluster, and
     # on the cluster losing a node): enough to compare every number, a third of the time.
-    text = re.sub(r'^lm = \{ sample = \d+,', 'lm = { sample = 2, dev_sample = 2,', text, count=1, flags=re.M)
+    text, lm = re.subn(r'^lm = \{ sample = \d+,', 'lm = { sample = 2, dev_sample = 2,', text, flags=re.M)
+    assert methods == 1 and lm == 1, "dl19.toml's quick variant changed: update this test's edits of it"
     path = tmp_path / f"{name}.toml"
     path.write_text(text)
     return path

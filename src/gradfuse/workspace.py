@@ -461,7 +461,8 @@ class Workspace:
             encoder = self._encoder()
             values = score_texts(settings.scorer, question, [e.quoted() for e in scored], embed=encoder.encode,
                                  query_vector=encoder.encode_query(question))
-        return sorted((replace(e, score=float(value)) for e, value in zip(scored, values)), key=lambda e: -e.score)
+        return sorted((replace(e, score=float(value)) for e, value in zip(scored, values, strict=True)),
+                      key=lambda e: -e.score)
 
     def support(self, question: str, evidence: list[Evidence]) -> float | None:
         """The chance that `evidence` (every sentence of an answer's passages) holds the answer to `question`
