@@ -132,3 +132,22 @@ def test_bm25_reads_operator_words_and_syntax_as_plain_words(workspace, query):
     workspace.search(query, method="concat", k=3, retrieval="bm25")  # answers, whatever the words
     mars = workspace.search("Mars AND Jupiter", method="concat", k=5, retrieval="bm25").candidates
     assert {c.doc_id for c in mars} >= {"mars", "jupiter"}  # either word suffices: no AND was applied
+
+
+def test_a_cold_encoder_loads_before_the_sources_timeouts_start(workspace, monkeypatch):
+    """The first search of a process loads the encoder (seconds on a busy machine): loaded inside the first source's
+    thread, it counted against every source's timeout and a cold search failed with "every source failed"."""
+    import gradfuse.sources.embedded as embedded
+
+    real, cold = embedded.load_encoder, [True]
+
+    def load_cold_once(name):  # the real encoder, its first load made slower than the timeout
+        if cold:
+            cold.clear()
+            time.sleep(1.5)
+        return real(name)
+
+    monkeypatch.setattr(embedded, "load_encoder", load_cold_once)
+    result = workspace.search("Which planet has two moons?", method="rrf", k=2, retrieval="hybrid", timeout_s=1.0)
+    assert not result.failures and result.candidates[0].doc_id.startswith("mars")
+    assert not cold  # the load did happen, once

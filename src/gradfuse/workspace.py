@@ -324,6 +324,12 @@ class Workspace:
                     opened.append(leases.enter_context(self.holding(name, retrieval)))
                 except SourceError as error:  # e.g. a database that refuses connections: one failed source
                     unopened.append(SourceFailure(name, "error", str(error)))
+            for source in list(opened):  # models load once, outside the timeouts
+                try:
+                    source.warm()
+                except Exception as error:  # e.g. an encoder that cannot load: this source fails, the rest answer
+                    opened.remove(source)
+                    unopened.append(SourceFailure(source.name, "error", f"{type(error).__name__}: {error}"))
             if not opened:
                 raise AllSourcesFailed(unopened)
             try:

@@ -93,6 +93,10 @@ def rank_by_score(candidates: list[Candidate], k: int) -> list[Candidate]:
 class Source(Protocol):
     name: str
 
+    def warm(self) -> None:
+        """Load what a search needs (its query encoder) before the sources' timeouts start: a cold load counted
+        against every source's timeout, and a cold search on a loaded machine failed with "every source failed"."""
+
     def search(self, query: str, k: int) -> list[Candidate]: ...
 
     def stats(self) -> SourceStats: ...

@@ -134,6 +134,10 @@ class EmbeddedSource:
         self._docs.close()
         self._searcher = self._index = self._vectors = self._ann = None
 
+    def warm(self) -> None:
+        if self.mode != "bm25" and len(self._vectors):
+            load_encoder(self._manifest["encoder"])
+
     def search(self, query: str, k: int, *, mode: str | None = None) -> list[Candidate]:
         mode, deeper = mode or self.mode, k + TIE_SLACK
         if mode == "hybrid":

@@ -62,7 +62,8 @@ def query_sources(sources: list[Source], query: str, k: int, timeouts: dict[str,
             candidates, seconds = future.result(timeout=remaining)
         except FutureTimeout:
             future.cancel()
-            result.failures.append(SourceFailure(name, "timeout", f"no answer within {timeouts[name]:g} s"))
+            result.failures.append(SourceFailure(name, "timeout", f"no answer within {timeouts[name]:g} s (more time: "
+                                                 f"[sources.{name}] timeout_s, or the request's timeout)"))
         except Exception as error:  # any failure of one source is reported, never allowed to sink the others
             result.failures.append(SourceFailure(name, "error", f"{type(error).__name__}: {error}"))
         else:

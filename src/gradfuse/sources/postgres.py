@@ -185,6 +185,12 @@ class PostgresSource:
             raise PostgresError(f"postgres source {self.name!r}: its vectors come from {built_with!r}, the "
                                 f"workspace encoder is {self._encoder!r}")
 
+    def warm(self) -> None:
+        if self.mode != "bm25":
+            from gradfuse.sources.encoder import load_encoder
+
+            load_encoder(self._encoder)
+
     def search(self, query: str, k: int) -> list[Candidate]:
         deeper = k + TIE_SLACK
         if self.mode == "bm25":

@@ -83,6 +83,9 @@ class RunSource:
             self._db.close()
         self._docs.close()
 
+    def warm(self) -> None:
+        """Nothing to load: a run's rankings are stored."""
+
     def search(self, query: str, k: int) -> list[Candidate]:
         with self._lock:
             match = self._db.execute(
