@@ -136,7 +136,7 @@ class AnswerRecord(BaseModel):
     answer: str
     citations: list[CitationRecord]
     invalid_citations: list[int] = Field(description="numbers the model cited that match no passage")
-    passages: list[CandidateRecord] = Field(description="what the generator saw, numbered from 1")
+    passages: list[CandidateRecord] = Field(description="the passages the answer read (quoted or given to the generator), numbered from 1")
     dropped: list[CandidateRecord] = Field(default_factory=list, description="the lowest-ranked passages, left "
                                            "out because they did not fit the generator's context window")
     failures: list[FailureRecord]
