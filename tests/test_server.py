@@ -34,6 +34,9 @@ class Hanging:
     def __init__(self, real, release: threading.Event):
         self.name, self._real, self._release = real.name, real, release
 
+    def warm(self):
+        self._real.warm()
+
     def search(self, query, k):
         self._release.wait(60)
         return self._real.search(query, k)
@@ -47,6 +50,9 @@ class Broken:
 
     def __init__(self, real):
         self.name, self._real = real.name, real
+
+    def warm(self):
+        self._real.warm()
 
     def search(self, query, k):
         raise ConnectionError("search backend refused the connection")
