@@ -148,10 +148,11 @@ class EmbeddedSource:
     def _bm25(self, query: str, k: int) -> tuple[list[int], list[float]]:
         # Free text, never query syntax: punctuation goes, and words are lower-cased (the index's tokenizer does so
         # too) so that AND, OR, NOT and IN are words, not operators that fail the parse or change the query.
-        terms = _TOKEN.findall(query.lower())
+        lowered = query.lower()
+        terms = _TOKEN.findall(lowered)
         if not terms:
             return [], []
-        phrases = [f'"{" ".join(_TOKEN.findall(joined))}"' for joined in _JOINED.findall(query.lower())]
+        phrases = [f'"{" ".join(_TOKEN.findall(joined))}"' for joined in _JOINED.findall(lowered)]
         parsed = self._index.parse_query(" ".join(terms + phrases), ["title", "body"])
         hits = self._searcher.search(parsed, k).hits
         return [self._searcher.doc(address)["row"][0] for _, address in hits], [score for score, _ in hits]
