@@ -94,7 +94,7 @@ def main() -> None:
     corpus, queries, qrels = read_hotpot()
     encoder = load_encoder("all-MiniLM-L6-v2@float32")
     vectors = encoder.encode([f"{d['title']}\n{d['text']}" for d in corpus], progress=True)
-    lm = load_scorer("smollm2", args.doc_tokens)
+    lm = load_scorer("smollm2", args.doc_tokens, "float32")
     chosen_ids = sorted(q for q in qrels if q in queries)
     random.Random(args.seed).shuffle(chosen_ids)
     records = []

@@ -164,7 +164,7 @@ def main() -> None:
         if int(rel) > 0:
             support.setdefault(qid, set()).add(doc_id)
 
-    scorer = load_scorer("smollm2", args.doc_tokens)
+    scorer = load_scorer("smollm2", args.doc_tokens, "float32")
     records, pools = [], []
     for number, q in enumerate(questions):
         result = ws.search(q["text"], method="dense", retrieval="dense", k=args.timing_n, depth=args.timing_n)

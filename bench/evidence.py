@@ -71,7 +71,7 @@ def main() -> None:
         qid, doc, index, relevance = line.rstrip("\n").split("\t")
         support.setdefault(qid, {})[f"{doc}#{index}"] = int(relevance)
 
-    encoder, lm = load_encoder(ENCODER), load_scorer("smollm2")
+    encoder, lm = load_encoder(ENCODER), load_scorer("smollm2", dtype="float32")
     ids = list(corpus)
     vectors = encoder.encode([f"{corpus[i]['title']}\n{corpus[i]['text']}" for i in ids])
     generator = make_generator("smollm2")

@@ -83,7 +83,7 @@ class Pools:
 def main() -> None:
     encoder = load_encoder(ENCODER)
     pools = {name: Pools(name, encoder) for name in FOLDERS}
-    nll_lm = load_scorer("smollm2", 4096)  # whole shown passages, never cut to doc_tokens
+    nll_lm = load_scorer("smollm2", 4096, "float32")  # whole shown passages, never cut to doc_tokens
     count = lambda text: len(nll_lm.tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
     generator = make_generator("smollm2")
     sets = question_sets()

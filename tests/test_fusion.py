@@ -48,6 +48,19 @@ def test_rrf_matches_ranx_when_weights_are_equal():
     assert {d: keys[d].scores["fusion:rrf"] for d in reference} == pytest.approx(reference)
 
 
+@pytest.mark.parametrize("method, norm, ranx_method", [
+    ("concat", None, "max"), ("combsum", "min-max", "wsum"), ("combsum-z", "zmuv", "wsum"),
+    ("combmnz", "min-max", "wmnz"), ("combmnz-z", "zmuv", "wmnz")])
+def test_score_fusion_matches_ranx_with_weights(method, norm, ranx_method):
+    """The request path fuses in numpy (ranx's numba compiles for 30 s on first use); ranx is the reference."""
+    weights = {"a": 0.7, "b": 1.9}
+    fused = {c.doc_id: c.scores[f"fusion:{method}"] for c in fuse(method, lists(), weights=weights)}
+    runs = [Run({"q": {"x": 4.0, "y": 2.0, "z": 0.0}}), Run({"q": {"y": 10.0, "w": 6.0}})]
+    params = {} if ranx_method == "max" else {"weights": [weights["a"], weights["b"]]}
+    reference = ranx_fuse(runs, norm=norm, method=ranx_method, params=params).to_dict()["q"]
+    assert fused == pytest.approx(reference)
+
+
 def test_combsum_and_combmnz_with_min_max():
     # min-max: a → x 1, y 0.5, z 0;  b → y 1, w 0.
     assert scores(fuse("combsum", lists()), "combsum") == {"y": 1.5, "x": 1.0, "w": 0.0, "z": 0.0}

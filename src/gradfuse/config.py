@@ -39,7 +39,7 @@ Example (every key optional)::
     mix = "zsum"                     # zsum: final = z(score) + prior_weight * z(prior); within: reorder the top m
     prior_weight = 1.0
     within_m = 3
-    dtype = "float32"                # of the passes: float32 | bfloat16
+    dtype = "auto"                   # of the passes: auto (bfloat16 where the CPU has it) | float32 | bfloat16
     cross_encoder = ""               # a local CrossEncoder folder, for --method cross-encoder
     max_pass_tokens = 2048           # the longest LM pass (question + target + n documents); beyond it: an error
     [evidence]                       # the sentences an answer quotes (gradfuse.rerank.sentences.EvidenceSettings)

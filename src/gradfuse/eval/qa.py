@@ -70,7 +70,8 @@ def f1(prediction: str, answers: tuple[str, ...]) -> float:
     return best
 
 
-def qa_metrics(evaluation, settings: QASettings, lm_spec: str, doc_tokens: int, progress: bool) -> None:
+def qa_metrics(evaluation, settings: QASettings, lm_spec: str, doc_tokens: int, progress: bool, *,
+               dtype: str = "auto") -> None:
     """Fill `evaluation.extra` (method → metric → query id → value) with the metrics above."""
     from gradfuse.generate import build_messages, make_generator
     from gradfuse.rerank import load_scorer, passage_text
@@ -100,7 +101,7 @@ def qa_metrics(evaluation, settings: QASettings, lm_spec: str, doc_tokens: int, 
     lm_queries = [q for q in evaluation.queries if q.lm and q.split == "test" and q.answers]
     if not lm_queries:
         return
-    scorer = load_scorer(lm_spec, doc_tokens)
+    scorer = load_scorer(lm_spec, doc_tokens, dtype)
     for query in tqdm(lm_queries, desc=f"{evaluation.bench.name}: gold NLL of each method's top {settings.nll_k}",
                       disable=not progress):
         methods = [m for m, outcomes in evaluation.outcomes.items() if query.query_id in outcomes

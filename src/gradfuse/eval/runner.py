@@ -103,7 +103,7 @@ def run_benchmark(bench: Benchmark, *, progress: bool = True, executor: Executor
         _run_lm_method(evaluation, ws, retrieved, profiles, method, groups, selections, progress)
     if bench.qa is not None:
         qa_metrics(evaluation, bench.qa, bench.lm_options.get("model", "smollm2"),
-                   bench.lm_options.get("doc_tokens", 128), progress)
+                   bench.lm_options.get("doc_tokens", 128), progress, dtype=bench.lm_options.get("dtype", "auto"))
     evaluation.wall_seconds = time.perf_counter() - started
     evaluation.machine = machine_description()
     evaluation.commit = commit

@@ -1,8 +1,9 @@
 """Uniform fusion baselines: every source's list merged by one rule for every query.
 
-These are what the per-query method has to beat, so the score arithmetic is ranx's wherever ranx has the
-method (CombMAX for concatenation, CombSUM/CombMNZ with min-max or z-score normalisation); weighted RRF is
-written here because ranx's RRF takes no weights, and a test checks it against ranx's with equal weights.
+These are what the per-query method has to beat, so their arithmetic is ranx's (CombMAX for concatenation,
+CombSUM/CombMNZ with min-max or z-score normalisation, RRF), written here in numpy and checked against ranx's by
+the tests: ranx compiles its numba kernels on first use (30 s on two cores), which a request must not wait for.
+RRF takes weights here, which ranx's does not.
 
 RRF fuses the rankings the sources made, not only their final lists: a hybrid source's BM25 and dense rankings
 are two lists (`Candidate.retrieval_ranks`), as LlamaIndex's and Haystack's fusion of separate retrievers has it.
@@ -13,17 +14,14 @@ above the rest of its own list (its z-score there), never by the sources' names.
 
 from __future__ import annotations
 
-import threading
-import warnings
-
 import numpy as np
 
 from gradfuse.candidate import Candidate, merge_duplicates
 
 RRF_K = 60
 
-# name → (ranx normalisation, ranx method with weights); None marks the methods implemented here.
-_RANX_METHODS: dict[str, tuple[str | None, str] | None] = {
+# name → (normalisation, combination, as ranx names them); None marks RRF, which reads ranks, not scores.
+_SCORE_METHODS: dict[str, tuple[str | None, str] | None] = {
     "concat": (None, "max"),  # raw native scores; a text found twice keeps its best score
     "rrf": None,
     "combsum": ("min-max", "wsum"),
@@ -31,7 +29,7 @@ _RANX_METHODS: dict[str, tuple[str | None, str] | None] = {
     "combmnz": ("min-max", "wmnz"),
     "combmnz-z": ("zmuv", "wmnz"),
 }
-FUSION_METHODS: tuple[str, ...] = (*_RANX_METHODS, "single:<source>")
+FUSION_METHODS: tuple[str, ...] = (*_SCORE_METHODS, "single:<source>")
 
 
 class UnknownMethod(ValueError):
@@ -50,7 +48,7 @@ def check_fusion(method: str, sources: list[str]) -> None:
             listing = f"(sources: {', '.join(sources)})"
             raise UnknownMethod(f"{method!r}: no source named {method.removeprefix('single:')!r} {listing}",
                                 f"method: single:<source> names no source of this request {listing}")
-    elif method not in _RANX_METHODS:
+    elif method not in _SCORE_METHODS:
         choices = f"(choose from {', '.join(FUSION_METHODS)})"
         raise UnknownMethod(f"unknown fusion method {method!r} {choices}", f"method: unknown fusion method {choices}")
 
@@ -63,8 +61,8 @@ def fuse(
 ) -> list[Candidate]:
     """One fused ranking; each candidate gets `scores['fusion:<method>']`, duplicates merged with provenance.
 
-    `weights` (per source, default 1) apply to rrf, combsum (ranx wsum) and combmnz (ranx wmnz, Wu & Crestani's
-    weighting: sum of scores times sum of the weights of the sources that returned the document).
+    `weights` (per source, default 1) apply to rrf, combsum (weighted sum) and combmnz (Wu & Crestani's weighting,
+    as ranx's wmnz: sum of scores times sum of the weights of the sources that returned the document).
     """
     if method.startswith("single:"):
         # The source may have failed for this query; its failure is reported by the caller, the list is empty.
@@ -83,7 +81,7 @@ def fuse(
     elif method.startswith("single:"):
         fused = {key: c.native_score for key, c in next(iter(per_source.values())).items()}
     else:
-        fused = _ranx_fuse(method, per_source, weights)
+        fused = _score_fuse(method, per_source, weights)
     name = f"fusion:{method}"
     result = []
     # Ties (common in rank fusion) break by how far the candidate stands out in its own list (RRF), then by rank
@@ -93,24 +91,6 @@ def fuse(
         primaries[key].scores[name] = fused[key]
         result.append(primaries[key])
     return result
-
-
-_warm = threading.Lock()
-_warmed = False
-
-
-def warm_up() -> None:
-    """ranx compiles its numba kernels on first use (8-13 s for the first request of each method here): a server
-    does it once at start-up. Under a lock: two compilations at once in one process aborted inside numba."""
-    global _warmed
-    with _warm:
-        if _warmed:
-            return
-        lists = {source: [Candidate(source, f"{source}{i}", f"text {source} {i}", 1.0 / i, i) for i in (1, 2)]
-                 for source in ("a", "b")}
-        for method in _RANX_METHODS:
-            fuse(method, lists)
-        _warmed = True
 
 
 def _weighted_rrf(per_source: dict[str, dict[str, Candidate]], weights: dict[str, float]) -> dict[str, float]:
@@ -137,21 +117,29 @@ def _standing(per_source: dict[str, dict[str, Candidate]]) -> dict[str, float]:
     return standing
 
 
-def _ranx_fuse(
+def _score_fuse(
     method: str, per_source: dict[str, dict[str, Candidate]], weights: dict[str, float]
 ) -> dict[str, float]:
-    from ranx import Run
-    from ranx import fuse as ranx_fuse
-    from ranx.normalization import norm_switch
+    norm, combination = _SCORE_METHODS[method]
+    totals: dict[str, float] = {}
+    weight_sums: dict[str, float] = {}
+    for source, own in per_source.items():
+        scores = _normalised(np.array([c.native_score for c in own.values()], dtype=float), norm)
+        for key, score in zip(own, scores):
+            if combination == "max":
+                totals[key] = max(totals.get(key, score), score)
+            else:
+                totals[key] = totals.get(key, 0.0) + (weights[source] if combination == "wsum" else 1.0) * score
+            weight_sums[key] = weight_sums.get(key, 0.0) + weights[source]
+    if combination == "wmnz":
+        return {key: total * weight_sums[key] for key, total in totals.items()}
+    return {key: float(total) for key, total in totals.items()}
 
-    norm, ranx_method = _RANX_METHODS[method]
-    runs = [Run({"q": {key: c.native_score for key, c in own.items()}}) for own in per_source.values()]
-    params = {"weights": [weights[s] for s in per_source]} if ranx_method != "max" else {}
-    with warnings.catch_warnings():  # numba warns about an internal integer cast on every call
-        warnings.simplefilter("ignore")
-        if len(runs) > 1:
-            return dict(ranx_fuse(runs, norm=norm, method=ranx_method, params=params).to_dict()["q"])
-        # ranx refuses to fuse one run; with one source every method reduces to its weighted normalised score.
-        normalised = norm_switch(norm)(runs[0]) if norm else runs[0]
-        weight = params.get("weights", [1.0])[0]
-        return {key: weight * score for key, score in normalised.to_dict()["q"].items()}
+
+def _normalised(scores: np.ndarray, norm: str | None) -> np.ndarray:
+    """ranx's per-query normalisations, with its floor on the denominator (a list of equal scores maps to 0)."""
+    if norm == "min-max":
+        return (scores - scores.min()) / max(scores.max() - scores.min(), 1e-9)
+    if norm == "zmuv":
+        return (scores - scores.mean()) / max(scores.std(), 1e-9)
+    return scores

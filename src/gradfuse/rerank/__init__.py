@@ -19,6 +19,7 @@ with the prior (base.combine) and writes every value into `Candidate.scores`, so
 
 from __future__ import annotations
 
+import importlib
 import time
 
 import numpy as np
@@ -41,31 +42,32 @@ from gradfuse.rerank.base import (
     combine,
     passage_text,
 )
-from gradfuse.rerank.attention import AttentionScorer
-from gradfuse.rerank.conditional import ConditionalGateScorer
-from gradfuse.rerank.cross_encoder import CrossEncoderMissing, CrossEncoderScorer
-from gradfuse.rerank.gradient import CalibratedGateScorer, GradientScorer
-from gradfuse.rerank.lm_scorer import LMScorer
-from gradfuse.rerank.loo import GreedyLossScorer, LeaveOneOutScorer
-from gradfuse.rerank.relevance import RelevancePromptScorer
-from gradfuse.rerank.set_upr import SetUPRScorer
-from gradfuse.rerank.upr import UPRScorer
+from gradfuse.rerank.cross_encoder import CrossEncoderMissing
+from gradfuse.rerank.precision import resolve_dtype
 
 __all__ = ["DTYPES", "ESTIMATORS", "MIXES", "POOLS", "PRIORS", "SCORERS", "SIGNALS", "TARGETS", "CrossEncoderMissing",
-           "LMScorer", "PassTooLong", "RerankOutcome", "RerankSettings", "Scored", "Stage2Scorer", "load_scorer", "make_scorer",
+           "PassTooLong", "RerankOutcome", "RerankSettings", "Scored", "Stage2Scorer", "load_scorer", "make_scorer",
            "passage_text", "rerank", "score_pool"]
 
-# scorer name → its class (gradfuse.methods.METHOD_SPECS says which scorer each method runs: gro runs gradient)
-SCORERS = {"gradient": GradientScorer, "calibrated-gate": CalibratedGateScorer, "attention": AttentionScorer,
-           "conditional-gate": ConditionalGateScorer, "set-upr": SetUPRScorer, "loo": LeaveOneOutScorer,
-           "loo-greedy": GreedyLossScorer, "upr": UPRScorer, "relevance": RelevancePromptScorer,
-           "cross-encoder": CrossEncoderScorer}
+# scorer name → the module (in this package) and class that computes it; imported on first use, because every LM
+# scorer imports torch, which a CLI that never re-ranks should not pay for (gradfuse.methods.METHOD_SPECS says which
+# scorer each method runs: gro runs gradient)
+SCORERS = {"gradient": "gradient:GradientScorer", "calibrated-gate": "gradient:CalibratedGateScorer",
+           "attention": "attention:AttentionScorer", "conditional-gate": "conditional:ConditionalGateScorer",
+           "set-upr": "set_upr:SetUPRScorer", "loo": "loo:LeaveOneOutScorer", "loo-greedy": "loo:GreedyLossScorer",
+           "upr": "upr:UPRScorer", "relevance": "relevance:RelevancePromptScorer",
+           "cross-encoder": "cross_encoder:CrossEncoderScorer"}
+
+
+def scorer_class(scorer: str) -> type:
+    module, name = SCORERS[scorer].split(":")
+    return getattr(importlib.import_module(f"gradfuse.rerank.{module}"), name)
 
 
 POINTWISE = ("upr", "relevance")  # one short pass per document: the longest reads one document, not n
 
 
-def load_scorer(spec: str = "smollm2", doc_tokens: int = 128, dtype: str = "float32", device: str = "cpu") -> LMScorer:
+def load_scorer(spec: str = "smollm2", doc_tokens: int = 128, dtype: str = "auto", device: str = "cpu"):
     """The scoring LM, loaded once per process (shares a loaded transformers model's weights where the precision
     is the same). Drafts stay in transformers: they share the documents' cache with the reader-gate pass, and
     llama.cpp's prompt processing (about 270 tokens/s here, its wheel built without AVX-512) is slower than
@@ -73,12 +75,13 @@ def load_scorer(spec: str = "smollm2", doc_tokens: int = 128, dtype: str = "floa
     if spec.startswith(("http://", "https://")):
         raise ValueError("the re-ranking LM must run locally (gradients are needed): set [rerank] model to "
                          "'smollm2', a transformers folder or a .gguf file")
-    return _cached_scorer(spec, doc_tokens, dtype, device)
+    return _cached_scorer(spec, doc_tokens, resolve_dtype(dtype, device), device)
 
 
 @loaded_once(maxsize=4)
-def _cached_scorer(spec: str, doc_tokens: int, dtype: str, device: str) -> LMScorer:
+def _cached_scorer(spec: str, doc_tokens: int, dtype: str, device: str):
     from gradfuse.generate.local import load_transformers
+    from gradfuse.rerank.lm_scorer import LMScorer
 
     tokenizer, model = load_transformers(spec)
     # A GPU scorer replica (gradfuse.execute) moves its process's copy; in-process scoring stays on the CPU.
@@ -88,7 +91,7 @@ def _cached_scorer(spec: str, doc_tokens: int, dtype: str, device: str) -> LMSco
 def make_scorer(scorer: str, settings: RerankSettings, device: str = "cpu") -> Stage2Scorer:
     if scorer == "cross-encoder":
         return CrossEncoderScorer(settings.cross_encoder)
-    return SCORERS[scorer](load_scorer(settings.model, settings.doc_tokens, settings.dtype, device))
+    return scorer_class(scorer)(load_scorer(settings.model, settings.doc_tokens, settings.dtype, device))
 
 
 def score_pool(scorer_name: str, question: str, docs: list[str], settings: RerankSettings, *,
@@ -96,13 +99,13 @@ def score_pool(scorer_name: str, question: str, docs: list[str], settings: Reran
     """All the LM work of one re-rank, with plain data in and out: the scorer's values for `docs`, and UPR's when
     UPR is the prior. This is what an executor runs, in this process or on a scorer replica (gradfuse.execute)."""
     scorer = make_scorer(scorer_name, settings, device)
-    if isinstance(getattr(scorer, "lm", None), LMScorer):  # checked before any pass, where the tokenizer is
+    if hasattr(scorer, "lm"):  # an LM scorer: checked before any pass, where the tokenizer is
         longest = scorer.lm.longest_pass(docs, question, settings, gold=gold, pointwise=scorer_name in POINTWISE)
         if longest > settings.max_pass_tokens:
             raise PassTooLong(longest, settings.max_pass_tokens)
     scored = scorer.score(question, docs, settings, gold=gold, k=k)
     if scored.mixes and settings.prior == "upr" and "upr" not in scored.values:
-        upr = UPRScorer(load_scorer(settings.model, settings.doc_tokens, settings.dtype, device))
+        upr = scorer_class("upr")(load_scorer(settings.model, settings.doc_tokens, settings.dtype, device))
         scored.values["upr"] = upr.values(question, docs)
     return scored
 
@@ -130,4 +133,4 @@ def rerank(scorer: str, question: str, candidates: list[Candidate], settings: Re
         candidate.scores["rerank:final"] = float(final[i])
     ranked = [pool[i] for i in np.argsort(-final, kind="stable")]
     return RerankOutcome(ranked, scored.target, scored.loss, time.perf_counter() - started, scored.target_seconds,
-                         SCORERS[scorer].name, f"rerank:{scored.main}")
+                         scorer, f"rerank:{scored.main}")

@@ -19,14 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from gradfuse.checked import FILE_SETTINGS, Count, Flag, Text, Weight
 from gradfuse.rerank import support
-from gradfuse.rerank.lm_scorer import CONTENT_FREE, LMScorer
-from gradfuse.rerank.upr import UPRScorer
+
+if TYPE_CHECKING:  # the LM scorers import torch, which the LM-free scorers do not need
+    from gradfuse.rerank.lm_scorer import LMScorer
 
 SENTENCE_SCORERS = ("support", "gate", "cosine", "upr", "loo")
 TEXT_SCORERS = ("support", "cosine")  # no LM: they read a sentence's text alone
@@ -78,6 +79,8 @@ def score_sentences(scorer: str, question: str, passages: list[Passage], *, lm: 
         return score_texts(scorer, question, [s for p in passages for s in p.sentence_texts()], embed=embed,
                            query_vector=query_vector)
     if scorer == "upr":
+        from gradfuse.rerank.upr import UPRScorer
+
         return UPRScorer(lm).values(question, [s for p in passages for s in p.sentence_texts()])
     if scorer == "gate":
         return _gate(lm, question, passages, target, calibrated)
@@ -137,6 +140,8 @@ def _gate(lm: LMScorer, question: str, passages: list[Passage], target: str | No
         return lm.attribute_reader(packed)[1]
     # The same prompt up to the last document (so the cache is shared), with "N/A" as the answer, or as the
     # question for query likelihood.
+    from gradfuse.rerank.lm_scorer import CONTENT_FREE
+
     free = lm.packer.pack_units(passages, question=None if target is None else question, target=CONTENT_FREE)
     _, gate, content_free = lm.calibrated_reader_gate(packed, free)
     return gate - content_free

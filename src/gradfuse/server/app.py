@@ -21,7 +21,6 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from pydantic import BaseModel
 
 from gradfuse import __version__
-from gradfuse.fusion import warm_up
 from gradfuse.methods import METHODS, options_read
 from gradfuse.redact import RedactingFilter, redact
 from gradfuse.rerank import ESTIMATORS, POOLS, SIGNALS, TARGETS
@@ -98,7 +97,6 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         workspace._encoder()  # load once before the first request, not during it
-        warm_up()
         if preload_lm and workspace.executor is LOCAL:  # replicas on a Ray cluster load their own
             from gradfuse.rerank import load_scorer
 

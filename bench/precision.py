@@ -1,0 +1,130 @@
+"""Does the scoring LM keep its quality in bfloat16? Each benchmark's LM rows (its own samples, its own harness and
+dev tuning) run twice, with `[lm] dtype` float32 and bfloat16, on the same queries: the headline metric of both,
+a paired randomisation test, and how far the two precisions agree on each query's pool (Spearman of the scores,
+the same first passage) and what the passes cost.
+
+    python bench/precision.py                      # UPR (gro's default signal) on federated, QA and DL19
+    python bench/precision.py --methods upr gro/query --benchmarks dl19
+
+Writes results/latency/precision.md and precision.json. Times are the LM's ranking seconds per query as the
+harness records them (an idle machine is needed for them to mean anything; the quality columns are what counts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+from scipy.stats import spearmanr
+
+from gradfuse.eval import load_benchmark
+from gradfuse.eval.runner import commit_id, machine_description, run_benchmark
+from gradfuse.eval.stats import paired_p_value, per_query
+from gradfuse.rerank.precision import cpu_flags, resolve_dtype
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "results" / "latency"
+PRECISIONS = ("float32", "bfloat16")
+
+
+def run_precisions(name: str, methods: list[str], quick: bool = False) -> dict[str, dict]:
+    """method → {precision: ({query id: outcome}, evaluation)} over the benchmark's LM test subsample."""
+    bench = load_benchmark(ROOT / "benchmarks" / f"{name}.toml", quick=quick)
+    runs: dict[str, dict] = {m: {} for m in methods}
+    for precision in PRECISIONS:
+        evaluation = run_benchmark(replace(bench, methods=methods,
+                                           lm_options={**bench.lm_options, "dtype": precision}))
+        test = [q.query_id for q in evaluation.split("test", lm=True)]
+        for method in methods:
+            outcomes = {q: o for q, o in evaluation.outcomes.get(method, {}).items() if q in test}
+            runs[method][precision] = (outcomes, evaluation)
+    return runs
+
+
+def agreement(a, b) -> tuple[float | None, bool]:
+    """Spearman of two runs' scores over the same pool (None where the pools differ), and the same first passage."""
+    score_a = {row["key"]: row[a.score_key] for row in a.head}
+    score_b = {row["key"]: row[b.score_key] for row in b.head}
+    same_first = bool(a.ranking and b.ranking and a.ranking[0][0] == b.ranking[0][0])
+    if set(score_a) != set(score_b) or len(score_a) < 2:
+        return None, same_first
+    keys = sorted(score_a)
+    rho = spearmanr([score_a[k] for k in keys], [score_b[k] for k in keys]).statistic
+    return float(rho), same_first
+
+
+def compare(name: str, method: str, by_precision: dict) -> dict:
+    (fp32, evaluation), (bf16, _) = by_precision["float32"], by_precision["bfloat16"]
+    metric = evaluation.bench.headline_metric
+    ids = sorted(set(fp32) & set(bf16))
+    a = per_query(evaluation.qrels, fp32, ids, [metric])[metric]
+    b = per_query(evaluation.qrels, bf16, ids, [metric])[metric]
+    x, y = np.array([a[q] for q in ids]), np.array([b[q] for q in ids])
+    agreements = [agreement(fp32[q], bf16[q]) for q in ids]
+    rhos = [rho for rho, _ in agreements if rho is not None]
+    seconds = {p: [o.seconds for o in outcomes.values() if o.seconds is not None]
+               for p, (outcomes, _) in by_precision.items()}
+    return {
+        "benchmark": name, "method": method, "metric": metric, "queries": len(ids),
+        "float32": float(x.mean()), "bfloat16": float(y.mean()), "delta": float((y - x).mean()),
+        "p": paired_p_value(y, x),
+        "spearman_mean": float(np.mean(rhos)) if rhos else None, "spearman_min": float(np.min(rhos)) if rhos else None,
+        "same_pool": len(rhos), "same_first": float(np.mean([same for _, same in agreements])),
+        "seconds_float32": float(np.median(seconds["float32"])) if seconds["float32"] else None,
+        "seconds_bfloat16": float(np.median(seconds["bfloat16"])) if seconds["bfloat16"] else None,
+    }
+
+
+def write(rows: list[dict], argv: list[str]) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    machine = (f"{machine_description()}; bf16 instructions: "
+               f"{', '.join(sorted(cpu_flags() & {'avx512_bf16', 'amx_bf16'})) or 'none'} "
+               f"(auto → {resolve_dtype('auto')})")
+    (OUT / "precision.json").write_text(json.dumps({"machine": machine, "commit": commit_id(), "rows": rows},
+                                                   indent=2) + "\n")
+    lines = [
+        "# The scoring LM in bfloat16 against float32",
+        "",
+        f"Command: `python {' '.join(argv)}` · commit {commit_id()} · {machine} · Python {platform.python_version()}.",
+        "",
+        "Each benchmark's LM rows through its own harness (the same LM subsample and dev tuning as its results), "
+        "once per precision. Δ: bfloat16 minus float32 on the headline metric, p: paired randomisation test; "
+        "Spearman: of the two precisions' scores over the same pool (mean, min, over the queries whose dev tuning "
+        "chose the same pool); first: the queries whose first passage is the same; s: median LM ranking seconds "
+        "per query.",
+        "",
+        "| benchmark | method | metric | queries | float32 | bfloat16 | Δ | p | Spearman mean · min | first | s fp32 · bf16 |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|---:|---|",
+    ]
+    for r in rows:
+        rho = (f"{r['spearman_mean']:.3f} · {r['spearman_min']:.3f} ({r['same_pool']})"
+               if r["spearman_mean"] is not None else "pools differ")
+        secs = (f"{r['seconds_float32']:.2f} · {r['seconds_bfloat16']:.2f}"
+                if r["seconds_float32"] is not None else "")
+        lines.append(f"| {r['benchmark']} | {r['method']} | {r['metric']} | {r['queries']} | {r['float32']:.3f} | "
+                     f"{r['bfloat16']:.3f} | {r['delta']:+.3f} | {r['p']:.3g} | {rho} | {r['same_first']:.2f} | "
+                     f"{secs} |")
+    (OUT / "precision.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--methods", nargs="+", default=["upr"])
+    parser.add_argument("--benchmarks", nargs="+", default=["federated", "qa", "dl19"])
+    parser.add_argument("--quick", action="store_true", help="the benchmarks' quick variants (a smoke test)")
+    args = parser.parse_args()
+    rows = []
+    for name in args.benchmarks:
+        for method, by_precision in run_precisions(name, args.methods, args.quick).items():
+            rows.append(compare(name, method, by_precision))
+            write(rows, ["bench/precision.py", *sys.argv[1:]])
+            print(json.dumps(rows[-1]), flush=True)
+
+
+if __name__ == "__main__":
+    main()
