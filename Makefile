@@ -51,8 +51,8 @@ clean:
 # Benchmarks report numbers into committed files under results/; they are not tests. Each benchmark file in
 # benchmarks/ also has a small --quick variant whose expected scores sit next to it (checked by the tests).
 BENCHMARKS := federated qa dl19
-.PHONY: bench bench-skeleton bench-serve bench-postgres bench-stage2 bench-defaults bench-conditional bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
-bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-defaults bench-stage2 bench-conditional bench-serve bench-postgres bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default
+.PHONY: bench bench-skeleton bench-serve bench-postgres bench-stage2 bench-defaults bench-conditional bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-precision $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
+bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-defaults bench-stage2 bench-conditional bench-serve bench-postgres bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-precision
 
 bench-skeleton: install
 	$(BIN)/python bench/skeleton_scifact.py
@@ -98,6 +98,14 @@ bench-fusion: install
 # The default method from the committed results, by the rule in bench/default_method.py (results/defaults/).
 bench-default: install
 	$(BIN)/python bench/default_method.py
+
+# What a user waits on two cores (cold CLI, server start, warm requests), today's code against the commit before
+# the speed-ups, in one run (about 10 min; run it alone). bench-precision: the LM rows in bf16 against fp32.
+bench-latency: install
+	$(BIN)/python bench/latency.py
+
+bench-precision: install
+	$(BIN)/python bench/precision.py
 
 # Retrieval cost, memory and build time at 10k to 1M passages, and the scoring LM on 1 and 2 Ray replicas.
 bench-scale: install

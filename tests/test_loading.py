@@ -8,7 +8,8 @@ import textwrap
 RACE = textwrap.dedent("""
     import threading
     from gradfuse.sources.encoder import load_encoder
-    from gradfuse.rerank import UPRScorer, load_scorer
+    from gradfuse.rerank import load_scorer
+    from gradfuse.rerank.upr import UPRScorer
 
     start, loaded = threading.Barrier(3), []
     def load():

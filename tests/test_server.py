@@ -95,6 +95,9 @@ def server(workspace):
         yield url
 
 
+NO_CACHE = ServerSettings(cache_entries=0)
+
+
 def post(url: str, path: str, body, **kwargs) -> httpx.Response:
     return httpx.post(url + path, json=body, timeout=120, **kwargs)
 
@@ -267,6 +270,44 @@ def test_a_rebuilt_source_is_served_without_a_restart(tmp_path):
         assert [f for f in _open_files() if str(ws.root) in f and "(deleted)" in f] == []
 
 
+def test_a_repeated_question_is_answered_from_the_cache_until_a_source_is_published(tmp_path):
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    corpus = write_jsonl(tmp_path / "notes.jsonl", ASTRONOMY)
+    ws.index(SourceSpec("notes", "jsonl", str(corpus)))
+    ws.index(SourceSpec("kitchen", "jsonl", str(write_jsonl(tmp_path / "kitchen.jsonl", COOKING[:2]))))
+    search = {"query": "How long does bread dough rise with yeast?", "method": "rrf", "retrieval": "bm25"}
+    ask = {**search, "k": 2}
+    with serving(create_app(ws)) as url:
+        first, again = post(url, "/search", search), post(url, "/search", search)
+        assert "x-gradfuse-cache" not in first.headers and again.headers["x-gradfuse-cache"] == "hit"
+        assert again.json() == first.json()
+        assert "x-gradfuse-cache" not in post(url, "/search", {**search, "k": 3}).headers  # other settings
+        answered, repeated = post(url, "/ask", ask), post(url, "/ask", ask)
+        assert repeated.headers["x-gradfuse-cache"] == "hit" and repeated.json() == answered.json()
+        with httpx.stream("POST", url + "/ask", json={**ask, "stream": True}, timeout=120) as streamed:
+            assert streamed.headers["x-gradfuse-cache"] == "hit"
+            events = [block.split("\n") for block in streamed.read().decode().strip().split("\n\n")]
+        assert [e[0] for e in events] == ["event: search", "event: token", "event: answer"]
+        assert json.loads(events[-1][1].removeprefix("data: ")) == answered.json()
+
+        write_jsonl(corpus, ASTRONOMY + [{"id": "sourdough", "title": "Sourdough",
+                                          "text": "Bread dough with yeast rises for about two hours."}])
+        ws.index(SourceSpec("notes", "jsonl", str(corpus)))  # a publish: what was kept is stale
+        fresh = post(url, "/search", search)
+        assert "x-gradfuse-cache" not in fresh.headers
+        assert "sourdough" in [c["doc_id"] for c in fresh.json()["candidates"]]
+        assert "x-gradfuse-cache" not in post(url, "/ask", ask).headers
+
+
+def test_a_result_where_a_source_failed_is_not_kept(faulty):
+    with serving(create_app(faulty)) as url:
+        body = {"query": "bread yeast", "method": "rrf", "sources": ["cooking", "broken"]}
+        for _ in range(2):
+            found = post(url, "/search", body)
+            assert found.status_code == 200 and found.json()["failures"]
+            assert "x-gradfuse-cache" not in found.headers  # the next request asks the sources again
+
+
 def _open_files() -> list[str]:
     fds = Path("/proc/self/fd")
     return [os.readlink(fd) for fd in fds.iterdir() if fd.is_symlink() and os.path.exists(fd)]
@@ -285,7 +326,7 @@ def test_gradfuse_serve_starts_from_the_command_line(workspace):
 def test_ask_streams_search_then_tokens_then_the_answer(workspace):
     body = {"query": "Which planet has the moons Phobos and Deimos?", "method": "gro", "k": 3, "n": 4,
             "max_new_tokens": 24, "target": "query", "scorer": "gradient"}
-    with serving(create_app(workspace)) as url:
+    with serving(create_app(workspace, NO_CACHE)) as url:  # the streamed answer is generated, not replayed
         plain = post(url, "/ask", body).json()
         with httpx.stream("POST", url + "/ask", json={**body, "stream": True}, timeout=120) as response:
             assert response.headers["content-type"].startswith("text/event-stream")
@@ -304,7 +345,7 @@ def test_ask_streams_search_then_tokens_then_the_answer(workspace):
 
 @pytest.mark.slow
 def test_requests_beyond_the_lm_line_are_refused_with_retry_after(workspace):
-    settings = replace(workspace.config.server, lm_queue=1)
+    settings = replace(workspace.config.server, lm_queue=1, cache_entries=0)
     with serving(create_app(workspace, settings, preload_lm=True)) as url:
         body = {"query": "Which planet is the hottest?", "method": "gradient", "target": "query", "n": 6}
         with ThreadPoolExecutor(max_workers=4) as pool:
@@ -394,7 +435,7 @@ def test_an_answer_stops_generating_when_its_client_leaves(workspace, monkeypatc
     body = {"query": "Describe the planets Mars, Jupiter and Venus: their moons, the Great Red Spot, the carbon "
                      "dioxide atmosphere and the hottest surface.", "method": "rrf", "k": 3,
             "max_new_tokens": 200}
-    with serving(create_app(workspace)) as url:
+    with serving(create_app(workspace, NO_CACHE)) as url:  # the same question is generated again each time
         answered = post(url, "/ask", body)
         assert answered.status_code == 200 and not answered.json()["abstained"], answered.text[:300]
         full = len(decoded)

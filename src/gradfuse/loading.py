@@ -9,18 +9,21 @@ left the next model's tied `lm_head` on meta: `Cannot copy out of meta tensor` o
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 LOADING = threading.RLock()  # re-entrant: a generator's load takes it again for its tokenizer
 T = TypeVar("T")
 
 
-def loaded_once(maxsize: int) -> Callable[[Callable[..., T]], Callable[..., T]]:
+def loaded_once(maxsize: int, *, transformers: bool = True) -> Callable[[Callable[..., T]], Callable[..., T]]:
     """`functools.lru_cache`, with every call (and so every load) under LOADING: concurrent first callers wait for
     the one load instead of each loading a copy. transformers' bar of the tensors it loads is off: a load takes a
-    second, and the demo printed one bar of 272 tensors a model."""
+    second, and the demo printed one bar of 272 tensors a model. `transformers=False`: a loader that imports
+    transformers only later, if at all (the encoder), quiets it itself."""
 
     def decorate(load: Callable[..., T]) -> Callable[..., T]:
         cached = functools.lru_cache(maxsize=maxsize)(load)
@@ -28,7 +31,8 @@ def loaded_once(maxsize: int) -> Callable[[Callable[..., T]], Callable[..., T]]:
         @functools.wraps(load)
         def once(*args, **kwargs) -> T:
             with LOADING:
-                _quiet_loads()
+                if transformers:
+                    quiet_transformers()
                 return cached(*args, **kwargs)
 
         once.cache_clear = cached.cache_clear
@@ -38,7 +42,7 @@ def loaded_once(maxsize: int) -> Callable[[Callable[..., T]], Callable[..., T]]:
 
 
 @functools.cache
-def _quiet_loads() -> None:
+def quiet_transformers() -> None:
     from transformers.utils import logging
 
     logging.disable_progress_bar()
@@ -54,3 +58,8 @@ def check_materialised(model, where: str):
     if missing:
         raise RuntimeError(f"{where}: weights {', '.join(missing[:3])} were not loaded (left on the meta device)")
     return model
+
+
+def user_cache() -> Path:
+    """Where converted copies of models are kept across workspaces: GRADFUSE_CACHE, default ~/.cache/gradfuse."""
+    return Path(os.environ.get("GRADFUSE_CACHE") or Path.home() / ".cache" / "gradfuse")

@@ -465,7 +465,7 @@ class Workspace:
                   for number, (candidate, unit) in enumerate(zip(passages, units), start=1) for span in unit.sentences]
         if settings.scorer not in LM_SENTENCE_SCORERS:  # read as quoted: a table row with its column names
             encoder = self._encoder()
-            values = score_texts(settings.scorer, question, [e.quoted() for e in scored], embed=encoder.encode,
+            values = score_texts(settings.scorer, question, [e.quoted() for e in scored], embed=encoder.encode_short,
                                  query_vector=encoder.encode_query(question))
         return sorted((replace(e, score=float(value)) for e, value in zip(scored, values, strict=True)),
                       key=lambda e: -e.score)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from gradfuse.generate.llamacpp import LlamaCppUnavailable, load_llamacpp
-from gradfuse.loading import LOADING, check_materialised, loaded_once
+from gradfuse.loading import LOADING, check_materialised, loaded_once, user_cache
 
 BUNDLED_GENERATOR = "smollm2"
 _BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -75,8 +75,7 @@ def converted_folder(path: Path) -> Path:
     and modification time; GRADFUSE_CACHE (default ~/.cache/gradfuse) sets the folder."""
     stat = path.stat()
     key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    root = Path(os.environ.get("GRADFUSE_CACHE") or Path.home() / ".cache" / "gradfuse")
-    return root / "models" / f"{path.stem}-{key}"
+    return user_cache() / "models" / f"{path.stem}-{key}"
 
 
 def _load_gguf(path: Path):

@@ -235,9 +235,20 @@ class LMScorer:
                 attention[row, width - len(sequence) :] = 1
             positions = (attention.cumsum(-1) - 1).clamp(min=0)
             with self._lock, torch.inference_mode():
-                logits = self.model(input_ids=ids.to(self.device), attention_mask=attention.to(self.device),
-                                    position_ids=positions.to(self.device), logits_to_keep=keep).logits
+                logits = self._last_logits(ids.to(self.device), attention.to(self.device), positions.to(self.device),
+                                           keep)
             yield first, logits
+
+    def _last_logits(self, ids, attention, positions, keep: int) -> torch.Tensor:
+        """The logits of the last `keep` positions. The model's own `logits_to_keep` hands its output layer a
+        strided slice of the batch, which PyTorch multiplies by copying the 49k-token vocabulary's weights once per
+        row (31% of a UPR request's CPU time in bf16); a contiguous slice gives the same values without the copies."""
+        if getattr(self.model.config, "final_logit_softcapping", None):  # the model's forward does more than this
+            return self.model(input_ids=ids, attention_mask=attention, position_ids=positions,
+                              logits_to_keep=keep).logits
+        hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attention,
+                                          position_ids=positions).last_hidden_state
+        return self.model.get_output_embeddings()(hidden[:, -keep:].contiguous())
 
     def losses(self, contexts: list[PackedContext]) -> np.ndarray:
         """Mean target NLL of each context."""

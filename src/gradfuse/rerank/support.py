@@ -127,7 +127,7 @@ def quoted_signals(question: str, evidence, encoder) -> dict[str, np.ndarray]:
     """The signals of an answer's scored sentences (`Evidence` records) as the answer quotes them: a table row with
     its column names ("Date: 2003-09-19, Close: 29.96"), which a row's bare values lack."""
     texts = [e.quoted() for e in evidence]
-    return signals(question, texts, encoder.encode(texts) @ encoder.encode_query(question))
+    return signals(question, texts, encoder.encode_short(texts) @ encoder.encode_query(question))
 
 
 def sentence_values(found: dict[str, np.ndarray], weights: dict[str, float]) -> np.ndarray:

@@ -35,6 +35,7 @@ from gradfuse.schemas import (
 )
 from gradfuse.execute import LOCAL
 from gradfuse.server.admission import LM_METHODS, Busy, LMAdmission
+from gradfuse.server.cache import ResultCache
 from gradfuse.server.errors import BodyLimit, KeyRequired, install_error_handlers
 from gradfuse.server.requests import AskRequest, SearchRequest
 from gradfuse.server.settings import ServerSettings
@@ -133,27 +134,39 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
     guarded = [Depends(authorised)]
     posted = [*guarded, Depends(json_body)]
 
-    def search(request: SearchRequest) -> SearchResult:
-        request.check_limits(settings, config)
-        method = request.method or config.method
-        with admission.slot(method in LM_METHODS):
-            result = workspace.search(request.query, k=request.k, **request.search_options())
-        health.record(list(result.ranked_lists), result.failures)
-        return result
+    cache = ResultCache(workspace, settings.cache_entries)
 
     @app.post("/search", dependencies=posted, response_model=SearchRecord,
               responses={401: {}, 413: {}, 415: {}, 422: {}, 503: {"description": "every source failed, or the LM is busy"}})
-    def search_endpoint(request: SearchRequest) -> SearchRecord:
-        """Fused and re-ranked candidates from many sources, each with its provenance and every score."""
-        return search_record(search(request))
+    def search_endpoint(request: SearchRequest):
+        """Fused and re-ranked candidates from many sources, each with its provenance and every score (a repeated
+        request is answered from the cache until a source is published again: header X-Gradfuse-Cache: hit)."""
+        request.check_limits(settings, config)
+        key = cache.key("search", request)
+        if (kept := cache.get(key)) is not None:
+            return _kept_json(kept)
+        with admission.slot((request.method or config.method) in LM_METHODS):
+            result = workspace.search(request.query, k=request.k, **request.search_options())
+        health.record(list(result.ranked_lists), result.failures)
+        record = search_record(result)
+        cache.put(key, record.model_dump_json(), failed=bool(result.failures))
+        return record
 
     @app.post("/ask", dependencies=posted, response_model=AnswerRecord,
               responses={401: {}, 413: {}, 415: {}, 422: {}, 502: {"description": "the generator endpoint failed"}, 503: {},
                          200: {"content": {"text/event-stream": {}},
                                "description": "with stream: events search, token (repeated), answer"}})
     async def ask_endpoint(request: AskRequest, http: Request):
-        """An answer with citations [n] mapped to source/doc id; `stream: true` sends server-sent events."""
+        """An answer with citations [n] mapped to source/doc id; `stream: true` sends server-sent events. A
+        repeated question is answered from the cache until a source is published again."""
         request.check_limits(settings, config)
+        key = cache.key("ask", request)
+        if (kept := cache.get(key)) is not None:
+            searched_record, answered, body = kept
+            if request.stream:
+                return StreamingResponse(_replayed(searched_record, answered), media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", CACHE_HEADER: "hit"})
+            return _kept_json(body)
         # A local generator that writes, a stage-2 method and an LM evidence scorer hold the LM; quoting does not.
         local_generator = not workspace.answers_extractively and not config.generator.startswith(("http://", "https://"))
         needs_lm = (local_generator or (request.method or config.method) in LM_METHODS
@@ -168,12 +181,18 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
         except BaseException:
             release()
             raise
+
+        def keep(answered: AnswerRecord) -> None:
+            cache.put(key, (search_record(searched), answered, answered.model_dump_json()),
+                      failed=bool(searched.failures))
+
         if request.stream:
-            return EventStream(_event_stream(searched, events), events, release)
+            return EventStream(_event_stream(searched, events, keep), events, release)
         try:  # piece by piece, so that a client who left stops the generator (it ran to max_new_tokens)
             async for event in iterate_in_threadpool(events):
                 if isinstance(event, Answer):
-                    return answer_record(event)
+                    keep(answered := answer_record(event))
+                    return answered
                 if await http.is_disconnected():
                     return Response(status_code=499)  # nobody reads it: the client is gone
         finally:
@@ -258,13 +277,14 @@ class EventStream(StreamingResponse):
             self._release()
 
 
-def _event_stream(searched: SearchResult, events: Iterator) -> Iterator[str]:
+def _event_stream(searched: SearchResult, events: Iterator, keep: Callable[[AnswerRecord], None]) -> Iterator[str]:
     """Server-sent events; an error after the first event can only be reported as an event of its own."""
     try:
         yield _event("search", search_record(searched).model_dump(mode="json"))
         for event in events:
             if isinstance(event, Answer):
-                yield _event("answer", answer_record(event).model_dump(mode="json"))
+                keep(answered := answer_record(event))
+                yield _event("answer", answered.model_dump(mode="json"))
             else:
                 yield _event("token", {"text": event})
     except Exception as error:
@@ -272,6 +292,13 @@ def _event_stream(searched: SearchResult, events: Iterator) -> Iterator[str]:
         yield _event("error", {"status": status, "detail": redact(f"{type(error).__name__}: {error}")})
     finally:
         events.close()  # a client that left: the generator stops at its next piece instead of running on
+
+
+def _replayed(searched: SearchRecord, answered: AnswerRecord) -> Iterator[str]:
+    """A kept answer as the events it was first sent as: its text arrives as one token."""
+    yield _event("search", searched.model_dump(mode="json"))
+    yield _event("token", {"text": answered.answer})
+    yield _event("answer", answered.model_dump(mode="json"))
 
 
 async def _closed_when_abandoned(events: Iterator[str]) -> AsyncIterator[str]:
@@ -283,6 +310,14 @@ async def _closed_when_abandoned(events: Iterator[str]) -> AsyncIterator[str]:
             yield event
     finally:
         events.close()
+
+
+CACHE_HEADER = "X-Gradfuse-Cache"
+
+
+def _kept_json(body: str) -> Response:
+    """A kept result as it was first sent, serialised once (validating a long answer again took 20 ms)."""
+    return Response(body, media_type="application/json", headers={CACHE_HEADER: "hit"})
 
 
 def _event(name: str, data: dict) -> str:

@@ -12,13 +12,14 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from gradfuse.loading import loaded_once
+from gradfuse.loading import LOADING, loaded_once, quiet_transformers
 from gradfuse.sources.base import private_folder
+from gradfuse.sources.query_onnx import OnnxQueryEncoder, export
 
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
 PRECISIONS = ("bfloat16", "float32")
 DIMENSION = 384
-QUERY_CACHE_SIZE = 1024
+SHORT_CACHE_SIZE = 4096  # queries and sentences kept (1.5 KB each)
 CACHE_BATCH = 512  # passages embedded, then stored, at a time (about 6 s here)
 
 
@@ -33,26 +34,42 @@ class Encoder:
     """
 
     def __init__(self, name: str = DEFAULT_ENCODER):
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        import torch
-        from sentence_transformers import SentenceTransformer
-
         model, _, precision = name.partition("@")
         precision = precision or "bfloat16"
         if precision not in PRECISIONS:
             raise ValueError(f"encoder {name!r}: unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
-        self.name = name
-        self._model = SentenceTransformer(str(_model_path(model)), device="cpu")
-        self._model.to(getattr(torch, precision))
+        self.name, self._precision, self._path = name, precision, _model_path(model)
+        # Passages are embedded by sentence-transformers, loaded on the first passage (torch: seconds); queries by
+        # the model's ONNX copy where it has one (query_onnx.py), so a search never loads torch.
+        self._model = None
+        self._onnx = OnnxQueryEncoder.open(self._path)
         self._lock = threading.Lock()  # one forward pass at a time: the model is shared between threads
         self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
         self._query_lock = threading.Lock()
+        if self._onnx is None:  # ready to embed a query when loaded: the sources' timeouts start after this
+            self._passage_model()
+
+    def _passage_model(self):
+        with LOADING:  # one model load at a time in the process (gradfuse.loading)
+            if self._model is None:
+                os.environ.setdefault("HF_HUB_OFFLINE", "1")
+                quiet_transformers()
+                import torch
+                from sentence_transformers import SentenceTransformer
+
+                model = SentenceTransformer(str(self._path), device="cpu")
+                if self._onnx is None:  # exported from the float32 weights, before the cast below
+                    export(model, self._path)
+                    self._onnx = OnnxQueryEncoder.open(self._path)
+                self._model = model.to(getattr(torch, self._precision))
+        return self._model
 
     def encode(self, texts: list[str], *, progress: bool = False, batch_size: int = 64) -> np.ndarray:
         if not texts:
             return np.zeros((0, DIMENSION), dtype=np.float32)
+        model = self._passage_model()
         with self._lock:
-            vectors = self._model.encode(
+            vectors = model.encode(
                 texts,
                 batch_size=batch_size,
                 normalize_embeddings=True,
@@ -63,18 +80,25 @@ class Encoder:
 
     def encode_query(self, text: str) -> np.ndarray:
         """One query's vector, computed once however many sources (threads) ask for it at the same time."""
+        return self.encode_short([text])[0]
+
+    def encode_short(self, texts: list[str]) -> np.ndarray:
+        """Vectors of queries and an answer's sentences: by the ONNX copy where there is one (no torch), and kept
+        for the next request (the evidence and its support read the same sentences; questions repeat)."""
         with self._query_lock:
-            if text in self._queries:
+            missing = list(dict.fromkeys(t for t in texts if t not in self._queries))
+            if missing:
+                vectors = self._onnx.encode(missing) if self._onnx is not None else self.encode(missing)
+                self._queries.update(zip(missing, vectors))
+            for text in texts:
                 self._queries.move_to_end(text)
-                return self._queries[text]
-            vector = self.encode([text])[0]
-            self._queries[text] = vector
-            if len(self._queries) > QUERY_CACHE_SIZE:
+            vectors = np.stack([self._queries[t] for t in texts]) if texts else np.zeros((0, DIMENSION), np.float32)
+            while len(self._queries) > SHORT_CACHE_SIZE:
                 self._queries.popitem(last=False)
-            return vector
+            return vectors
 
     def clear_query_cache(self) -> None:
-        """Forget cached query vectors (benchmarks measure a query as if seen for the first time)."""
+        """Forget kept query and sentence vectors (benchmarks measure a query as if seen for the first time)."""
         with self._query_lock:
             self._queries.clear()
 
@@ -90,7 +114,7 @@ def _model_path(name: str) -> Path:
     return path
 
 
-@loaded_once(maxsize=4)
+@loaded_once(maxsize=4, transformers=False)
 def load_encoder(name: str = DEFAULT_ENCODER) -> Encoder:
     """Loaded once per process and shared, whichever thread asks first (gradfuse.loading)."""
     return Encoder(name)

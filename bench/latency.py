@@ -1,0 +1,314 @@
+"""How long a user waits, before and after issue 29's speed-ups, measured in one run on this machine.
+
+Each step runs twice: with the code of BASELINE (the commit before the speed-ups: sentence-transformers for every
+query, ranx compiled at server start, the scoring LM in float32, no result cache) and with the code checked out
+now, both over the same workspace (the demo's four sources, built once). Measured:
+
+- a cold CLI: `gradfuse --help`, `sources`, `search` and `ask` with the default method, each in a new process;
+- `gradfuse serve` (without --preload-lm) until /healthz answers;
+- a warm server (--preload-lm): /search and /ask for rrf, select, gro (UPR, its default signal) and gro with the
+  gradient, on questions it has not seen (the warm-up question aside), and a repeated question;
+- how far each speed-up changes what is ranked: gro's order now against the baseline's float32 order, and the
+  query vector of the ONNX copy against sentence-transformers'.
+
+Wall time p50/p90 over the questions, and CPU-seconds (user + system) of the process that did the work. Writes
+results/latency/results.md and results.json. Run alone: two busy cores make every number larger.
+
+    python bench/latency.py [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import numpy as np
+from scipy.stats import spearmanr
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "results" / "latency"
+WORKSPACE = ROOT / ".gradfuse" / "bench" / "latency"
+BASELINE = "99404da"  # main before issue 29
+GRADFUSE = Path(sys.executable).with_name("gradfuse")
+WARM_UP = "What does the json module do?"
+QUESTIONS = [  # questions the demo's sources answer, none asked twice (each embeds and ranks from scratch)
+    "How do I turn a Python dictionary into a JSON string?",
+    'What happens when the body of a "with" statement raises an exception?',
+    "How can I read a CSV file row by row?",
+    "How do I run a shell command and capture its output?",
+    "What does functools.lru_cache do?",
+    "How do I copy a whole directory tree?",
+    "How do I compute the median of a list of numbers?",
+    "What happens in gradfuse when one source times out?",
+]
+METHODS = {"rrf": {"method": "rrf"}, "select": {"method": "select"}, "gro": {"method": "gro"},
+           "gro (gradient)": {"method": "gro", "scorer": "gradient"}}
+
+
+def percentiles(values: list[float]) -> dict:
+    return {"p50": float(np.percentile(values, 50)), "p90": float(np.percentile(values, 90)), "n": len(values)}
+
+
+@contextmanager
+def code_of(commit: str | None):
+    """An environment whose `gradfuse` runs `commit`'s code (a temporary checkout first on PYTHONPATH), or the code
+    checked out now (None)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "GRADFUSE_API_KEY": ""}
+    if commit is None:
+        yield env
+        return
+    folder = Path(tempfile.mkdtemp(prefix="gradfuse-baseline-"))
+    try:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "src"], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
+        yield {**env, "PYTHONPATH": str(folder / "src")}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def timed_command(args: list[str], env: dict) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the process and its children) of one command, which must succeed."""
+    before = os.times()
+    started = time.perf_counter()
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    wall = time.perf_counter() - started
+    after = os.times()
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed: {done.stderr[-2000:]}")
+    return wall, (after.children_user - before.children_user) + (after.children_system - before.children_system)
+
+
+def cold_cli(env: dict, repeats: int) -> dict:
+    ws = ["--workspace", str(WORKSPACE)]
+    commands = {
+        "gradfuse --help": ["--help"],
+        "gradfuse sources": ["sources", *ws],
+        "gradfuse search (select)": ["search", QUESTIONS[0], *ws],
+        "gradfuse ask (select)": ["ask", QUESTIONS[0], *ws],
+    }
+    rows = {}
+    for name, args in commands.items():
+        runs = [timed_command([str(GRADFUSE), *args], env) for _ in range(repeats)]
+        rows[name] = {"wall": percentiles([w for w, _ in runs]), "cpu": percentiles([c for _, c in runs])}
+        print(name, rows[name]["wall"], flush=True)
+    return rows
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def process_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+@contextmanager
+def server(env: dict, *extra: str):
+    """`gradfuse serve` on a free port; yields (url, process, seconds until /healthz answered)."""
+    port = free_port()
+    started = time.perf_counter()
+    process = subprocess.Popen([str(GRADFUSE), "serve", "--port", str(port), "--workspace", str(WORKSPACE),
+                                "--log-level", "warning", *extra], env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"the server exited: {process.stderr.read().decode()[-2000:]}")
+            try:
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        yield url, process, time.perf_counter() - started
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=60)
+
+
+def server_start(env: dict, repeats: int) -> dict:
+    walls, cpus = [], []
+    for _ in range(repeats):
+        with server(env) as (_, process, seconds):
+            walls.append(seconds)
+            cpus.append(process_cpu(process.pid))
+    print("server start", percentiles(walls), flush=True)
+    return {"wall": percentiles(walls), "cpu": percentiles(cpus)}
+
+
+def request(url: str, pid: int, path: str, body: dict) -> tuple[float, float, dict, dict]:
+    before, started = process_cpu(pid), time.perf_counter()
+    response = httpx.post(url + path, json=body, timeout=600)
+    wall = time.perf_counter() - started
+    response.raise_for_status()
+    return wall, process_cpu(pid) - before, response.json(), dict(response.headers)
+
+
+def warm_server(env: dict, questions: list[str]) -> tuple[dict, dict]:
+    """Rows per endpoint and method, and gro's rankings per question (for the agreement of the two codes)."""
+    rows, rankings = {}, {}
+    with server(env, "--preload-lm") as (url, process, _):
+        for path in ("/search", "/ask"):
+            for name, options in METHODS.items():
+                request(url, process.pid, path, {"query": WARM_UP, **options})  # first use: nothing to load later
+                runs = [request(url, process.pid, path, {"query": q, **options}) for q in questions]
+                rows[f"{path} {name}"] = {"wall": percentiles([r[0] for r in runs]),
+                                          "cpu": percentiles([r[1] for r in runs])}
+                if path == "/search":
+                    rankings[name] = [[(c["source"], c["doc_id"]) for c in r[2]["candidates"]] for r in runs]
+                if path == "/ask":
+                    rows[f"{path} {name}"]["evidence"] = percentiles([r[2]["timings"].get("evidence", 0.0)
+                                                                      for r in runs])
+                print(path, name, rows[f"{path} {name}"]["wall"], flush=True)
+        repeated = [request(url, process.pid, "/ask", {"query": questions[0], "method": "select"})
+                    for _ in range(5)]
+        rows["/ask repeated question"] = {"wall": percentiles([r[0] for r in repeated[1:]]),
+                                          "cpu": percentiles([r[1] for r in repeated[1:]]),
+                                          "cached": all(r[3].get("x-gradfuse-cache") == "hit" for r in repeated[1:])}
+    return rows, rankings
+
+
+def agreement(before: list[list], after: list[list]) -> dict:
+    """How the order of gro's candidates moved: Spearman over the candidates both returned, same first."""
+    rhos, firsts = [], []
+    for a, b in zip(before, after):
+        shared = [c for c in a if c in b]
+        if len(shared) >= 2:
+            rhos.append(spearmanr([a.index(c) for c in shared], [b.index(c) for c in shared]).statistic)
+        firsts.append(bool(a and b and a[0] == b[0]))
+    return {"spearman_mean": float(np.mean(rhos)), "spearman_min": float(np.min(rhos)),
+            "same_first": float(np.mean(firsts)), "questions": len(firsts)}
+
+
+def query_vectors() -> dict:
+    """The ONNX copy's query vectors against sentence-transformers' (float32 and the bf16 default)."""
+    from gradfuse.sources.encoder import Encoder
+
+    onnx = Encoder("all-MiniLM-L6-v2@float32")
+    torch32 = onnx.encode(QUESTIONS)
+    bf16 = Encoder("all-MiniLM-L6-v2").encode(QUESTIONS)
+    vectors = onnx.encode_short(QUESTIONS)
+    return {"max_abs_vs_float32": float(np.abs(vectors - torch32).max()),
+            "min_cosine_vs_bfloat16": float((vectors * bf16).sum(axis=1).min())}
+
+
+def build_workspace() -> None:
+    from gradfuse import Workspace
+    from gradfuse.config import Config
+    from gradfuse.demo import demo_specs
+
+    ws = Workspace(Config(workspace=WORKSPACE))
+    for spec in demo_specs(WORKSPACE / "inputs"):
+        ws.index(spec)
+
+
+def cpu_model() -> str:
+    from gradfuse.rerank.precision import BF16_CPU_FLAGS, cpu_flags
+
+    names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+             if line.startswith("model name")]
+    bf16 = ", ".join(sorted(cpu_flags() & BF16_CPU_FLAGS)) or "none"
+    return f"{names[0] if names else platform.processor()}, {os.cpu_count()} cores, bf16 instructions: {bf16}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each cold command and server start")
+    parser.add_argument("--questions", type=int, default=len(QUESTIONS), help="warm questions (fewer: a smoke test)")
+    args = parser.parse_args()
+    questions = QUESTIONS[: args.questions]
+    build_workspace()
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    results = {"machine": cpu_model(), "baseline": BASELINE, "commit": commit, "codes": {}}
+    rankings = {}
+    for label, code in (("before", BASELINE), ("after", None)):
+        with code_of(code) as env:
+            warm, rankings[label] = warm_server(env, questions)
+            results["codes"][label] = {"cold": cold_cli(env, args.repeats),
+                                       "server_start": server_start(env, max(3, args.repeats // 2)), "warm": warm}
+    results["questions"] = len(questions)
+    results["agreement"] = {name: agreement(rankings["before"][name], rankings["after"][name])
+                            for name in ("gro", "gro (gradient)", "select")}
+    results["query_vectors"] = query_vectors()
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (OUT / "results.md").write_text(report(results, ["bench/latency.py", *sys.argv[1:]]))
+
+
+def report(results: dict, argv: list[str]) -> str:
+    before, after = results["codes"]["before"], results["codes"]["after"]
+
+    def cell(row: dict) -> str:
+        return f"{row['wall']['p50']:.2f} / {row['wall']['p90']:.2f} · {row['cpu']['p50']:.2f}"
+
+    lines = [
+        "# Latency on two cores: before and after issue 29",
+        "",
+        f"Command: `python {' '.join(argv)}` (make bench-latency) · baseline {results['baseline']} · code "
+        f"{results['commit']} · {results['machine']} · Python {platform.python_version()}.",
+        "",
+        "Wall seconds p50 / p90 · CPU-seconds p50 of the process that did the work. Cold: a new process per "
+        "command, over the demo's four sources. Warm: a server started with --preload-lm, each method first asked "
+        f"once, then {results['questions']} questions it has not seen. *before*: the baseline's code (sentence-transformers "
+        "for every query, ranx compiled at server start, the scoring LM in float32, no result cache); *after*: "
+        "today's defaults.",
+        "",
+        "| step | before | after |",
+        "|---|---|---|",
+    ]
+    for name in after["cold"]:
+        lines.append(f"| cold `{name.removeprefix('gradfuse ')}` | {cell(before['cold'][name])} | "
+                     f"{cell(after['cold'][name])} |")
+    lines.append(f"| server start (no --preload-lm) | {cell(before['server_start'])} | {cell(after['server_start'])} |")
+    for name in after["warm"]:
+        if name in before["warm"]:
+            lines.append(f"| warm {name} | {cell(before['warm'][name])} | {cell(after['warm'][name])} |")
+    repeated = after["warm"]["/ask repeated question"]
+    lines += [
+        "",
+        f"A repeated question (after): {repeated['wall']['p50'] * 1000:.1f} ms p50, "
+        f"{'served from the cache' if repeated['cached'] else 'NOT served from the cache'}; before: "
+        f"{before['warm']['/ask repeated question']['wall']['p50'] * 1000:.0f} ms.",
+        "",
+        "Evidence (what /ask adds over /search, the extractive answer's quoting), p50 seconds: "
+        + ", ".join(f"{name} {before['warm'][f'/ask {name}']['evidence']['p50']:.3f} → "
+                    f"{after['warm'][f'/ask {name}']['evidence']['p50']:.3f}" for name in METHODS) + ".",
+        "",
+        "## What the speed-ups change in the rankings",
+        "",
+        "| ranking | questions | Spearman mean · min | same first |",
+        "|---|---:|---|---:|",
+    ]
+    for name, row in results["agreement"].items():
+        lines.append(f"| /search {name}: after against before | {row['questions']} | {row['spearman_mean']:.3f} · "
+                     f"{row['spearman_min']:.3f} | {row['same_first']:.2f} |")
+    vectors = results["query_vectors"]
+    lines += [
+        "",
+        f"Query vectors of the ONNX copy: at most {vectors['max_abs_vs_float32']:.1e} from sentence-transformers' "
+        f"float32 vectors, cosine at least {vectors['min_cosine_vs_bfloat16']:.5f} to its bf16 vectors (the "
+        "passages' precision). The scoring LM's bf16 against float32 on the benchmarks' LM rows: precision.md.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

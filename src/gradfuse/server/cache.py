@@ -1,0 +1,62 @@
+"""Repeated questions are free: the server keeps what /search and /ask answered, keyed by the request and by the
+published version of every index it read, so a publish (any source rebuilt, added or removed) makes the old entries
+unreachable; they leave as the least recently used.
+
+Not kept: a result where a source failed (the failure may pass), and anything that read a PostgreSQL source (its
+table changes without a publish). Bounded by `[server] cache_entries` (0 turns it off).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from pydantic import BaseModel
+
+from gradfuse.sources.base import current_version
+from gradfuse.sources.postgres import registered
+
+# What a request may set that does not change its result: how long the sources may take (a result that timed out
+# has a failure and is not kept), and whether an answer streams.
+_NOT_IN_KEY = {"timeout_s", "stream"}
+
+
+class ResultCache:
+    def __init__(self, workspace, entries: int):
+        self._workspace, self._entries = workspace, entries
+        self._kept: OrderedDict[tuple, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def key(self, endpoint: str, request: BaseModel) -> tuple | None:
+        """The request and the versions of the indexes it reads; None where it must not be kept."""
+        if not self._entries:
+            return None
+        ws = self._workspace
+        versions = []
+        for name in sorted(set(request.sources or ws.source_names())):
+            if ws.config.settings(name).postgres or registered(ws.root / "sources" / name):
+                return None
+            version = current_version(ws.root / "sources" / name)
+            versions.append((name, version.name if version else None))
+        options = json.dumps(request.model_dump(exclude=_NOT_IN_KEY), sort_keys=True)
+        return endpoint, options, tuple(versions)
+
+    def get(self, key: tuple | None) -> Any:
+        if key is None:
+            return None
+        with self._lock:
+            value = self._kept.get(key)
+            if value is not None:
+                self._kept.move_to_end(key)
+            return value
+
+    def put(self, key: tuple | None, value: Any, *, failed: bool) -> None:
+        if key is None or failed:
+            return
+        with self._lock:
+            self._kept[key] = value
+            self._kept.move_to_end(key)
+            while len(self._kept) > self._entries:
+                self._kept.popitem(last=False)
