@@ -176,11 +176,12 @@ def test_concurrent_cold_loads_give_one_model_and_one_lock_for_the_scorer_and_th
     load_transformers("smollm2")  # makes the de-quantised folder a transformers generator can load
     folder = str(converted_folder(bundled_gguf()))  # a spec no other test loads: these loads are cold
     with ThreadPoolExecutor(8) as pool:
-        scorers = [pool.submit(load_scorer, folder, 48) for _ in range(4)]
+        # float32, the generator's precision: the weights are shared (a bf16 scorer keeps a bf16 copy of its own)
+        scorers = [pool.submit(load_scorer, folder, 48, "float32") for _ in range(4)]
         generators = [pool.submit(load_local_generator, folder) for _ in range(4)]
         scorers, generators = {id(f.result()) for f in scorers}, [f.result() for f in generators]
     assert len(scorers) == 1 and len({id(g) for g in generators}) == 1
-    scorer, generator = load_scorer(folder, 48), generators[0]
+    scorer, generator = load_scorer(folder, 48, "float32"), generators[0]
     assert generator.llamacpp is None  # a transformers folder: the generator runs the same weights...
     assert generator.model is scorer.model and generator._lock is scorer._lock  # ...under the same lock
 

@@ -35,6 +35,7 @@ from gradfuse.generate.local import model_lock
 from gradfuse.rerank.packing import ContextPacker, PackedContext
 
 GATED_ATTENTION = "gradfuse_gated_sdpa"
+MIN_SHARED = 16  # a shorter shared opening is recomputed with each batch: its cache costs more than it saves
 CONTENT_FREE = "N/A"  # the calibration input: a target or a query that says nothing
 # While a pass records (`recording_attention`): the rows (query positions of this pass) whose attention is kept,
 # and layer index → mean attention of those rows over every key, averaged over heads.
@@ -222,54 +223,71 @@ class LMScorer:
     # --- forward-only passes, batched: leave-one-out, greedy selection, UPR, the relevance prompt
 
     def _batches(self, sequences: list[torch.Tensor], keep: int):
-        """Left-padded batches of `sequences`, each yielding (first index, logits of the last `keep` positions):
-        left padding aligns every sequence's end."""
+        """Batches of `sequences` of similar length, left-padded (which aligns every sequence's end), each yielding
+        (the sequences' indices, logits of their last `keep` positions). The opening every sequence shares (the
+        prompt's system turn and instruction: 37 of a UPR pass's 182 tokens) is computed once, and its keys and
+        values are read by every batch."""
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        for first in range(0, len(sequences), self.batch_size):
-            batch = sequences[first : first + self.batch_size]
+        shared = _shared_prefix(sequences, keep)
+        with self._lock, torch.inference_mode():
+            opening = self._opening(sequences[0][:shared]) if shared else None
+        order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+        for start in range(0, len(order), self.batch_size):
+            rows = order[start : start + self.batch_size]
+            batch = [sequences[i][shared:] for i in rows]
             width = max(len(s) for s in batch)
             ids = torch.full((len(batch), width), pad, dtype=torch.long)
-            attention = torch.zeros((len(batch), width), dtype=torch.long)
+            attention = torch.zeros((len(batch), shared + width), dtype=torch.long)
+            attention[:, :shared] = 1
             for row, sequence in enumerate(batch):
                 ids[row, width - len(sequence) :] = sequence
-                attention[row, width - len(sequence) :] = 1
-            positions = (attention.cumsum(-1) - 1).clamp(min=0)
+                attention[row, shared + width - len(sequence) :] = 1
+            positions = (attention.cumsum(-1) - 1).clamp(min=0)[:, shared:]
             with self._lock, torch.inference_mode():
+                cache = None
+                if opening is not None:
+                    cache = copy.deepcopy(opening)
+                    cache.batch_repeat_interleave(len(batch))
                 logits = self._last_logits(ids.to(self.device), attention.to(self.device), positions.to(self.device),
-                                           keep)
-            yield first, logits
+                                           keep, cache)
+            yield rows, logits
 
-    def _last_logits(self, ids, attention, positions, keep: int) -> torch.Tensor:
-        """The logits of the last `keep` positions. The model's own `logits_to_keep` hands its output layer a
-        strided slice of the batch, which PyTorch multiplies by copying the 49k-token vocabulary's weights once per
-        row (31% of a UPR request's CPU time in bf16); a contiguous slice gives the same values without the copies."""
+    def _opening(self, ids: torch.Tensor):
+        """The keys and values of a shared opening, computed once."""
+        return self.model.get_decoder()(input_ids=ids[None].to(self.device), use_cache=True).cache
+
+    def _last_logits(self, ids, attention, positions, keep: int, cache=None) -> torch.Tensor:
+        """The logits of the last `keep` positions (after the keys and values in `cache`, if any). The model's own
+        `logits_to_keep` hands its output layer a strided slice of the batch, which PyTorch multiplies by copying
+        the 49k-token vocabulary's weights once per row (31% of a UPR request's CPU time in bf16); a contiguous
+        slice gives the same values without the copies."""
         if getattr(self.model.config, "final_logit_softcapping", None):  # the model's forward does more than this
-            return self.model(input_ids=ids, attention_mask=attention, position_ids=positions,
+            return self.model(input_ids=ids, attention_mask=attention, position_ids=positions, cache=cache,
                               logits_to_keep=keep).logits
-        hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attention,
-                                          position_ids=positions).last_hidden_state
+        hidden = self.model.get_decoder()(input_ids=ids, attention_mask=attention, position_ids=positions,
+                                          cache=cache, use_cache=cache is not None).last_hidden_state
         return self.model.get_output_embeddings()(hidden[:, -keep:].contiguous())
 
     def losses(self, contexts: list[PackedContext]) -> np.ndarray:
         """Mean target NLL of each context."""
         result = np.zeros(len(contexts))
         tail = max((c.length - c.target_span[0] for c in contexts), default=0)  # target start to the end
-        for first, logits in self._batches([c.input_ids for c in contexts], tail + 1):
-            for row in range(logits.shape[0]):
-                c = contexts[first + row]
+        for rows, logits in self._batches([c.input_ids for c in contexts], tail + 1):
+            for row, index in enumerate(rows):
+                c = contexts[index]
                 start, end = c.target_span
                 offset = (tail + 1) - (c.length - start + 1)  # where this row's position start-1 sits
                 predicted = logits[row, offset : offset + end - start]
-                result[first + row] = float(_nll(predicted, c.input_ids[start:end].to(self.device)))
+                result[index] = float(_nll(predicted, c.input_ids[start:end].to(self.device)))
         return result
 
     def next_token_log_probs(self, prompts: list[torch.Tensor], token_sets: list[list[int]]) -> np.ndarray:
         """(prompts, sets): log of the total probability of each set of tokens as the next token of each prompt."""
         result = np.zeros((len(prompts), len(token_sets)))
-        for first, logits in self._batches(prompts, 1):
+        for rows, logits in self._batches(prompts, 1):
             log_probs = torch.log_softmax(logits[:, -1].to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
             for j, tokens in enumerate(token_sets):
-                result[first : first + len(logits), j] = torch.logsumexp(log_probs[:, tokens], dim=-1).cpu().numpy()
+                result[rows, j] = torch.logsumexp(log_probs[:, tokens], dim=-1).cpu().numpy()
         return result
 
     def longest_pass(self, docs: list[str], question: str, settings, *, gold: str | None = None,
@@ -337,6 +355,19 @@ def _crop(cache, length: int) -> None:
     """Drop what a pass appended to a key/value cache after its first `length` positions."""
     if (extra := cache.get_seq_length() - length) > 0:
         cache.crop(-extra)
+
+
+def _shared_prefix(sequences: list[torch.Tensor], keep: int) -> int:
+    """Tokens every sequence opens with, worth computing once (0 when short or alone), leaving each sequence at
+    least its last `keep` positions to compute."""
+    if len(sequences) < 2:
+        return 0
+    first, shortest = sequences[0], min(len(s) for s in sequences)
+    shared = shortest - keep
+    for other in sequences[1:]:
+        differs = (other[:shared] != first[:shared]).nonzero()
+        shared = int(differs[0]) if len(differs) else shared
+    return shared if shared >= MIN_SHARED else 0
 
 
 def _nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
