@@ -111,7 +111,8 @@ def _bench_file(tmp_path: Path, name: str) -> Path:
                             flags=re.M)
     # Two test and two dev queries for the scoring LM (three runs of the benchmark: locally, on the cluster, and
     # on the cluster losing a node): enough to compare every number, a third of the time.
-    text, lm = re.subn(r'^lm = \{ sample = \d+,', 'lm = { sample = 2, dev_sample = 2,', text, flags=re.M)
+    text, lm = re.subn(r'^lm = \{ dtype = "float32", sample = \d+,', 'lm = { dtype = "float32", sample = 2, dev_sample = 2,',
+                       text, flags=re.M)
     assert methods == 1 and lm == 1, "dl19.toml's quick variant changed: update this test's edits of it"
     path = tmp_path / f"{name}.toml"
     path.write_text(text)
@@ -180,7 +181,8 @@ def test_the_service_keeps_answering_when_a_replica_dies(cluster, workspace, tmp
     # Extractive answers: /ask's only LM work is its evidence by the gate, scored on the replicas like stage 2's
     # passes (the default evidence scorer needs no LM).
     config.write_text(f'[generator]\nanswer = "extractive"\n[evidence]\nscorer = "gate"\n[server]\n'
-                      f'ray = "{cluster.address}"\nray_replicas = 2\nlm_queue = 1\n')
+                      f'ray = "{cluster.address}"\nray_replicas = 2\nlm_queue = 1\n'
+                      'cache_entries = 0\n')  # every request reaches a replica, not the result cache
     body = {"query": "which planet has two moons", "method": "gro", "target": "query", "n": 3, "k": 3}
     with gradfuse_serve(workspace.root, "--config", str(config), env=ENV, log=tmp_path / "serve.log") as url:
         assert httpx.get(url + "/healthz").json()["scorer_replicas"] == 2

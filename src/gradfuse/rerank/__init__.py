@@ -90,7 +90,7 @@ def _cached_scorer(spec: str, doc_tokens: int, dtype: str, device: str):
 
 def make_scorer(scorer: str, settings: RerankSettings, device: str = "cpu") -> Stage2Scorer:
     if scorer == "cross-encoder":
-        return CrossEncoderScorer(settings.cross_encoder)
+        return scorer_class(scorer)(settings.cross_encoder)
     return scorer_class(scorer)(load_scorer(settings.model, settings.doc_tokens, settings.dtype, device))
 
 
