@@ -182,7 +182,7 @@ def test_the_service_keeps_answering_when_a_replica_dies(cluster, workspace, tmp
     # passes (the default evidence scorer needs no LM).
     config.write_text(f'[generator]\nanswer = "extractive"\n[evidence]\nscorer = "gate"\n[server]\n'
                       f'ray = "{cluster.address}"\nray_replicas = 2\nlm_queue = 1\n'
-                      'cache_entries = 0\n')  # every request reaches a replica, not the result cache
+                      'cache_mb = 0\n')  # every request reaches a replica, not the result cache
     body = {"query": "which planet has two moons", "method": "gro", "target": "query", "n": 3, "k": 3}
     with gradfuse_serve(workspace.root, "--config", str(config), env=ENV, log=tmp_path / "serve.log") as url:
         assert httpx.get(url + "/healthz").json()["scorer_replicas"] == 2

@@ -95,7 +95,7 @@ def server(workspace):
         yield url
 
 
-NO_CACHE = ServerSettings(cache_entries=0)
+NO_CACHE = ServerSettings(cache_mb=0)
 
 
 def post(url: str, path: str, body, **kwargs) -> httpx.Response:
@@ -299,6 +299,22 @@ def test_a_repeated_question_is_answered_from_the_cache_until_a_source_is_publis
         assert "x-gradfuse-cache" not in post(url, "/ask", ask).headers
 
 
+def test_the_cache_keeps_at_most_its_megabytes_dropping_the_least_recently_used(workspace):
+    from gradfuse.server.cache import ResultCache
+    from gradfuse.server.requests import SearchRequest
+
+    cache = ResultCache(workspace, 1)
+    keys = [cache.key("search", SearchRequest(query=f"question {i}")) for i in range(3)]
+    cache.put(keys[0], ("a" * 400_000,), failed=False)
+    cache.put(keys[1], ("b" * 400_000,), failed=False)
+    assert cache.get(keys[0])  # now the most recently used
+    cache.put(keys[2], ("c" * 400_000,), failed=False)  # 1.2 MB: one must go
+    assert cache.get(keys[1]) is None and cache.get(keys[0]) and cache.get(keys[2])
+    cache.put(keys[1], ("d" * 2_000_000,), failed=False)  # larger than the whole cache: not kept
+    assert cache.get(keys[1]) is None and cache.get(keys[2])
+    assert ResultCache(workspace, 0).key("search", SearchRequest(query="q")) is None  # 0: off
+
+
 def test_a_result_where_a_source_failed_is_not_kept(faulty):
     with serving(create_app(faulty)) as url:
         body = {"query": "bread yeast", "method": "rrf", "sources": ["cooking", "broken"]}
@@ -345,7 +361,7 @@ def test_ask_streams_search_then_tokens_then_the_answer(workspace):
 
 @pytest.mark.slow
 def test_requests_beyond_the_lm_line_are_refused_with_retry_after(workspace):
-    settings = replace(workspace.config.server, lm_queue=1, cache_entries=0)
+    settings = replace(workspace.config.server, lm_queue=1, cache_mb=0)
     with serving(create_app(workspace, settings, preload_lm=True)) as url:
         body = {"query": "Which planet is the hottest?", "method": "gradient", "target": "query", "n": 6}
         with ThreadPoolExecutor(max_workers=4) as pool:

@@ -57,7 +57,7 @@ Example (every key optional)::
     header_timeout_s = 10.0          # request line and headers; body_timeout_s = 30.0 (408); keep_alive_s = 5.0
     ray = ""                         # "HOST:PORT" or "auto": stage 2 on a Ray cluster's scorer replicas (docs/ray.md)
     ray_replicas = 0                 # 0: one per GPU, or one per node without GPUs
-    cache_entries = 256              # /search and /ask results kept for a repeated request until a publish (0: off)
+    cache_mb = 64                    # MB of /search and /ask results kept for a repeated request until a publish
     [sources.scifact]
     kind = "beir"                    # beir | jsonl | files | run
     path = "../shared/data/beir_scifact"

@@ -134,7 +134,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
     guarded = [Depends(authorised)]
     posted = [*guarded, Depends(json_body)]
 
-    cache = ResultCache(workspace, settings.cache_entries)
+    cache = ResultCache(workspace, settings.cache_mb)
 
     @app.post("/search", dependencies=posted, response_model=SearchRecord,
               responses={401: {}, 413: {}, 415: {}, 422: {}, 503: {"description": "every source failed, or the LM is busy"}})
@@ -144,12 +144,12 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
         request.check_limits(settings, config)
         key = cache.key("search", request)
         if (kept := cache.get(key)) is not None:
-            return _kept_json(kept)
+            return _kept_json(kept[0])
         with admission.slot((request.method or config.method) in LM_METHODS):
             result = workspace.search(request.query, k=request.k, **request.search_options())
         health.record(list(result.ranked_lists), result.failures)
         record = search_record(result)
-        cache.put(key, record.model_dump_json(), failed=bool(result.failures))
+        cache.put(key, (record.model_dump_json(),), failed=bool(result.failures))
         return record
 
     @app.post("/ask", dependencies=posted, response_model=AnswerRecord,
@@ -162,11 +162,11 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
         request.check_limits(settings, config)
         key = cache.key("ask", request)
         if (kept := cache.get(key)) is not None:
-            searched_record, answered, body = kept
+            searched_json, answer_json = kept
             if request.stream:
-                return StreamingResponse(_replayed(searched_record, answered), media_type="text/event-stream",
+                return StreamingResponse(_replayed(searched_json, answer_json), media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", CACHE_HEADER: "hit"})
-            return _kept_json(body)
+            return _kept_json(answer_json)
         # A local generator that writes, a stage-2 method and an LM evidence scorer hold the LM; quoting does not.
         local_generator = not workspace.answers_extractively and not config.generator.startswith(("http://", "https://"))
         needs_lm = (local_generator or (request.method or config.method) in LM_METHODS
@@ -183,7 +183,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
             raise
 
         def keep(answered: AnswerRecord) -> None:
-            cache.put(key, (search_record(searched), answered, answered.model_dump_json()),
+            cache.put(key, (search_record(searched).model_dump_json(), answered.model_dump_json()),
                       failed=bool(searched.failures))
 
         if request.stream:
@@ -294,11 +294,11 @@ def _event_stream(searched: SearchResult, events: Iterator, keep: Callable[[Answ
         events.close()  # a client that left: the generator stops at its next piece instead of running on
 
 
-def _replayed(searched: SearchRecord, answered: AnswerRecord) -> Iterator[str]:
+def _replayed(searched_json: str, answer_json: str) -> Iterator[str]:
     """A kept answer as the events it was first sent as: its text arrives as one token."""
-    yield _event("search", searched.model_dump(mode="json"))
-    yield _event("token", {"text": answered.answer})
-    yield _event("answer", answered.model_dump(mode="json"))
+    yield f"event: search\ndata: {searched_json}\n\n"
+    yield _event("token", {"text": json.loads(answer_json)["answer"]})
+    yield f"event: answer\ndata: {answer_json}\n\n"
 
 
 async def _closed_when_abandoned(events: Iterator[str]) -> AsyncIterator[str]:

@@ -3,7 +3,8 @@ published version of every index it read, so a publish (any source rebuilt, adde
 unreachable; they leave as the least recently used.
 
 Not kept: a result where a source failed (the failure may pass), and anything that read a PostgreSQL source (its
-table changes without a publish). Bounded by `[server] cache_entries` (0 turns it off).
+table changes without a publish). What is kept is the JSON that was sent, bounded in all by `[server] cache_mb`
+(0 turns it off).
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from typing import Any
-
 from pydantic import BaseModel
 
 from gradfuse.sources.base import current_version
@@ -24,14 +23,15 @@ _NOT_IN_KEY = {"timeout_s", "stream"}
 
 
 class ResultCache:
-    def __init__(self, workspace, entries: int):
-        self._workspace, self._entries = workspace, entries
-        self._kept: OrderedDict[tuple, Any] = OrderedDict()
+    def __init__(self, workspace, megabytes: int):
+        self._workspace, self._room = workspace, megabytes * 1_000_000
+        self._kept: OrderedDict[tuple, tuple[str, ...]] = OrderedDict()
+        self._used = 0  # characters of JSON kept
         self._lock = threading.Lock()
 
     def key(self, endpoint: str, request: BaseModel) -> tuple | None:
         """The request and the versions of the indexes it reads; None where it must not be kept."""
-        if not self._entries:
+        if not self._room:
             return None
         ws = self._workspace
         versions = []
@@ -43,7 +43,7 @@ class ResultCache:
         options = json.dumps(request.model_dump(exclude=_NOT_IN_KEY), sort_keys=True)
         return endpoint, options, tuple(versions)
 
-    def get(self, key: tuple | None) -> Any:
+    def get(self, key: tuple | None) -> tuple[str, ...] | None:
         if key is None:
             return None
         with self._lock:
@@ -52,11 +52,16 @@ class ResultCache:
                 self._kept.move_to_end(key)
             return value
 
-    def put(self, key: tuple | None, value: Any, *, failed: bool) -> None:
-        if key is None or failed:
+    def put(self, key: tuple | None, value: tuple[str, ...], *, failed: bool) -> None:
+        """Keep the JSON texts of a result (the least recently used leave to make room)."""
+        size = sum(len(text) for text in value)
+        if key is None or failed or size > self._room:
             return
         with self._lock:
+            if key in self._kept:
+                self._used -= sum(len(text) for text in self._kept.pop(key))
             self._kept[key] = value
-            self._kept.move_to_end(key)
-            while len(self._kept) > self._entries:
-                self._kept.popitem(last=False)
+            self._used += size
+            while self._used > self._room:
+                _, dropped = self._kept.popitem(last=False)
+                self._used -= sum(len(text) for text in dropped)

@@ -49,9 +49,9 @@ class ServerSettings:
     # (gradfuse.execute); empty: this process. ray_replicas 0: one per GPU, or one per node without GPUs.
     ray: Text = ""
     ray_replicas: NonNegative = 0
-    # Results of /search and /ask kept for a repeated request until a source is published again (server/cache.py);
-    # 0 keeps none. An answer with its passages is tens of KB.
-    cache_entries: NonNegative = 256
+    # Megabytes of /search and /ask results (their JSON) kept for a repeated request until a source is published
+    # again (server/cache.py); 0 keeps none. An answer with five passages is about 30 KB.
+    cache_mb: NonNegative = 64
 
     def __post_init__(self):
         object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
