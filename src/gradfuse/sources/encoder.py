@@ -44,8 +44,8 @@ class Encoder:
         self._model = None
         self._onnx = OnnxQueryEncoder.open(self._path)
         self._lock = threading.Lock()  # one forward pass at a time: the model is shared between threads
-        self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
-        self._query_lock = threading.Lock()
+        self._short: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._short_lock = threading.Lock()
         if self._onnx is None:  # ready to embed a query when loaded: the sources' timeouts start after this
             self._passage_model()
 
@@ -85,22 +85,22 @@ class Encoder:
     def encode_short(self, texts: list[str]) -> np.ndarray:
         """Vectors of queries and an answer's sentences: by the ONNX copy where there is one (no torch), and kept
         for the next request (the evidence and its support read the same sentences; questions repeat)."""
-        with self._query_lock:
-            missing = list(dict.fromkeys(t for t in texts if t not in self._queries))
+        with self._short_lock:
+            missing = list(dict.fromkeys(t for t in texts if t not in self._short))
             if missing:
                 vectors = self._onnx.encode(missing) if self._onnx is not None else self.encode(missing)
-                self._queries.update(zip(missing, vectors))
+                self._short.update(zip(missing, vectors))
             for text in texts:
-                self._queries.move_to_end(text)
-            vectors = np.stack([self._queries[t] for t in texts]) if texts else np.zeros((0, DIMENSION), np.float32)
-            while len(self._queries) > SHORT_CACHE_SIZE:
-                self._queries.popitem(last=False)
+                self._short.move_to_end(text)
+            vectors = np.stack([self._short[t] for t in texts]) if texts else np.zeros((0, DIMENSION), np.float32)
+            while len(self._short) > SHORT_CACHE_SIZE:
+                self._short.popitem(last=False)
             return vectors
 
     def clear_query_cache(self) -> None:
         """Forget kept query and sentence vectors (benchmarks measure a query as if seen for the first time)."""
-        with self._query_lock:
-            self._queries.clear()
+        with self._short_lock:
+            self._short.clear()
 
 
 def _model_path(name: str) -> Path:
