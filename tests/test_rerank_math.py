@@ -41,7 +41,7 @@ def scorer():
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
                          tie_word_embeddings=True)
-    yield LMScorer(LlamaForCausalLM(config).double(), tokenizer, doc_tokens=24, batch_size=3)
+    yield LMScorer(LlamaForCausalLM(config).double(), tokenizer, doc_tokens=24, batch_tokens=400)
     patch.undo()
 
 
@@ -97,6 +97,17 @@ def test_batched_leave_one_out_matches_direct_single_passes(scorer):
     for i in range(len(DOCS)):
         without = loss_with(scorer, scorer.pack(DOCS[:i] + DOCS[i + 1:], QUESTION, TARGET))
         assert deltas[i] == pytest.approx(without - full, rel=1e-7, abs=1e-10)
+
+
+def test_batched_upr_with_its_shared_opening_computed_once_matches_direct_passes(scorer):
+    from gradfuse.rerank.lm_scorer import _shared_prefix
+    from gradfuse.rerank.upr import UPRScorer
+
+    contexts = [scorer.pack([doc], QUESTION, QUESTION, target_is_query=True) for doc in DOCS]
+    assert _shared_prefix([c.input_ids for c in contexts], 1) >= 16  # the opening is reused, not recomputed
+    values = UPRScorer(scorer).values(QUESTION, DOCS)  # several batches of different lengths, left-padded
+    direct = [-loss_with(scorer, context) for context in contexts]
+    assert values == pytest.approx(direct, rel=1e-9)
 
 
 def test_query_target_packs_the_question_as_what_is_scored(scorer):

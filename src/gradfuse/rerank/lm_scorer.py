@@ -107,7 +107,7 @@ class LMScorer:
     """A loaded white-box LM and every pass stage 2 makes with it. One pass at a time (a lock): torch already uses
     every core for one, and the model is shared with the generator."""
 
-    def __init__(self, model, tokenizer, *, doc_tokens: int = 128, batch_size: int = 4, dtype: str | None = None):
+    def __init__(self, model, tokenizer, *, doc_tokens: int = 128, batch_tokens: int = 4096, dtype: str | None = None):
         """`dtype` (float32, bfloat16): the precision of the passes; None keeps the model's."""
         if dtype is not None and next(model.parameters()).dtype != getattr(torch, dtype):
             model = copy.deepcopy(model).to(getattr(torch, dtype))  # the generator keeps its own precision
@@ -117,7 +117,9 @@ class LMScorer:
         # The gates need a differentiable additive mask on attention logits; this attention adds it exactly.
         self.model.set_attn_implementation(_register_gated_attention())
         self.packer = ContextPacker(tokenizer, doc_tokens=doc_tokens)
-        self.batch_size = batch_size
+        # Tokens (padding included) of one batched forward pass: UPR's ten passages in one pass took 0.98 s in bf16
+        # against 1.43 s in batches of four (larger matrices keep AMX busy); inference keeps no activations.
+        self.batch_tokens = batch_tokens
         self.device = next(model.parameters()).device
         self._lock = model_lock(model)  # shared with a transformers generator over the same weights
 
@@ -231,9 +233,7 @@ class LMScorer:
         shared = _shared_prefix(sequences, keep)
         with self._lock, torch.inference_mode():
             opening = self._opening(sequences[0][:shared]) if shared else None
-        order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
-        for start in range(0, len(order), self.batch_size):
-            rows = order[start : start + self.batch_size]
+        for rows in self._by_length(sequences, shared):
             batch = [sequences[i][shared:] for i in rows]
             width = max(len(s) for s in batch)
             ids = torch.full((len(batch), width), pad, dtype=torch.long)
@@ -251,6 +251,15 @@ class LMScorer:
                 logits = self._last_logits(ids.to(self.device), attention.to(self.device), positions.to(self.device),
                                            keep, cache)
             yield rows, logits
+
+    def _by_length(self, sequences: list[torch.Tensor], shared: int) -> list[list[int]]:
+        """Indices of `sequences` sorted by length, cut into batches of at most `batch_tokens` once padded."""
+        batches: list[list[int]] = [[]]
+        for i in sorted(range(len(sequences)), key=lambda i: len(sequences[i])):
+            if batches[-1] and (len(batches[-1]) + 1) * (len(sequences[i]) - shared) > self.batch_tokens:
+                batches.append([])
+            batches[-1].append(i)
+        return batches
 
     def _opening(self, ids: torch.Tensor):
         """The keys and values of a shared opening, computed once."""
