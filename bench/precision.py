@@ -58,12 +58,20 @@ def agreement(a, b) -> tuple[float | None, bool]:
     return float(rho), same_first
 
 
+def metric_values(evaluation, method: str, outcomes: dict, metric: str) -> dict[str, float]:
+    """Query id → value: an answer-level metric (answer@k) as the QA harness computed it, else ranx's."""
+    answered = evaluation.extra.get(method, {}).get(metric)
+    if answered is not None:
+        return {q: v for q, v in answered.items() if q in outcomes and v is not None}
+    return per_query(evaluation.qrels, outcomes, sorted(outcomes), [metric])[metric]
+
+
 def compare(name: str, method: str, by_precision: dict) -> dict:
     (fp32, evaluation), (bf16, _) = by_precision["float32"], by_precision["bfloat16"]
     metric = evaluation.bench.headline_metric
-    ids = sorted(set(fp32) & set(bf16))
-    a = per_query(evaluation.qrels, fp32, ids, [metric])[metric]
-    b = per_query(evaluation.qrels, bf16, ids, [metric])[metric]
+    a = metric_values(evaluation, method, fp32, metric)
+    b = metric_values(by_precision["bfloat16"][1], method, bf16, metric)
+    ids = sorted(set(a) & set(b))
     x, y = np.array([a[q] for q in ids]), np.array([b[q] for q in ids])
     agreements = [agreement(fp32[q], bf16[q]) for q in ids]
     rhos = [rho for rho, _ in agreements if rho is not None]
@@ -85,12 +93,13 @@ def write(rows: list[dict], argv: list[str]) -> None:
     machine = (f"{machine_description()}; bf16 instructions: "
                f"{', '.join(sorted(cpu_flags() & {'avx512_bf16', 'amx_bf16'})) or 'none'} "
                f"(auto → {resolve_dtype('auto')})")
-    (OUT / "precision.json").write_text(json.dumps({"machine": machine, "commit": commit_id(), "rows": rows},
-                                                   indent=2) + "\n")
+    (OUT / "precision.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=2) + "\n")
     lines = [
         "# The scoring LM in bfloat16 against float32",
         "",
-        f"Command: `python {' '.join(argv)}` · commit {commit_id()} · {machine} · Python {platform.python_version()}.",
+        f"Command: `make bench-precision` (`python bench/precision.py`; a benchmark alone: `--benchmarks NAME`, "
+        f"which replaces its rows) · commits: {', '.join(sorted({r['commit'] for r in rows}))} · {machine} · "
+        f"Python {platform.python_version()}.",
         "",
         "Each benchmark's LM rows through its own harness (the same LM subsample and dev tuning as its results), "
         "once per precision. Δ: bfloat16 minus float32 on the headline metric, p: paired randomisation test; "
@@ -118,10 +127,13 @@ def main() -> None:
     parser.add_argument("--benchmarks", nargs="+", default=["federated", "qa", "dl19"])
     parser.add_argument("--quick", action="store_true", help="the benchmarks' quick variants (a smoke test)")
     args = parser.parse_args()
-    rows = []
+    # Rows of benchmarks not rerun now are kept (each benchmark can be run on its own); a rerun replaces its rows.
+    stored = json.loads((OUT / "precision.json").read_text()) if (OUT / "precision.json").exists() else {"rows": []}
+    rows = [{"commit": stored.get("commit"), **r} for r in stored["rows"]
+            if r["benchmark"] not in args.benchmarks and not args.quick]
     for name in args.benchmarks:
         for method, by_precision in run_precisions(name, args.methods, args.quick).items():
-            rows.append(compare(name, method, by_precision))
+            rows.append({**compare(name, method, by_precision), "commit": commit_id()})
             write(rows, ["bench/precision.py", *sys.argv[1:]])
             print(json.dumps(rows[-1]), flush=True)
 
