@@ -97,8 +97,8 @@ def write(rows: list[dict], argv: list[str]) -> None:
     lines = [
         "# The scoring LM in bfloat16 against float32",
         "",
-        f"Command: `make bench-precision` (`python bench/precision.py`; a benchmark alone: `--benchmarks NAME`, "
-        f"which replaces its rows) · commits: {', '.join(sorted({r['commit'] for r in rows}))} · {machine} · "
+        f"Command: `make bench-precision` (`python bench/precision.py`; a benchmark alone: `--benchmarks NAME "
+        f"--methods M`, which replaces those rows) · commits: {', '.join(sorted({r['commit'] for r in rows}))} · {machine} · "
         f"Python {platform.python_version()}.",
         "",
         "Each benchmark's LM rows through its own harness (the same LM subsample and dev tuning as its results), "
@@ -127,10 +127,11 @@ def main() -> None:
     parser.add_argument("--benchmarks", nargs="+", default=["federated", "qa", "dl19"])
     parser.add_argument("--quick", action="store_true", help="the benchmarks' quick variants (a smoke test)")
     args = parser.parse_args()
-    # Rows of benchmarks not rerun now are kept (each benchmark can be run on its own); a rerun replaces its rows.
+    # Rows not rerun now are kept (each benchmark and method can be run on its own); a rerun replaces its rows.
     stored = json.loads((OUT / "precision.json").read_text()) if (OUT / "precision.json").exists() else {"rows": []}
+    rerun = {(b, m) for b in args.benchmarks for m in args.methods}
     rows = [{"commit": stored.get("commit"), **r} for r in stored["rows"]
-            if r["benchmark"] not in args.benchmarks and not args.quick]
+            if (r["benchmark"], r["method"]) not in rerun and not args.quick]
     for name in args.benchmarks:
         for method, by_precision in run_precisions(name, args.methods, args.quick).items():
             rows.append({**compare(name, method, by_precision), "commit": commit_id()})
