@@ -91,7 +91,7 @@ def test_non_utf8_and_empty_files_are_read_or_skipped_and_counted(ws, tmp_path):
     assert report.ingest == {"skipped_empty": 2, "skipped_malformed": 0, "decoded_with_fallback": 1,
                              "skipped_links_outside": 0, "skipped_binary": 0, "chunked_long_records": 0,
                              "skipped_unreadable": 0, "pages_without_text": 0, "read_by_content": 0,
-                             "pages_read_by_ocr": 0}
+                             "pages_read_by_ocr": 0, "cut_to_limits": 0}
     assert ws.source("legacy", "bm25").search("recipes wiki", 1)[0].text.startswith("Café crème")
 
 

@@ -249,7 +249,7 @@ def test_a_reindex_parses_only_the_files_that_changed(tmp_path):
     write_pptx(folder / "deck.pptx")
     ws = Workspace(Config(workspace=tmp_path / "ws"))
     ws.index(SourceSpec("changing", "files", str(folder)))
-    cache = tmp_path / "ws" / "cache" / "parsed"
+    cache = tmp_path / "ws" / "cache" / "parsed" / "changing"
     entries = {path.name: path for path in cache.glob("*.json")}
     assert len(entries) == 2
     # Mark the deck's stored parse: if the deck were parsed again, the mark would be gone.
@@ -259,7 +259,8 @@ def test_a_reindex_parses_only_the_files_that_changed(tmp_path):
     document.add_paragraph("Lubricate the bearings every week.")
     document.save(str(folder / "spec.docx"))
     rebuilt = ws.index(SourceSpec("changing", "files", str(folder)))
-    assert rebuilt.status == "built" and len(list(cache.glob("*.json"))) == 3  # the changed file, parsed anew
+    # the changed file parsed anew, its old parse removed with the build
+    assert rebuilt.status == "built" and len(list(cache.glob("*.json"))) == 2 and deck_entry.exists()
     assert _search_in(ws, "changing", "lubricate bearings")[0].doc_id.startswith("spec.docx#")
     assert "ships in May" in _search_in(ws, "changing", "beta ships")[0].text  # the deck came from its cache
 

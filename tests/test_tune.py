@@ -33,8 +33,9 @@ def test_tune_writes_dev_choices_that_search_then_uses_and_reproduces(tmp_path):
     if embedded.is_file():
         (tmp_path / "ws" / "cache").mkdir(parents=True)
         shutil.copy(embedded, tmp_path / "ws" / "cache" / "embeddings.sqlite")
-    shown = CliRunner().invoke(app, ["tune", str(BENCHMARKS / "federated.toml"), "--quick", "--write", "--config",
-                                     str(config)], terminal_width=300)
+    # --write-lm-settings: the benchmark's float32 scorer and its n, which the dev score held under
+    shown = CliRunner().invoke(app, ["tune", str(BENCHMARKS / "federated.toml"), "--quick", "--write",
+                                     "--write-lm-settings", "--config", str(config)], terminal_width=300)
     assert shown.exit_code == 0, shown.output
     assert "[selection] max_sources = " in shown.output and "[defaults] method = " in shown.output  # as printed
     text = config.read_text()
@@ -69,8 +70,10 @@ def test_a_set_method_tuned_on_dev_writes_its_pool_and_no_mix():
     bench = SimpleNamespace(lm_options={"pools": ["cosine", "rrf"], "n": 10, "set_rounds": 3, "upr_prior": True})
     evaluation = SimpleNamespace(bench=bench, tuned={"conditional stage 2": {"chosen": {"pool": "rrf",
                                                                                          "dev_ndcg@10": 0.5}}})
-    written = {value.key: value.value for value in _stage2_values(evaluation, "conditional", "dev")}
-    assert written == {"pool": "rrf", "n": 10, "set_rounds": 3}
+    values = _stage2_values(evaluation, "conditional", "dev")
+    assert {value.key: value.value for value in values} == {"pool": "rrf", "n": 10, "set_rounds": 3}
+    # sizes and limits are the benchmark's, not tuned: written only with --write-lm-settings
+    assert {value.key for value in values if value.lm_setting} == {"n", "set_rounds"}
 
 
 def test_tune_writes_gros_signal_only_for_gro():

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape as escape_markup
 from rich.table import Table
 
-from gradfuse.config import ConfigError
+from gradfuse.config import ConfigError, load_config
 from gradfuse.execute import RayUnavailable
 from gradfuse.fusion import UnknownMethod
 from gradfuse.generate import describe_generator
@@ -26,7 +26,7 @@ from gradfuse.redact import redact
 from gradfuse.schemas import answer_record, search_record, source_record
 from gradfuse.sources import BuildReport, IngestError, SourceError, SourceSpec, check_source_name
 from gradfuse.sources.federated import AllSourcesFailed, SourceFailure
-from gradfuse.sources.readers import ReaderLimits
+from gradfuse.sources.readers import LIMIT_OPTIONS, ReaderLimits
 from gradfuse.workspace import Answer, SearchResult, Workspace
 
 # Help texts are printed as written: with Rich markup on, "[server]" in a help string vanished.
@@ -114,6 +114,10 @@ def _print_build(report: BuildReport) -> None:
                       + ", ".join(f"{count} {reason}" for reason, count in report.skipped_by_reason.items()))
         for name, reason, detail in report.skipped:
             console.print(f"    {escape(name)}: {reason} ({escape(detail)})")
+    if report.cut:
+        console.print("  [yellow]read in part, to a limit:[/]")
+        for cut in report.cut:
+            console.print(f"    {escape(cut)}")
 
 
 def _index(config, workspace, spec: SourceSpec, into=None, table=None, language=None, wait=False) -> None:
@@ -168,7 +172,22 @@ def index_files(
     max_rows: Annotated[int, typer.Option(help="Skip a spreadsheet with more rows")] = ReaderLimits.max_rows,
     max_unzipped_mb: Annotated[int, typer.Option(
         help="Skip an Office file whose parts unzip to more (a zip bomb)")] = ReaderLimits.max_unzipped_mb,
+    max_zip_entries: Annotated[int, typer.Option(
+        help="Skip an Office file with more parts in its zip")] = ReaderLimits.max_zip_entries,
     deadline_s: Annotated[float, typer.Option(help="Skip a file not parsed within this time")] = ReaderLimits.deadline_s,
+    max_text_mb: Annotated[int, typer.Option(
+        help="Skip a file that produces more text (all its chunks)")] = ReaderLimits.max_text_mb,
+    max_worker_mb: Annotated[int, typer.Option(
+        help="Memory of the process that parses; a file that needs more is skipped")] = ReaderLimits.max_worker_mb,
+    max_page_chars: Annotated[int, typer.Option(
+        help="Cut a PDF page's text at this many characters")] = ReaderLimits.max_page_chars,
+    max_cell_chars: Annotated[int, typer.Option(
+        help="Cut a table cell's text at this many characters")] = ReaderLimits.max_cell_chars,
+    max_columns: Annotated[int, typer.Option(help="Leave out a table row's cells after this many")] = ReaderLimits.max_columns,
+    max_header_chars: Annotated[int, typer.Option(
+        help="Cut the header row each table chunk repeats at this many characters")] = ReaderLimits.max_header_chars,
+    max_ocr_megapixels: Annotated[int, typer.Option(
+        help="Render a page for OCR at most this large (larger pages below 300 dpi)")] = ReaderLimits.max_ocr_megapixels,
     ocr: Annotated[bool, typer.Option(help="Read PDF pages without a text layer with Tesseract "
                                            "(apt-get install tesseract-ocr; pip install 'gradfuse[ocr]')")] = False,
     into: Into = None,
@@ -180,8 +199,8 @@ def index_files(
 ):
     """A folder of files: .txt, .md, .html, .pdf, .docx, .pptx, .xlsx, .csv (by content where the extension lies),
     cut into overlapping chunks inside each page, section, slide or sheet, which keep where they stand."""
-    limits = {"max_file_mb": max_file_mb, "max_pages": max_pages, "max_rows": max_rows,
-              "max_unzipped_mb": max_unzipped_mb, "deadline_s": deadline_s, "ocr": ocr}
+    given = locals()
+    limits = {name: given[name] for name in LIMIT_OPTIONS}
     options = {"chunk_words": chunk_words, "chunk_overlap": chunk_overlap,
                **{k: v for k, v in limits.items() if v != getattr(ReaderLimits, k)},
                **({"links_outside": True} if links_outside else {})}
@@ -487,6 +506,9 @@ def tune(
     bench_file: Annotated[Path, typer.Argument(help="Benchmark TOML naming this workspace's sources and your labelled "
                                                     "queries (see benchmarks/)")],
     write: Annotated[bool, typer.Option(help="Write the chosen settings into the config file")] = False,
+    write_lm_settings: Annotated[bool, typer.Option(
+        help="With --write, also write the benchmark's own [lm] model, sizes and limits (n, doc_tokens, "
+             "max_pass_tokens, ...)")] = False,
     quick: Annotated[bool, typer.Option(help="The file's small [quick] variant")] = False,
     config: ConfigOpt = None,
     workspace: WorkspaceOpt = None,
@@ -508,11 +530,16 @@ def tune(
         console.print("(not written: add --write to put these into the config file)")
         return
     target = config or Path("gradfuse.toml")
+    held = [value for value in values if value.lm_setting and not write_lm_settings]
     if not target.exists():  # a new file must say which workspace it tunes
         target.write_text(f"workspace = {json.dumps(os.path.relpath(ws.root, target.resolve().parent))}\n")
-    write_tuned(target, values)
-    _workspace(target, workspace)  # what was written reads back as a valid configuration
+    # what is written must read back as a valid configuration before it replaces the file
+    _run_guarded(lambda: write_tuned(target, [value for value in values if value not in held],
+                                     lambda written: load_config(written, workspace=workspace)))
     console.print(f"[green]written[/] to {target}: gradfuse search and serve use them")
+    if held:
+        console.print("not written (the dev scores held under them; --write-lm-settings writes them): "
+                      + ", ".join(f"[rerank] {escape(v.key)} = {escape(repr(v.value))}" for v in held))
 
 
 @app.command("eval")

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import datetime
 import os
+import stat
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -37,6 +39,16 @@ class TunedValue:
     key: str
     value: object
     why: str  # the comment written next to it
+    # A benchmark's own [lm] setting that the dev scores held under (a model, a size, a limit), not a value tuned
+    # on them: a benchmark file must not set the workspace's model path or limits unless asked to.
+    lm_setting: bool = False
+
+
+# [rerank] keys tuned on the dev queries (or choices among named alternatives): written by `tune --write`. The
+# benchmark's other [lm] keys (model, n, doc_tokens, max_pass_tokens, set_rounds, dtype, ...) only with
+# --write-lm-settings.
+TUNED_RERANK_KEYS = {"pool", "prior", "mix", "prior_weight", "within_m", "attention_layers", "scorer", "target",
+                     "estimator", "length_normalise", "both_orders"}
 
 
 def tune(bench: Benchmark, workspace: Path, *, progress: bool = True,
@@ -130,15 +142,23 @@ def _stage2_values(evaluation: Evaluation, method: str, why: str) -> list[TunedV
         values.append(("scorer", lm.get("scorer", RerankSettings().scorer)))
     if method_target(method):
         values.append(("target", method_target(method)))
-    return [TunedValue("rerank", key, value, why) for key, value in values]
+    return [TunedValue("rerank", key, value, why, lm_setting=key not in TUNED_RERANK_KEYS) for key, value in values]
 
 
-def write_tuned(config_file: Path, values: list[TunedValue]) -> None:
-    """Set each value in `config_file` (created if missing; its other keys and comments kept), with its comment,
-    then replace the file at once."""
+def write_tuned(config_file: Path, values: list[TunedValue], check: Callable[[Path], object]) -> None:
+    """Set each value in `config_file` (created if missing; its other keys and comments kept), with its comment.
+    The file behind a link is the one written; its mode is kept; a read-only file is refused; the new text must
+    pass `check` (reading it as a configuration) before it replaces the old one, at once."""
     import tomlkit
 
-    document = tomlkit.parse(config_file.read_text(encoding="utf-8")) if config_file.exists() else tomlkit.document()
+    target = config_file.resolve()
+    mode = 0o600
+    if target.exists():
+        mode = stat.S_IMODE(target.stat().st_mode)
+        if not mode & stat.S_IWUSR or not os.access(target, os.W_OK):
+            raise ValueError(f"{config_file} is read-only: not written (make it writable, or tune into another "
+                             "file with --config)")
+    document = tomlkit.parse(target.read_text(encoding="utf-8")) if target.exists() else tomlkit.document()
     for value in values:
         table = document
         for part in value.section.split("."):
@@ -146,8 +166,20 @@ def write_tuned(config_file: Path, values: list[TunedValue]) -> None:
                 table[part] = tomlkit.table(is_super_table=part == "sources")
             table = table[part]
         item = tomlkit.item(value.value)
-        item.comment(f"tuned: {value.why}")
+        item.comment(_printable(f"tuned: {value.why}"))
         table[value.key] = item
-    temporary = config_file.with_name(f".{config_file.name}.{os.getpid()}.tmp")
-    temporary.write_text(tomlkit.dumps(document), encoding="utf-8")
-    temporary.replace(config_file)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+        os.fchmod(descriptor, mode)  # the umask does not loosen it
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(tomlkit.dumps(document))
+        check(temporary)
+        temporary.replace(target)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def _printable(text: str) -> str:
+    """A comment on one line: no control character from a file name may end it (or break the TOML)."""
+    return "".join(character if character.isprintable() else "?" for character in text)

@@ -34,7 +34,7 @@ from gradfuse.sources.documents import (
 )
 from gradfuse.sources.embedded import write_embedded_index
 from gradfuse.sources.files import read_files
-from gradfuse.sources.readers import ReaderLimits
+from gradfuse.sources.readers import LIMIT_OPTIONS, ReaderLimits
 from gradfuse.sources.encoder import EmbeddingCache, load_encoder
 from gradfuse.sources.lock import source_lock
 from gradfuse.sources.run import run_doc_ids, write_run_tables
@@ -55,6 +55,7 @@ class BuildReport:
     ingest: dict[str, int] = field(default_factory=dict)
     formats: dict[str, int] = field(default_factory=dict)  # files read, by format (files sources)
     skipped: list[tuple[str, str, str]] = field(default_factory=list)  # (file, reason, detail) of unreadable ones
+    cut: list[str] = field(default_factory=list)  # what was read only in part, to a limit ("file: what (option)")
     written: int | None = None  # rows inserted or updated (sources in a database)
     deleted: int | None = None  # rows removed because their document left the input
 
@@ -68,9 +69,6 @@ class BuildReport:
     @property
     def docs_per_second(self) -> float:
         return self.documents / self.seconds if self.seconds else float("inf")
-
-
-LIMIT_OPTIONS = ("max_file_mb", "max_pages", "max_rows", "max_unzipped_mb", "deadline_s", "ocr")
 
 
 def read_documents(spec: SourceSpec, report: IngestReport, cache: Path | None = None) -> list[Document]:
@@ -155,9 +153,13 @@ def _build(workspace: Path, spec: SourceSpec, encoder: str, progress: bool) -> B
         corpus, queries = _run_inputs(spec)
     source_dir = workspace / "sources" / spec.name
     report = IngestReport()
-    documents = read_documents(spec, report, workspace / "cache" / "parsed")
+    for shared in (workspace / "cache" / "parsed").glob("*.json"):  # before version 3, one folder for all sources
+        shared.unlink(missing_ok=True)
+    documents = read_documents(spec, report, workspace / "cache" / "parsed" / spec.name)
     if not documents:
-        raise IngestError(f"source {spec.name!r}: {spec.path} holds no documents")
+        skipped = "".join(f"\n  {name}: {reason} ({detail})" for name, reason, detail in report.skipped_unreadable)
+        raise IngestError(f"source {spec.name!r}: {spec.path} holds no documents"
+                          + (f"; files skipped:{skipped}" if skipped else ""))
     extra = [Path(spec.path), queries] if spec.kind == "run" else []
     fingerprint = _fingerprint(spec, encoder, documents, extra)
 

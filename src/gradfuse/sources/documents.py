@@ -39,6 +39,7 @@ class IngestReport:
     skipped_unreadable: list[tuple[str, str, str]] = field(default_factory=list)  # (file, reason, detail)
     pages_without_text: list[str] = field(default_factory=list)  # "report.pdf p. 3": scanned, no text layer
     read_by_content: list[str] = field(default_factory=list)  # files whose content says another format
+    cut_to_limits: list[str] = field(default_factory=list)  # "big.csv: repeated header cut to 1000 characters (...)"
     pages_read_by_ocr: int = 0
     formats: dict[str, int] = field(default_factory=dict)  # files read, by format
 
@@ -46,12 +47,13 @@ class IngestReport:
         counts = {name: len(getattr(self, name)) for name in (
             "skipped_empty", "skipped_malformed", "decoded_with_fallback", "skipped_links_outside",
             "skipped_binary", "chunked_long_records", "skipped_unreadable", "pages_without_text",
-            "read_by_content")}
+            "read_by_content", "cut_to_limits")}
         return {**counts, "pages_read_by_ocr": self.pages_read_by_ocr}
 
     def details(self) -> dict:
         """What a BuildReport carries of this report."""
-        return {"ingest": self.summary(), "formats": dict(self.formats), "skipped": list(self.skipped_unreadable)}
+        return {"ingest": self.summary(), "formats": dict(self.formats), "skipped": list(self.skipped_unreadable),
+                "cut": list(self.cut_to_limits)}
 
 
 class _BadRecord(ValueError):
@@ -146,21 +148,28 @@ _WORD = re.compile(r"\S+")
 CHARS_PER_WORD = 12  # a chunk's character cap is this many per word: English averages about 6 with its space
 
 
-def chunk_text(text: str, *, words: int, overlap: int) -> list[tuple[int, int]]:
+def chunk_text(text: str, *, words: int, overlap: int) -> Iterator[tuple[int, int]]:
     """Character spans of windows of `words` words, consecutive windows sharing `overlap` words. A window longer
     than `words` x CHARS_PER_WORD characters (text without spaces: CJK, base64, one 10 MB word) is cut by
-    characters too, with the same share of overlap."""
+    characters too, with the same share of overlap. A stream: only one window's word bounds are held (a list of
+    every word's bounds took 1.3 GB for a 20 MB file)."""
     if overlap >= words:
         raise ValueError(f"overlap ({overlap}) must be smaller than the chunk size ({words} words)")
-    bounds = [(m.start(), m.end()) for m in _WORD.finditer(text)]
-    spans, step = [], words - overlap
-    for first in range(0, len(bounds), step):
-        last = min(first + words, len(bounds)) - 1
-        spans += _by_characters(bounds[first][0], bounds[last][1], words * CHARS_PER_WORD,
-                                overlap * CHARS_PER_WORD)
-        if last == len(bounds) - 1:
-            break
-    return spans
+    return _windows(text, words, overlap)
+
+
+def _windows(text: str, words: int, overlap: int) -> Iterator[tuple[int, int]]:
+    window: list[tuple[int, int]] = []
+    fresh = 0  # words of the window not yet in an emitted chunk
+    for match in _WORD.finditer(text):
+        window.append((match.start(), match.end()))
+        fresh += 1
+        if len(window) == words:
+            yield from _by_characters(window[0][0], window[-1][1], words * CHARS_PER_WORD, overlap * CHARS_PER_WORD)
+            del window[: words - overlap]
+            fresh = 0
+    if fresh:
+        yield from _by_characters(window[0][0], window[-1][1], words * CHARS_PER_WORD, overlap * CHARS_PER_WORD)
 
 
 def _by_characters(start: int, end: int, size: int, overlap: int) -> list[tuple[int, int]]:

@@ -2,26 +2,29 @@
 chunks that keep the file, the page or slide or sheet and rows, the heading path and the character span.
 
 A file is opened first and checked on its descriptor (a link out of the folder, or one swapped in after the
-listing, is never read from outside it); its format comes from its content where that says one. Parsed formats
-go through a worker process with a deadline (readers/isolation.py), and what a file parsed to is cached by its
-content's hash, so a re-index parses only the files that changed.
+listing, is never read from outside it); its bytes go to the worker process (readers/isolation.py), which reads
+its format from its content where that says one and parses it under the limits. What a parser made of a file
+is cached by its content's hash, in a folder of the source's own (owner-only from its first write; entries no
+longer used by a build are removed with it), so a re-index parses only the files that changed.
 """
 
 from __future__ import annotations
 
-import codecs
+import errno
 import hashlib
 import json
 import os
 import stat
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict
 from pathlib import Path
 
 from gradfuse.candidate import Location
+from gradfuse.sources.base import private_folder
 from gradfuse.sources.documents import Document, IngestError, IngestReport, chunk_text
 from gradfuse.sources.readers import (
+    PARSED_FORMATS,
     SUFFIXES,
     TEXT_FORMATS,
     Parsed,
@@ -30,20 +33,18 @@ from gradfuse.sources.readers import (
     Unreadable,
     check_ocr,
     check_size,
-    check_unzipped,
-    format_of,
 )
 from gradfuse.sources.readers.isolation import ParserWorker
-from gradfuse.sources.readers.markup import read_html, read_markdown
-from gradfuse.sources.readers.plain import read_text
+from gradfuse.sources.readers.plain import BOMS
 
-PARSE_VERSION = 2  # bump when a reader's output changes, so cached parses are not reused
+PARSE_VERSION = 3  # bump when a reader's output changes, so cached parses are not reused
 
 
 def read_files(folder: Path, report: IngestReport, *, words: int, overlap: int, links_outside: bool = False,
                limits: ReaderLimits | None = None, cache: Path | None = None) -> Iterator[Document]:
     """The chunks of every readable file under `folder`, in path order, each named `<relative path>#<n>`. A file
-    that cannot be read is skipped and reported with its reason; `cache`: a folder for parsed files."""
+    that cannot be read is skipped and reported with its reason; `cache`: the source's folder for parsed files
+    (entries this read did not use are removed once every file was read)."""
     if not folder.is_dir():
         raise IngestError(f"{folder} is not a folder")
     limits = limits or ReaderLimits()
@@ -51,22 +52,25 @@ def read_files(folder: Path, report: IngestReport, *, words: int, overlap: int, 
         check_ocr(limits)
     except ValueError as error:
         raise IngestError(str(error)) from None
-    root = folder.resolve()
+    root, used = folder.resolve(), set()
     with ParserWorker() as worker:
         for path in _walk(folder):
             relative = path.relative_to(folder).as_posix()
-            parsed = _read_one(path, relative, root, report, worker, limits, links_outside, cache)
+            parsed = _read_one(path, relative, root, report, worker, limits, links_outside, cache, used)
             if parsed is None:
                 continue
-            title, content = parsed
-            chunks = list(_chunks(relative, title, content, words, overlap))
+            chunks = list(_chunks(relative, parsed.title or Path(relative).stem, parsed, words, overlap))
             if not chunks:
                 report.skipped_empty.append(relative)
                 continue
             yield from chunks
+    if cache is not None and cache.is_dir():
+        for entry in cache.iterdir():  # a deleted file's text does not stay behind
+            if entry.name not in used:
+                entry.unlink(missing_ok=True)
 
 
-def _read_one(path, relative, root, report, worker, limits, links_outside, cache) -> tuple[str, Parsed] | None:
+def _read_one(path, relative, root, report, worker, limits, links_outside, cache, used) -> Parsed | None:
     with _opened(path, root, links_outside) as (handle, outside):
         if outside:
             report.skipped_links_outside.append(relative)
@@ -84,66 +88,88 @@ def _read_one(path, relative, root, report, worker, limits, links_outside, cache
             report.skipped_unreadable.append((relative, error.reason, str(error)))
             return None
         data = head + handle.read()
-    kind = format_of(path, data)
-    suffix_kind = TEXT_FORMATS.get(path.suffix.lower()) or path.suffix.lower().lstrip(".")
-    if kind != suffix_kind and kind not in ("binary", "zip"):
-        report.read_by_content.append(f"{relative} (read as {kind})")
-    if kind in ("binary", "zip"):
-        report.skipped_binary.append(relative)
-        return None
+    suffix = path.suffix.lower()
     try:
-        if kind in ("text", "markdown", "html"):  # binary data was turned away above (suffix) or by format_of
-            result = _read_markup(_decode(data, relative, report), kind, relative)
-        else:
-            check_unzipped(data, kind, limits)
-            result = (Path(relative).stem, _parsed(worker, data, kind, relative, limits, cache))
+        kind, parsed = _parsed(worker, data, suffix, relative, limits, cache, used)
     except Unreadable as error:
         report.skipped_unreadable.append((relative, error.reason, str(error)))
         return None
+    if kind != (TEXT_FORMATS.get(suffix) or suffix.lstrip(".")) and kind not in ("binary", "zip"):
+        report.read_by_content.append(f"{relative} (read as {kind})")
+    if parsed is None:
+        report.skipped_binary.append(relative)
+        return None
     report.formats[kind] = report.formats.get(kind, 0) + 1
-    report.pages_without_text += [f"{relative} p. {page}" for page in result[1].pages_without_text]
-    report.pages_read_by_ocr += result[1].pages_read_by_ocr
-    return result
-
-
-def _read_markup(text: str, kind: str, relative: str) -> tuple[str, Parsed]:
-    stem = Path(relative).stem
-    if kind == "html":
-        title, parsed = read_html(text, relative)
-        return title or stem, parsed
-    if kind == "markdown":
-        parsed = read_markdown(text, relative)
-        first = next((u.location.headings[0] for u in parsed.units if u.location.headings), None)
-        return first or stem, parsed
-    return stem, read_text(text, relative)
-
-
-def _parsed(worker: ParserWorker, data: bytes, kind: str, relative: str, limits: ReaderLimits,
-            cache: Path | None) -> Parsed:
-    """The worker's parse of `data`, or the cached one for the same bytes, format and limits."""
-    key = hashlib.sha256(json.dumps([PARSE_VERSION, kind, relative, asdict(limits)]).encode() + data).hexdigest()
-    stored = cache / f"{key}.json" if cache is not None else None
-    if stored is not None and stored.is_file():
-        return _from_json(json.loads(stored.read_text(encoding="utf-8")))
-    parsed = worker.parse(data, kind, relative, limits)
-    if stored is not None:
-        stored.parent.mkdir(parents=True, exist_ok=True)
-        temporary = stored.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(_to_json(parsed)), encoding="utf-8")
-        temporary.replace(stored)
+    report.pages_without_text += [f"{relative} p. {page}" for page in parsed.pages_without_text]
+    report.pages_read_by_ocr += parsed.pages_read_by_ocr
+    report.cut_to_limits += [f"{relative}: {cut}" for cut in parsed.cut]
+    if parsed.decoded_with_fallback:
+        report.decoded_with_fallback.append(relative)
     return parsed
+
+
+def _parsed(worker: ParserWorker, data: bytes, suffix: str, relative: str, limits: ReaderLimits,
+            cache: Path | None, used: set[str]) -> tuple[str, Parsed | None]:
+    """The worker's (format, parse) of `data`, or the cached one for the same bytes, name and limits (kept for
+    the formats a parser reads; text is read again, which costs less than keeping a copy)."""
+    key = hashlib.sha256(json.dumps([PARSE_VERSION, suffix, relative, asdict(limits)]).encode() + data).hexdigest()
+    stored = cache / f"{key}.json" if cache is not None else None
+    if stored is not None:
+        kept = _read_entry(stored)
+        if kept is not None:
+            used.add(stored.name)
+            return kept
+    kind, parsed = worker.parse(data, suffix, relative, limits)
+    if stored is not None and kind in PARSED_FORMATS.values():
+        _write_entry(stored, kind, parsed)
+        used.add(stored.name)
+    return kind, parsed
+
+
+def _read_entry(stored: Path) -> tuple[str, Parsed] | None:
+    """A cached parse; an entry that cannot be read (truncated, from another version) is removed: a miss."""
+    try:
+        kept = json.loads(stored.read_text(encoding="utf-8"))
+        return kept["kind"], _from_json(kept["parsed"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        stored.unlink(missing_ok=True)
+        return None
+
+
+def _write_entry(stored: Path, kind: str, parsed: Parsed) -> None:
+    """Written owner-only, synced, then renamed into place: a crash leaves either no entry or a whole one, and no
+    temporary file; a full disk is one clear error."""
+    private_folder(stored.parent)
+    temporary = stored.with_name(f"{stored.stem}.{os.getpid()}.tmp")
+    try:
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            json.dump({"kind": kind, "parsed": _to_json(parsed)}, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        temporary.replace(stored)
+    except BaseException as error:
+        with suppress(OSError):
+            temporary.unlink()
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            raise IngestError(f"the disk is full (writing the parse cache in {stored.parent}): free some space "
+                              "and index again") from None
+        raise
 
 
 def _to_json(parsed: Parsed) -> dict:
     return {"text": parsed.text, "pages_without_text": list(parsed.pages_without_text),
-            "pages_read_by_ocr": parsed.pages_read_by_ocr,
+            "pages_read_by_ocr": parsed.pages_read_by_ocr, "title": parsed.title, "cut": list(parsed.cut),
             "units": [{"text": u.text, "location": u.location.to_json(), "start": u.start, "table": u.table}
                       for u in parsed.units]}
 
 
 def _from_json(stored: dict) -> Parsed:
     units = [Unit(u["text"], Location.from_json(u["location"]), u["start"], u["table"]) for u in stored["units"]]
-    return Parsed(units, stored["text"], tuple(stored["pages_without_text"]), stored["pages_read_by_ocr"])
+    return Parsed(units, stored["text"], tuple(stored["pages_without_text"]), stored["pages_read_by_ocr"],
+                  stored["title"], tuple(stored["cut"]))
 
 
 def _chunks(relative: str, title: str, parsed: Parsed, words: int, overlap: int) -> Iterator[Document]:
@@ -188,26 +214,7 @@ def _opened(path: Path, root: Path, links_outside: bool):
         handle.close()
 
 
-_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
-         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))  # UTF-32 first: its LE BOM starts
-# with UTF-16's
-
-
 def _binary(head: bytes) -> bool:
     """NUL bytes in a file's first 8 KiB, without a BOM that makes them text (UTF-16, UTF-32)."""
-    return b"\x00" in head and not any(head.startswith(bom) for bom, _ in _BOMS) and \
+    return b"\x00" in head and not any(head.startswith(bom) for bom, _ in BOMS) and \
         not head.startswith((b"%PDF-", b"PK\x03\x04"))
-
-
-def _decode(raw: bytes, relative: str, report: IngestReport) -> str:
-    """The text of a text file: by its BOM, else UTF-8, else Windows-1252 or latin-1 (counted)."""
-    encoding = next((name for bom, name in _BOMS if raw.startswith(bom)), None)
-    try:
-        return raw.decode(encoding or "utf-8")
-    except UnicodeDecodeError:
-        # Legacy files are usually Windows-1252; latin-1 maps every byte, so nothing is lost either way.
-        report.decoded_with_fallback.append(relative)
-        try:
-            return raw.decode("cp1252")
-        except UnicodeDecodeError:
-            return raw.decode("latin-1")

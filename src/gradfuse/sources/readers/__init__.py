@@ -9,16 +9,17 @@ place it stands (`gradfuse.candidate.Location`: page, slide, sheet and rows, hea
 - sheets.py: .xlsx (openpyxl) and .csv: chunks of rows that each repeat the header row.
 
 A file's format is read from its first bytes where they say it (a PDF's "%PDF-", a zip's Word, PowerPoint or
-Excel parts), else from its extension. The formats read through a parser (PDF, Office) run in a worker process
-with a deadline per file (isolation.py), after checks of size, pages and a zip's uncompressed size: a file that
-fails one is skipped with its reason, and the rest of the folder is read.
+Excel parts), else from its extension. Every format is read in a worker process (isolation.py) with a deadline,
+a memory limit and a budget of text per file; a zip's entries and uncompressed size are checked before any part
+is read, tables' cells, columns and repeated headers are capped. A file that fails a limit is skipped with its
+reason (what was only cut is reported as cut), and the rest of the folder is read.
 """
 
 from __future__ import annotations
 
 import io
 import zipfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from gradfuse.candidate import Location
@@ -43,6 +44,9 @@ class Parsed:
     text: str = ""  # the file's text, which the units' starts index (pages, sections, slides joined)
     pages_without_text: tuple[int, ...] = ()  # PDF pages with no text layer (scanned), left unread
     pages_read_by_ocr: int = 0
+    title: str = ""  # an HTML page's title or a Markdown file's first heading ("" where the file has none)
+    cut: tuple[str, ...] = ()  # what was cut to a limit ("header cut to 1000 characters (--max-header-chars)")
+    decoded_with_fallback: bool = False  # a text file that was not UTF-8 (read as Windows-1252 or latin-1)
 
     @classmethod
     def joined(cls, units: list[Unit], **counts) -> Parsed:
@@ -67,8 +71,52 @@ class ReaderLimits:
     max_pages: Count = 2000  # of a PDF, or slides of a deck
     max_rows: Count = 1_000_000  # of one spreadsheet, all sheets together
     max_unzipped_mb: Count = 1000  # an Office file's parts, uncompressed (a zip bomb says less than it holds)
+    max_zip_entries: Count = 10_000  # an Office file's parts (Python's zip reader keeps an object per entry)
     deadline_s: Seconds = 60.0  # to parse one file
+    max_text_mb: Count = 50  # text one file may produce, all its units together (tables repeat their header)
+    max_worker_mb: Count = 2048  # memory (address space) of the worker process that parses
+    max_page_chars: Count = 200_000  # text of one PDF page (a dense page holds about 5,000); more is cut
+    max_cell_chars: Count = 2000  # text of one table cell; more is cut
+    max_columns: Count = 1000  # cells of one table row; more are left out
+    max_header_chars: Count = 500  # a table's header row as each chunk repeats it (a chunk is 150 words); more is cut
+    max_ocr_megapixels: Count = 40  # a page rendered for OCR (A4 at 300 dpi is 8.7); larger pages are scaled down
     ocr: Flag = False  # read PDF pages without a text layer with Tesseract (else they are counted and reported)
+
+
+LIMIT_OPTIONS = tuple(limit.name for limit in fields(ReaderLimits))  # a files source's options that are limits
+
+
+class Reading:
+    """One file's parse in progress: its limits, the text it may still produce (counted as units are made, so
+    a small file that multiplies one string stops early), and what was cut to a limit."""
+
+    def __init__(self, limits: ReaderLimits):
+        self.limits = limits
+        self._left = limits.max_text_mb * 1_000_000
+        self.cut: list[str] = []
+
+    def spend(self, text: str) -> str:
+        """`text`, counted against the file's budget (Unreadable once it is spent)."""
+        self._left -= len(text)
+        if self._left < 0:
+            raise Unreadable("too much text", f"it produces over {self.limits.max_text_mb} MB of text "
+                                              "(--max-text-mb)")
+        return text
+
+    def unit(self, text: str, location: Location, start: int | None = None, table: bool = False) -> Unit:
+        return Unit(self.spend(text), location, start, table)
+
+    def capped(self, text: str, limit: int, what: str, option: str) -> str:
+        """`text` cut to `limit` characters (the cut noted)."""
+        if len(text) <= limit:
+            return text
+        self.note(f"{what} cut to {limit} characters ({option})")
+        return text[:limit]
+
+    def note(self, cut: str) -> None:
+        """What was cut, once per kind of cut."""
+        if cut not in self.cut:
+            self.cut.append(cut)
 
 
 class Unreadable(Exception):
@@ -86,25 +134,46 @@ SUFFIXES = tuple(TEXT_FORMATS) + tuple(PARSED_FORMATS)
 _OFFICE_PARTS = (("word/", "docx"), ("ppt/", "pptx"), ("xl/", "xlsx"))
 
 
-def format_of(path: Path, data: bytes) -> str:
-    """The format the file's content (`data`) says (a PDF or an Office zip behind any extension), else its
-    extension's."""
+def format_of(suffix: str, data: bytes, limits: ReaderLimits) -> str:
+    """The format a file's content says (a PDF or an Office zip behind any extension), else its extension's
+    (`suffix`, lower case). A zip's directory is checked here, before any part is read."""
     if data.startswith(b"%PDF-"):
         return "pdf"
     if data.startswith(b"PK\x03\x04"):
-        try:
-            with zipfile.ZipFile(io.BytesIO(data)) as archive:
-                names = archive.namelist()
-        except (zipfile.BadZipFile, OSError):
-            return PARSED_FORMATS.get(path.suffix.lower(), "zip")
-        for prefix, kind in _OFFICE_PARTS:
-            if any(name.startswith(prefix) for name in names):
-                return kind
-        return "zip"
-    suffix = path.suffix.lower()
+        return _zip_format(suffix, data, limits)
     if suffix in (".pdf", ".docx", ".pptx", ".xlsx"):
         return "text" if b"\x00" not in data[:8192] else "binary"  # a text file named .pdf is read as text
     return TEXT_FORMATS.get(suffix) or PARSED_FORMATS.get(suffix) or "binary"
+
+
+_OFFICE = ("docx", "pptx", "xlsx")
+
+
+def _zip_format(suffix: str, data: bytes, limits: ReaderLimits) -> str:
+    """An Office kind by its parts' names, "zip" for another archive; the zip is opened once, after its end
+    record's count and directory size are checked (Python's reader makes an object per entry: 400,000 entries
+    took 450 MB), and an Office file's parts are checked for their uncompressed size before any is read."""
+    kind = PARSED_FORMATS.get(suffix, "zip")
+    end = zipfile._EndRecData(io.BytesIO(data))  # the stdlib's own end-record reader (zip64 included)
+    if end is not None:
+        entries, directory = end[zipfile._ECD_ENTRIES_TOTAL], end[zipfile._ECD_SIZE]
+        if entries > limits.max_zip_entries or directory > limits.max_zip_entries * 1024:
+            raise Unreadable("too many parts", f"its zip holds {entries} entries ({directory} bytes of directory), "
+                                               f"over the limit of {limits.max_zip_entries} (--max-zip-entries)")
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            parts = archive.infolist()
+    except (zipfile.BadZipFile, OSError) as error:
+        if kind in _OFFICE:
+            raise Unreadable("corrupt", f"not a readable {kind} (zip: {error})") from None
+        return kind
+    kind = next((office for prefix, office in _OFFICE_PARTS if any(p.filename.startswith(prefix) for p in parts)),
+                "zip")
+    unzipped = sum(part.file_size for part in parts)
+    if kind in _OFFICE and unzipped > limits.max_unzipped_mb * 1024 * 1024:
+        raise Unreadable("zip bomb", f"its parts unzip to {unzipped / 1024 / 1024:.0f} MB, over the limit of "
+                                     f"{limits.max_unzipped_mb} MB (--max-unzipped-mb)")
+    return kind
 
 
 def check_ocr(limits: ReaderLimits) -> None:
@@ -123,40 +192,44 @@ def check_size(size: int, limits: ReaderLimits) -> None:
                                       "(--max-file-mb)")
 
 
-def check_unzipped(data: bytes, kind: str, limits: ReaderLimits) -> None:
-    """An Office file's parts, uncompressed, as its zip directory declares them: checked before any is read."""
-    if kind in ("docx", "pptx", "xlsx"):
-        try:
-            with zipfile.ZipFile(io.BytesIO(data)) as archive:
-                unzipped = sum(info.file_size for info in archive.infolist())
-        except zipfile.BadZipFile as error:
-            raise Unreadable("corrupt", f"not a readable {kind} (zip: {error})") from None
-        if unzipped > limits.max_unzipped_mb * 1024 * 1024:
-            raise Unreadable("zip bomb", f"its parts unzip to {unzipped / 1024 / 1024:.0f} MB, over the limit of "
-                                         f"{limits.max_unzipped_mb} MB (--max-unzipped-mb)")
+def parse(data: bytes, suffix: str, name: str, limits: ReaderLimits) -> tuple[str, Parsed | None]:
+    """(format, its parse) of one file (what the worker process runs): its bytes, read from the descriptor that
+    was checked, its extension and `name`, its path inside the folder. The parse is None for a binary file or an
+    archive that is not an Office file (skipped as binary)."""
+    kind = format_of(suffix, data, limits)
+    if kind in ("binary", "zip"):
+        return kind, None
+    reading = Reading(limits)
+    parsed = _read(data, kind, name, reading)
+    return kind, replace(parsed, cut=tuple(reading.cut))
 
 
-def parse(data: bytes, kind: str, name: str, limits: ReaderLimits) -> Parsed:
-    """One file of a parsed format (what the worker process runs): its bytes, read from the descriptor that
-    was checked, and `name`, its path inside the folder."""
+def _read(data: bytes, kind: str, name: str, reading: Reading) -> Parsed:
+    if kind in ("text", "markdown", "html"):
+        from gradfuse.sources.readers.markup import read_html, read_markdown
+        from gradfuse.sources.readers.plain import decode, read_text
+
+        text, fallback = decode(data)
+        reader = {"text": read_text, "markdown": read_markdown, "html": read_html}[kind]
+        return replace(reader(text, name, reading), decoded_with_fallback=fallback)
     if kind == "pdf":
         from gradfuse.sources.readers.pdf import read_pdf
 
-        return read_pdf(data, name, limits)
+        return read_pdf(data, name, reading)
     if kind == "docx":
         from gradfuse.sources.readers.word import read_docx
 
-        return read_docx(data, name)
+        return read_docx(data, name, reading)
     if kind == "pptx":
         from gradfuse.sources.readers.slides import read_pptx
 
-        return read_pptx(data, name, limits)
+        return read_pptx(data, name, reading)
     if kind == "xlsx":
         from gradfuse.sources.readers.sheets import read_xlsx
 
-        return read_xlsx(data, name, limits)
+        return read_xlsx(data, name, reading)
     if kind == "csv":
         from gradfuse.sources.readers.sheets import read_csv
 
-        return read_csv(data, name, limits)
+        return read_csv(data, name, reading)
     raise Unreadable("unsupported", f"a {kind} file is not a format gradfuse reads")

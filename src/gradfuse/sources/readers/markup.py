@@ -6,31 +6,35 @@ from __future__ import annotations
 import re
 
 from gradfuse.candidate import Location
-from gradfuse.sources.readers import Parsed, Unit
+from gradfuse.sources.readers import Parsed, Reading
 
-_HEADING = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t#]*$", re.MULTILINE)
+# Linear: the title's trailing spaces and closing hashes are stripped afterwards ("(.+?)[ \t#]*$" backtracked
+# quadratically: a 144 KB heading line of spaces took 53 s).
+_HEADING = re.compile(r"^(#{1,6})[ \t]+([^\n]*)$", re.MULTILINE)
 _FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)  # a "# comment" in code is no heading
 
 
-def read_markdown(text: str, name: str) -> Parsed:
-    """Sections from one heading to the next; the text before the first heading is a section of its own."""
+def read_markdown(text: str, name: str, reading: Reading) -> Parsed:
+    """Sections from one heading to the next; the text before the first heading is a section of its own. The
+    file's title is its first heading."""
     fenced = [(m.start(), m.end()) for m in _FENCE.finditer(text)]
-    headings = [m for m in _HEADING.finditer(text)
-                if not any(start <= m.start() < end for start, end in fenced)]
+    headings = [(m.start(), len(m.group(1)), title) for m in _HEADING.finditer(text)
+                if (title := m.group(2).rstrip(" \t#").strip())
+                and not any(start <= m.start() < end for start, end in fenced)]
     units, path = [], []
-    bounds = [m.start() for m in headings] + [len(text)]
+    bounds = [start for start, _, _ in headings] + [len(text)]
     if bounds[0] > 0 and text[: bounds[0]].strip():
-        units.append(Unit(text[: bounds[0]], Location(name), 0))
-    for match, end in zip(headings, bounds[1:]):
-        level = len(match.group(1))
-        path = [(outer, title) for outer, title in path if outer < level] + [(level, match.group(2).strip())]
-        units.append(Unit(text[match.start():end], Location(name, headings=tuple(t for _, t in path)),
-                          match.start()))
-    return Parsed(units or [Unit(text, Location(name), 0)], text)
+        units.append(reading.unit(text[: bounds[0]], Location(name), 0))
+    for (start, level, title), end in zip(headings, bounds[1:]):
+        path = [(outer, heading) for outer, heading in path if outer < level] + [(level, title)]
+        units.append(reading.unit(text[start:end], Location(name, headings=tuple(t for _, t in path)), start))
+    title = headings[0][2] if headings else ""
+    return Parsed(units or [reading.unit(text, Location(name), 0)], text, title=title)
 
 
-def read_html(content: str, name: str) -> tuple[str, Parsed]:
-    """(title, sections) of a page's main content; a page trafilatura finds none in is read whole as text."""
+def read_html(content: str, name: str, reading: Reading) -> Parsed:
+    """The sections of a page's main content, titled by its <title>; a page trafilatura finds none in is read
+    whole as text."""
     import trafilatura
     from bs4 import BeautifulSoup
 
@@ -42,4 +46,5 @@ def read_html(content: str, name: str) -> tuple[str, Parsed]:
         for hidden in soup(["script", "style", "noscript"]):
             hidden.decompose()
         main = soup.get_text("\n", strip=True)
-    return title, read_markdown(main, name)
+    sections = read_markdown(main, name, reading)
+    return Parsed(sections.units, sections.text, title=title)

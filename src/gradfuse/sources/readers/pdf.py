@@ -5,10 +5,10 @@ Tesseract (Debian's tesseract-ocr, through pytesseract)."""
 from __future__ import annotations
 
 from gradfuse.candidate import Location
-from gradfuse.sources.readers import Parsed, ReaderLimits, Unit, Unreadable
+from gradfuse.sources.readers import Parsed, Reading, Unreadable
 
 
-def read_pdf(data: bytes, name: str, limits: ReaderLimits) -> Parsed:
+def read_pdf(data: bytes, name: str, reading: Reading) -> Parsed:
     import pypdfium2 as pdfium
 
     try:
@@ -17,6 +17,7 @@ def read_pdf(data: bytes, name: str, limits: ReaderLimits) -> Parsed:
         if "password" in str(error).lower():
             raise Unreadable("encrypted", "the PDF is encrypted (it needs a password)") from None
         raise Unreadable("corrupt", f"not a readable PDF ({error})") from None
+    limits = reading.limits
     try:
         pages = len(document)
         if pages > limits.max_pages:
@@ -27,27 +28,47 @@ def read_pdf(data: bytes, name: str, limits: ReaderLimits) -> Parsed:
         for index in range(pages):
             page = document[index]
             try:
-                text = _clean(page.get_textpage().get_text_bounded())
+                text = _clean(_page_text(page, reading))
                 if not text and limits.ocr:
-                    text, read_by_ocr = _ocr(page), read_by_ocr + 1
+                    text, read_by_ocr = _ocr(page, reading), read_by_ocr + 1
             finally:
                 page.close()
             if not text:
                 empty.append(index + 1)
                 continue
-            units.append(Unit(text, Location(name, page=index + 1, headings=headings[index])))
+            units.append(reading.unit(text, Location(name, page=index + 1, headings=headings[index])))
         return Parsed.joined(units, pages_without_text=tuple(empty), pages_read_by_ocr=read_by_ocr)
     finally:
         document.close()
 
 
+def _page_text(page, reading: Reading) -> str:
+    """A page's text, at most `max_page_chars` of it (nested forms can draw one string a million times)."""
+    textpage = page.get_textpage()
+    try:
+        limit = reading.limits.max_page_chars
+        if textpage.count_chars() <= limit:
+            return textpage.get_text_bounded()
+        reading.note(f"pages cut to {limit} characters (--max-page-chars)")
+        return textpage.get_text_range(0, limit)
+    finally:
+        textpage.close()
+
+
 OCR_SCALE = 300 / 72  # a page rendered at 300 dpi, what Tesseract reads best
 
 
-def _ocr(page) -> str:
+def _ocr(page, reading: Reading) -> str:
+    """A page's text as Tesseract reads its rendering, at 300 dpi or less: at most `max_ocr_megapixels` (a
+    14,400 pt square page needed a 3.4 GB bitmap)."""
     import pytesseract
 
-    image = page.render(scale=OCR_SCALE, grayscale=True).to_pil()
+    width, height = page.get_size()  # points
+    room = reading.limits.max_ocr_megapixels * 1e6
+    scale = min(OCR_SCALE, (room / max(width * height, 1.0)) ** 0.5)
+    if scale < OCR_SCALE:
+        reading.note("large pages rendered below 300 dpi for OCR (--max-ocr-megapixels)")
+    image = page.render(scale=scale, grayscale=True).to_pil()
     return " ".join(pytesseract.image_to_string(image).split("\n\n")).strip()
 
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import io
 
 from gradfuse.candidate import Location
-from gradfuse.sources.readers import Parsed, ReaderLimits, Unit, Unreadable
+from gradfuse.sources.readers import Parsed, Reading, Unreadable
 from gradfuse.sources.readers.tables import row_text
 
 
-def read_pptx(data: bytes, name: str, limits: ReaderLimits) -> Parsed:
+def read_pptx(data: bytes, name: str, reading: Reading) -> Parsed:
     from pptx import Presentation
     from pptx.exc import PackageNotFoundError
 
@@ -19,8 +19,8 @@ def read_pptx(data: bytes, name: str, limits: ReaderLimits) -> Parsed:
     except (PackageNotFoundError, KeyError, ValueError) as error:
         raise Unreadable("corrupt", f"not a readable PowerPoint file ({error})") from None
     slides = list(deck.slides)
-    if len(slides) > limits.max_pages:
-        raise Unreadable("too many pages", f"{len(slides)} slides, over the limit of {limits.max_pages} "
+    if len(slides) > reading.limits.max_pages:
+        raise Unreadable("too many pages", f"{len(slides)} slides, over the limit of {reading.limits.max_pages} "
                                            "(--max-pages)")
     units = []
     for number, slide in enumerate(slides, start=1):
@@ -33,7 +33,7 @@ def read_pptx(data: bytes, name: str, limits: ReaderLimits) -> Parsed:
             if shape.has_text_frame and shape.text_frame.text.strip():
                 lines.append(shape.text_frame.text.strip())
             elif getattr(shape, "has_table", False) and shape.has_table:
-                lines += [row_text(cell.text for cell in row.cells) for row in shape.table.rows]
+                lines += [row_text((cell.text for cell in row.cells), reading) for row in shape.table.rows]
         if slide.has_notes_slide and slide.notes_slide.notes_text_frame is not None:
             notes = slide.notes_slide.notes_text_frame.text.strip()
             if notes:
@@ -41,5 +41,5 @@ def read_pptx(data: bytes, name: str, limits: ReaderLimits) -> Parsed:
         text = "\n".join(lines)
         if not text:
             continue
-        units.append(Unit(text, Location(name, slide=number, headings=(title,) if title else ())))
+        units.append(reading.unit(text, Location(name, slide=number, headings=(title,) if title else ())))
     return Parsed.joined(units)

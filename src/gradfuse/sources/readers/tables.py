@@ -1,5 +1,7 @@
 """Rows of a table as chunks that each repeat the header row, so a numeric row is never retrieved without the
-names of its columns (a Word table, a sheet, a CSV file)."""
+names of its columns (a Word table, a sheet, a CSV file). A row keeps at most `max_columns` cells of at most
+`max_cell_chars` characters, and the header each chunk repeats at most `max_header_chars`: a 116 KB CSV with a
+16,000-column header otherwise became 2,000 chunks of the same 100 KB header."""
 
 from __future__ import annotations
 
@@ -7,13 +9,19 @@ import datetime
 from collections.abc import Iterable
 
 from gradfuse.candidate import Location
-from gradfuse.sources.readers import Unit
+from gradfuse.sources.readers import Reading, Unit
 
 ROW_CHUNK_WORDS = 150  # a chunk's rows, header included, as far as they stay under this many words (one at least)
 
 
-def row_text(cells: Iterable[object]) -> str:
-    return " | ".join(_cell(cell) for cell in cells)
+def row_text(cells: Iterable[object], reading: Reading) -> str:
+    limits, texts = reading.limits, []
+    for number, cell in enumerate(cells):
+        if number == limits.max_columns:
+            reading.note(f"rows cut to {limits.max_columns} columns (--max-columns)")
+            break
+        texts.append(reading.capped(_cell(cell), limits.max_cell_chars, "cells", "--max-cell-chars"))
+    return " | ".join(texts)
 
 
 def _cell(value: object) -> str:
@@ -24,17 +32,19 @@ def _cell(value: object) -> str:
     return " ".join(str(value).split())
 
 
-def table_units(rows: Iterable[tuple[int, list[object]]], location: Location) -> list[Unit]:
+def table_units(rows: Iterable[tuple[int, list[object]]], location: Location, reading: Reading) -> list[Unit]:
     """`rows`: (the row's own number, its cells), the first non-empty one the header. Each unit's location
     carries the numbers of its first and last row, and its lines after the header are those rows in order (an
     empty row inside a chunk is an empty line), so line i of a chunk is its sheet's row rows[0] + i - 1."""
     header, units, chunk, words = None, [], [], 0
     for number, cells in rows:
-        line = row_text(cells)
+        line = row_text(cells, reading)
         empty = not line.replace("|", "").strip()
         if header is None:
             if not empty:
-                header, words = line, len(line.split())
+                header = reading.capped(line, reading.limits.max_header_chars, "repeated header",
+                                        "--max-header-chars")
+                words = len(header.split())
             continue
         if empty:
             if chunk:
@@ -42,21 +52,21 @@ def table_units(rows: Iterable[tuple[int, list[object]]], location: Location) ->
             continue
         size = len(line.split())
         if chunk and words + size > ROW_CHUNK_WORDS:
-            units.append(_unit(header, chunk, location))
+            units.append(_unit(header, chunk, location, reading))
             chunk, words = [], len(header.split())
         chunk.append((number, line))
         words += size
     if chunk:
-        units.append(_unit(header, chunk, location))
+        units.append(_unit(header, chunk, location, reading))
     elif header is not None:  # a header alone is still what the table says
-        units.append(Unit(header, location, table=True))
+        units.append(reading.unit(header, location, table=True))
     return units
 
 
-def _unit(header: str, chunk: list[tuple[int, str]], location: Location) -> Unit:
+def _unit(header: str, chunk: list[tuple[int, str]], location: Location, reading: Reading) -> Unit:
     while not chunk[-1][1]:  # empty rows at a chunk's end belong to no chunk
         chunk.pop()
     rows = (chunk[0][0], chunk[-1][0])
     text = "\n".join([header, *(line for _, line in chunk)])
-    return Unit(text, Location(location.file, location.page, location.slide, location.sheet, rows,
-                               location.headings), table=True)
+    return reading.unit(text, Location(location.file, location.page, location.slide, location.sheet, rows,
+                                       location.headings), table=True)

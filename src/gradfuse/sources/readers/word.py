@@ -1,19 +1,20 @@
 """Word (.docx, python-docx): paragraphs in the order they stand, under their heading path (the "Heading n" and
-"Title" styles), and each table as chunks of rows that repeat its header row."""
+"Title" styles), and each table as chunks of rows that repeat its header row. A merged cell is read once: python-
+docx repeats it once per grid column it spans (`gridSpan = 3000` made a 100 KB cell 300 MB per row)."""
 
 from __future__ import annotations
 
 import io
 
 from gradfuse.candidate import Location
-from gradfuse.sources.readers import Parsed, Unit, Unreadable
+from gradfuse.sources.readers import Parsed, Reading, Unreadable
 from gradfuse.sources.readers.tables import table_units
 
 
-def read_docx(data: bytes, name: str) -> Parsed:
+def read_docx(data: bytes, name: str, reading: Reading) -> Parsed:
     import docx
     from docx.opc.exceptions import PackageNotFoundError
-    from docx.table import Table
+    from docx.table import Table, _Cell
 
     try:
         document = docx.Document(io.BytesIO(data))
@@ -23,14 +24,16 @@ def read_docx(data: bytes, name: str) -> Parsed:
 
     def close_section() -> None:
         if section:
-            units.append(Unit("\n".join(section), Location(name, headings=tuple(t for _, t in path_now))))
+            units.append(reading.unit("\n".join(section), Location(name, headings=tuple(t for _, t in path_now))))
             section.clear()
 
     for block in document.iter_inner_content():
         if isinstance(block, Table):
             close_section()
-            rows = [(number, [cell.text for cell in row.cells]) for number, row in enumerate(block.rows, start=1)]
-            units += table_units(rows, Location(name, headings=tuple(t for _, t in path_now)))
+            # each <w:tc> once; the lower part of a vertical merge ("continue") holds nothing of its own
+            rows = ((number, (_Cell(tc, block).text if tc.vMerge != "continue" else "" for tc in row._tr.tc_lst))
+                    for number, row in enumerate(block.rows, start=1))
+            units += table_units(rows, Location(name, headings=tuple(t for _, t in path_now)), reading)
             continue
         text = block.text.strip()
         if not text:
