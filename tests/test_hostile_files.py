@@ -396,3 +396,11 @@ def test_every_file_skipped_says_why(tmp_path):
                           "--workspace", str(tmp_path / "ws")], capture_output=True, text=True, timeout=300)
     assert ran.returncode == 2
     assert "holds no documents" in ran.stdout and "tag.html: deadline" in ran.stdout, ran.stdout
+
+
+def test_openpyxl_parses_with_defusedxml_which_gradfuse_declares():
+    from importlib.metadata import requires
+
+    from openpyxl.xml import DEFUSEDXML
+
+    assert DEFUSEDXML and any(r.startswith("defusedxml") for r in requires("gradfuse"))

@@ -433,6 +433,47 @@ def test_a_request_that_would_cost_too_many_lm_passes_is_refused_naming_the_limi
     assert post(server, "/search", {"query": "moons", "method": "rrf", "k": 5}).status_code == 200
 
 
+def test_lm_passes_count_the_upr_prior_and_the_evidence(workspace):
+    """A UPR prior adds n passes to another signal; an answer's LM-scored evidence adds its own (bounded by
+    [evidence] max_lm_passes): both count against the server's max_lm_passes, and the refusal says so."""
+    from dataclasses import replace
+
+    from gradfuse.rerank.sentences import EvidenceSettings
+
+    config = replace(workspace.config, rerank=replace(workspace.config.rerank, prior="upr"),
+                     evidence=EvidenceSettings(scorer="upr", max_lm_passes=20), answer="extractive")
+    ws = Workspace(config)
+    with serving(create_app(ws, ServerSettings(max_lm_passes=16, cache_mb=0))) as url:
+        priced = post(url, "/search", {"query": "moons", "method": "gro", "scorer": "gradient", "n": 20})
+        assert priced.status_code == 422 and "costs 21 LM passes" in priced.json()["detail"]
+        assert post(url, "/search", {"query": "moons", "method": "gro", "scorer": "gradient", "n": 5}).status_code \
+            == 200
+        asked = post(url, "/ask", {"query": "moons", "method": "rrf", "k": 100})
+        assert asked.status_code == 422
+        assert "costs 20 LM passes (20 of them quoting the evidence" in asked.json()["detail"]
+        assert post(url, "/search", {"query": "moons", "method": "rrf", "k": 100}).status_code == 200
+
+
+def test_the_page_forbids_framing_sniffing_and_scripts_from_elsewhere(server):
+    page = httpx.get(server + "/", timeout=30)
+    policy = page.headers["content-security-policy"]
+    assert "default-src 'self'" in policy and "frame-ancestors 'none'" in policy and "script-src" not in policy
+    assert httpx.get(server + "/static/app.js", timeout=30).headers["content-security-policy"] == policy
+    api = post(server, "/search", {"query": "moons", "method": "rrf"})
+    for response in (page, api):
+        assert response.headers["x-content-type-options"] == "nosniff"
+        assert response.headers["x-frame-options"] == "DENY"
+
+
+def test_lm_evidence_reads_the_first_sentences_its_passes_allow():
+    from gradfuse.rerank.sentences import Passage, within_passes
+
+    passages = [Passage("", "a. b. c.", [(0, 2), (3, 5), (6, 8)]), Passage("", "d. e. f.", [(0, 2), (3, 5), (6, 8)])]
+    assert [len(p.sentences) for p in within_passes("upr", passages, 5)] == [3, 2]
+    assert [len(p.sentences) for p in within_passes("loo", passages, 5)] == [3, 1]
+    assert within_passes("gate", passages, 1) == passages
+
+
 @pytest.mark.slow
 def test_an_answer_stops_generating_when_its_client_leaves(workspace, monkeypatch):
     from gradfuse.generate import make_generator

@@ -90,3 +90,39 @@ def test_tune_writes_gros_signal_only_for_gro():
     by_gro = {v.key: v.value for v in _stage2_values(evaluation, "gro/query", "dev")}
     assert by_gro["scorer"] == "gradient" and by_gro["prior_weight"] == 2.0 and by_gro["target"] == "query"
     assert "scorer" not in {v.key for v in _stage2_values(evaluation, "upr", "dev")}
+
+
+def test_write_tuned_writes_the_real_file_keeps_its_mode_and_replaces_it_only_with_valid_text(tmp_path):
+    """Through a link the target is written (not a new file beside the link); a 0600 file stays 0600; a read-only
+    file is refused; a control character from a benchmark's name cannot break the TOML; a value the configuration
+    rejects leaves the file as it was."""
+    import os
+    import stat
+
+    from gradfuse.config import ConfigError
+    from gradfuse.eval.tune import TunedValue, write_tuned
+
+    real = tmp_path / "private" / "gradfuse.toml"
+    real.parent.mkdir()
+    real.write_text('workspace = "ws"\n\n[generator]\napi_key_env = "MY_KEY"\n')
+    os.chmod(real, 0o600)
+    link = tmp_path / "gradfuse.toml"
+    link.symlink_to(real)
+
+    def check(path):
+        return load_config(path)
+
+    write_tuned(link, [TunedValue("selection", "threshold", 0.25, "bench\x1b[2J\nname.toml, dev 0.5")], check)
+    assert link.is_symlink() and stat.S_IMODE(real.stat().st_mode) == 0o600
+    text = real.read_text()
+    assert "\x1b" not in text and load_config(link).selection.threshold == 0.25
+    assert sorted(p.name for p in real.parent.iterdir()) == ["gradfuse.toml"]  # no temporary file left
+
+    with pytest.raises(ConfigError):
+        write_tuned(link, [TunedValue("selection", "threshold", "high", "not a number")], check)
+    assert real.read_text() == text and sorted(p.name for p in real.parent.iterdir()) == ["gradfuse.toml"]
+
+    os.chmod(real, 0o444)
+    with pytest.raises(ValueError, match="read-only"):
+        write_tuned(link, [TunedValue("selection", "threshold", 0.3, "dev")], check)
+    assert real.read_text() == text

@@ -91,10 +91,15 @@ def spec_of(method: str, scorer: str = "gradient") -> MethodSpec:
     return MethodSpec(stage1=True, scorer=scorer, target=own.target, mixes=own.mixes, passes=own.passes)
 
 
-def lm_passes(method: str, n: int, k: int, rounds: int = 3, scorer: str = "gradient") -> int:
+def lm_passes(method: str, n: int, k: int, rounds: int = 3, scorer: str = "gradient", prior: str = "pool") -> int:
     """How many LM passes one request of `method` costs over a pool of n for the top k, with `rounds` set rounds
-    (`[rerank] set_rounds`) and `scorer` as `gro`'s signal (`[rerank] scorer`); 0: none."""
-    return spec_of(method, scorer).passes(n, k, rounds) if method in METHOD_SPECS else 0
+    (`[rerank] set_rounds`), `scorer` as `gro`'s signal (`[rerank] scorer`) and `prior` (`[rerank] prior`: "upr"
+    adds UPR's n passes over the pool to a method that mixes another signal with it); 0: none."""
+    if method not in METHOD_SPECS:
+        return 0
+    spec = spec_of(method, scorer)
+    upr_prior = n if prior == "upr" and spec.mixes and spec.scorer != "upr" else 0
+    return spec.passes(n, k, rounds) + upr_prior
 
 
 def options_read(method: str, scorer: str) -> tuple[str, ...]:

@@ -21,7 +21,7 @@ from gradfuse.generate.prompt import EXTRACTIVE, PASSAGE_CHARS, build_messages
 from gradfuse.execute import LOCAL, Executor
 from gradfuse.methods import PIPELINE_METHODS, MethodContext, check_method, run_method, spec_of
 from gradfuse.rerank import RerankOutcome, support
-from gradfuse.rerank.sentences import LM_SENTENCE_SCORERS, EvidenceSettings, score_texts
+from gradfuse.rerank.sentences import LM_SENTENCE_SCORERS, EvidenceSettings, score_texts, within_passes
 from gradfuse.rerank.sentences import Passage as SentencePassage
 from gradfuse.selection import SelectionDecision, SelectionSettings
 from gradfuse.sources import (
@@ -458,6 +458,7 @@ class Workspace:
             raise ValueError("[evidence] target 'gold' needs a reference answer (gold)")
         target = gold if settings.target == "gold" else None
         if settings.scorer in LM_SENTENCE_SCORERS:  # on the executor, as stage 2's passes
+            units = within_passes(settings.scorer, units, settings.max_lm_passes)
             fit, values = self.executor.sentences(settings.scorer, question, units, self.config.rerank,
                                                   target=target, calibrated=settings.calibrated)
             units, passages = units[:fit], passages[:fit]

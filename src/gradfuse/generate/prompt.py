@@ -48,8 +48,9 @@ def build_messages(question: str, passages: list[Candidate], *, max_chars: int =
     for number, candidate in enumerate(passages, start=1):
         if excerpts is not None and not excerpts.get(number):
             continue
-        # Attribute values are escaped: a quote in a title or name must not add attributes to the tag.
-        title = f" title=\"{html.escape(candidate.title[:120])}\"" if candidate.title else ""
+        # Attribute values are escaped (a quote in a title or name must not add attributes to the tag) and fenced
+        # like bodies: titles come from file names, HTML titles and headings that anyone may write.
+        title = f" title=\"{html.escape(_fenced(candidate.title[:120]))}\"" if candidate.title else ""
         body = _fenced(" … ".join(excerpts[number]) if excerpts is not None else candidate.text[:max_chars])
         blocks.append(f"<passage id={number} source=\"{html.escape(candidate.source)}\"{title}>\n{body}\n</passage>")
     user = "Passages:\n" + "\n".join(blocks) + f"\n\nQuestion: {question}\nAnswer in one or two sentences using the passages, and cite the passage you used by its number in brackets, like [2]."

@@ -44,6 +44,9 @@ class EvidenceSettings:
     calibrated: Flag = False  # the gate minus its value under the content-free target
     target: Text = "query"  # query (likelihood of the question) | gold (a reference answer, where one is given)
     top: Count = 4  # sentences quoted with an answer
+    # LM passes the evidence may take (UPR reads one sentence a pass, leave-one-out one a sentence and one for
+    # all): the first passages' sentences up to it are scored. `/ask` counts them against max_lm_passes.
+    max_lm_passes: Count = 32
     # Below this chance that the passages hold the answer (`support.answered`), the answer says "not found in these
     # sources" and lists what came closest; 0 never does. Chosen on dev questions with the weights (support.json).
     abstain_below: Weight = field(default_factory=lambda: support.model().abstain_below)
@@ -54,6 +57,13 @@ class EvidenceSettings:
                              f"{', '.join(SENTENCE_SCORERS)}, none)")
         if self.target not in ("query", "gold"):
             raise ValueError(f"unknown evidence target {self.target!r} (choose from query, gold)")
+
+
+def evidence_passes(settings: EvidenceSettings) -> int:
+    """The most LM passes the evidence of one answer costs with `settings`."""
+    if settings.scorer == "gate":
+        return 2 if settings.calibrated else 1
+    return settings.max_lm_passes if settings.scorer in ("upr", "loo") else 0
 
 
 class Passage(NamedTuple):
@@ -106,6 +116,20 @@ def _packed(lm: LMScorer, question: str, passages: list[Passage], target: str | 
     if target is None:  # query likelihood: the question is the target, not in the prompt
         return lm.packer.pack_units(passages, question=None, target=question)
     return lm.packer.pack_units(passages, question=question, target=target)
+
+
+def within_passes(scorer: str, passages: list[Passage], passes: int) -> list[Passage]:
+    """The first `passages`, with as many of their sentences as `passes` LM passes score (UPR: one a sentence;
+    leave-one-out: one a sentence and one for all); the gate reads them all in one pass."""
+    if scorer not in ("upr", "loo"):
+        return passages
+    room, kept = passes - (scorer == "loo"), []
+    for passage in passages:
+        if room <= 0:
+            break
+        kept.append(passage._replace(sentences=passage.sentences[:room]))
+        room -= len(kept[-1].sentences)
+    return kept
 
 
 def score_fitting(scorer: str, question: str, passages: list[Passage], settings, *, target: str | None = None,

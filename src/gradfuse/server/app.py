@@ -36,11 +36,12 @@ from gradfuse.schemas import (
 from gradfuse.execute import LOCAL
 from gradfuse.server.admission import LM_METHODS, Busy, LMAdmission
 from gradfuse.server.cache import ResultCache
+from gradfuse.server.headers import SecurityHeaders
 from gradfuse.server.errors import BodyLimit, KeyRequired, install_error_handlers
 from gradfuse.server.requests import AskRequest, SearchRequest
 from gradfuse.server.settings import ServerSettings
 from gradfuse.sources.federated import SourceFailure
-from gradfuse.workspace import Answer, SearchResult, Workspace
+from gradfuse.workspace import Answer, Workspace
 
 STATIC = Path(__file__).parent / "static"
 
@@ -116,6 +117,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
         app.add_middleware(KeyRequired, api_key=api_key)
     else:  # no key: only names of this machine may reach it, so a DNS-rebinding page cannot
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts())
+    app.add_middleware(SecurityHeaders)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Content-Type", "X-API-Key"])
@@ -148,9 +150,9 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
         with admission.slot((request.method or config.method) in LM_METHODS):
             result = workspace.search(request.query, k=request.k, **request.search_options())
         health.record(list(result.ranked_lists), result.failures)
-        record = search_record(result)
-        cache.put(key, (record.model_dump_json(),), failed=bool(result.failures))
-        return record
+        record_json = search_record(result).model_dump_json()
+        cache.put(key, (record_json,), failed=bool(result.failures))
+        return _json(record_json)
 
     @app.post("/ask", dependencies=posted, response_model=AnswerRecord,
               responses={401: {}, 413: {}, 415: {}, 422: {}, 502: {"description": "the generator endpoint failed"}, 503: {},
@@ -182,17 +184,20 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
             release()
             raise
 
-        def keep(answered: AnswerRecord) -> None:
-            cache.put(key, (search_record(searched).model_dump_json(), answered.model_dump_json()),
+        searched_json = None  # each record is serialised once, for the client and the cache alike
+
+        def keep(answer_json: str) -> None:
+            cache.put(key, (searched_json or search_record(searched).model_dump_json(), answer_json),
                       failed=bool(searched.failures))
 
         if request.stream:
-            return EventStream(_event_stream(searched, events, keep), events, release)
+            searched_json = search_record(searched).model_dump_json()
+            return EventStream(_event_stream(searched_json, events, keep), events, release)
         try:  # piece by piece, so that a client who left stops the generator (it ran to max_new_tokens)
             async for event in iterate_in_threadpool(events):
                 if isinstance(event, Answer):
-                    keep(answered := answer_record(event))
-                    return answered
+                    keep(answer_json := answer_record(event).model_dump_json())
+                    return _json(answer_json)
                 if await http.is_disconnected():
                     return Response(status_code=499)  # nobody reads it: the client is gone
         finally:
@@ -277,14 +282,14 @@ class EventStream(StreamingResponse):
             self._release()
 
 
-def _event_stream(searched: SearchResult, events: Iterator, keep: Callable[[AnswerRecord], None]) -> Iterator[str]:
+def _event_stream(searched_json: str, events: Iterator, keep: Callable[[str], None]) -> Iterator[str]:
     """Server-sent events; an error after the first event can only be reported as an event of its own."""
     try:
-        yield _event("search", search_record(searched).model_dump(mode="json"))
+        yield f"event: search\ndata: {searched_json}\n\n"
         for event in events:
             if isinstance(event, Answer):
-                keep(answered := answer_record(event))
-                yield _event("answer", answered.model_dump(mode="json"))
+                keep(answer_json := answer_record(event).model_dump_json())
+                yield f"event: answer\ndata: {answer_json}\n\n"
             else:
                 yield _event("token", {"text": event})
     except Exception as error:
@@ -315,9 +320,14 @@ async def _closed_when_abandoned(events: Iterator[str]) -> AsyncIterator[str]:
 CACHE_HEADER = "X-Gradfuse-Cache"
 
 
+def _json(body: str, **headers: str) -> Response:
+    """A record serialised once, for the client and the cache (validating a long answer again took 20 ms)."""
+    return Response(body, media_type="application/json", headers=headers)
+
+
 def _kept_json(body: str) -> Response:
-    """A kept result as it was first sent, serialised once (validating a long answer again took 20 ms)."""
-    return Response(body, media_type="application/json", headers={CACHE_HEADER: "hit"})
+    """A kept result as it was first sent."""
+    return _json(body, **{CACHE_HEADER: "hit"})
 
 
 def _event(name: str, data: dict) -> str:

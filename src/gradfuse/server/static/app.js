@@ -21,7 +21,7 @@ function escapeHtml(text) {
 
 function headers() {
   const h = { "Content-Type": "application/json" };
-  const key = $("api-key").value || localStorage.getItem("gradfuse-api-key");
+  const key = $("api-key").value || sessionStorage.getItem("gradfuse-api-key");
   if (key) h["X-API-Key"] = key;
   return h;
 }
@@ -43,7 +43,7 @@ function fillSelect(select, values, chosen) {
 
 async function loadOptions() {
   // With a key set, /options needs it too: a 401 shows the key field, and entering a key loads them again.
-  $("api-key").value = $("api-key").value || localStorage.getItem("gradfuse-api-key") || "";
+  $("api-key").value = $("api-key").value || sessionStorage.getItem("gradfuse-api-key") || "";
   options = await (await api("/options")).json();
   const methods = options.methods.filter((m) => !m.startsWith("single:"));
   fillSelect($("method"), methods, options.defaults.method);  // the server's default, as the API and the CLI have it
@@ -107,7 +107,7 @@ function showError(message) {
 
 async function ask(event) {
   event.preventDefault();
-  if ($("api-key").value) localStorage.setItem("gradfuse-api-key", $("api-key").value);
+  if ($("api-key").value) sessionStorage.setItem("gradfuse-api-key", $("api-key").value);
   reset();
   const body = requestBody();
   shown.estimator = body.estimator ?? options.defaults.estimator;
@@ -325,7 +325,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("scorer").addEventListener("change", showControls);
   $("question").addEventListener("keydown", (e) => { if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); $("ask-form").requestSubmit(); } });
   $("api-key").addEventListener("change", () => {
-    localStorage.setItem("gradfuse-api-key", $("api-key").value);
+    sessionStorage.setItem("gradfuse-api-key", $("api-key").value);
     loadOptions().catch((error) => showError(`could not load the server's options: ${error.message}`));
   });
   loadOptions().catch((error) => showError(`could not load the server's options: ${error.message}`));
