@@ -257,3 +257,19 @@ def test_a_run_is_judged_as_trec_eval_judges_its_file_with_copies_of_one_text_ke
     assert ours == pytest.approx(as_filed)
     fused = outcome_of(bench, ws.rank("moons", FederatedResult({"bm25": run}), method="rrf", k=4)).ranking
     assert {key for key, _ in fused} == {"d0", "d1", "d2", "d3"}  # fusion keeps the copy, after its primary
+
+
+def test_run_files_keep_ids_with_spaces_as_one_field_and_read_back_exactly(tmp_path):
+    """HotpotQA's ids hold spaces ("Mākaha, Hawaii"): written as they were, trec_eval read seven fields."""
+    from types import SimpleNamespace
+
+    from gradfuse.eval.report import _write_runs
+    from gradfuse.sources.run import read_trec_run
+
+    ranking = [("Mākaha, Hawaii", 2.5), ("100% pure\tcotton", 1.5), ("plain-id", 0.5)]
+    evaluation = SimpleNamespace(split=lambda name: [SimpleNamespace(query_id="q 1")],
+                                 outcomes={"gro/query": {"q 1": SimpleNamespace(ranking=ranking)}})
+    _write_runs(evaluation, tmp_path)
+    lines = (tmp_path / "gro-query.trec").read_text().splitlines()
+    assert len(lines) == 3 and all(len(line.split()) == 6 for line in lines)
+    assert [(q, d) for q, d, _, _ in read_trec_run(tmp_path / "gro-query.trec")] == [("q 1", d) for d, _ in ranking]

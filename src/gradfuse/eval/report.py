@@ -11,6 +11,7 @@ import numpy as np
 from gradfuse.eval.benchmark import EVALUATION_METHODS, base_method, is_lm_method
 from gradfuse.eval.runner import Evaluation
 from gradfuse.eval.stats import estimate, paired_p_value, per_query
+from gradfuse.sources.run import trec_id
 
 # Every method is tested against each of these that ran, paired, on the headline metric.
 BASELINES = ("dense", "rrf", "static-best", "upr", "relevance", "cross-encoder")
@@ -179,7 +180,8 @@ def write_results(evaluation: Evaluation, out: Path, command: str, runs: Path) -
 
 
 def _write_runs(evaluation: Evaluation, folder: Path) -> None:
-    """One TREC run file per method (`qid Q0 docid rank score tag`), test queries only, real document ids.
+    """One TREC run file per method (`qid Q0 docid rank score tag`), test queries only, real document ids (an id
+    with whitespace percent-encoded: `trec_id`).
     Written directly: ranx's Run.save reads its numba dictionaries one item at a time (minutes for 20 methods)."""
     folder.mkdir(parents=True, exist_ok=True)
     test = [q.query_id for q in evaluation.split("test")]
@@ -188,7 +190,7 @@ def _write_runs(evaluation: Evaluation, folder: Path) -> None:
         with open(folder / f"{name}.trec", "w") as handle:
             for query_id in test:
                 for rank, (key, score) in enumerate(outcomes[query_id].ranking if query_id in outcomes else [], 1):
-                    handle.write(f"{query_id} Q0 {key} {rank} {score:.6g} {name}\n")
+                    handle.write(f"{trec_id(query_id)} Q0 {trec_id(key)} {rank} {score:.6g} {name}\n")
 
 
 def _plot(evaluation: Evaluation, summary: dict, out: Path) -> list[str]:

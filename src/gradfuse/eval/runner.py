@@ -8,6 +8,7 @@ gradient/prior mix on the dev subsample. Nothing tuned ever sees a test query.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -15,6 +16,7 @@ import platform
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -269,9 +271,10 @@ def _run_lm_method(evaluation, ws, retrieved, profiles, method, groups, selectio
 
     def run(pool: str, selection, query_ids: list[str]) -> dict[str, Outcome]:
         outcomes = runs.outcomes(method, {**options, "pool": pool}, selection, query_ids)
-        if with_upr:
-            upr = runs.outcomes("upr", {**lm, "prior_weight": 0.0, "mix": "zsum", "prior": "pool", "pool": pool},
-                                selection, list(outcomes))
+        if with_upr:  # the upr method's own runs: gro's [lm] scorer is no setting of UPR's
+            upr_options = {key: value for key, value in lm.items() if key != "scorer"}
+            upr = runs.outcomes("upr", {**upr_options, "prior_weight": 0.0, "mix": "zsum", "prior": "pool",
+                                        "pool": pool}, selection, list(outcomes))
             outcomes = {q: _with_upr_prior(outcome, upr[q]) for q, outcome in outcomes.items()}
         return outcomes
 
@@ -402,7 +405,8 @@ class _LMCache:
         folder = bench.workspace / "eval-cache" / bench.name
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / (method.replace("/", "-").replace(":", "-") + ".jsonl")
-        self.fingerprint = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+        self.fingerprint = hashlib.sha256(json.dumps([settings, code_version()], sort_keys=True).encode()
+                                          ).hexdigest()[:16]
         self.stored: dict[str, Outcome] = {}
         if self.path.exists():
             for line in self.path.read_text().splitlines():
@@ -418,6 +422,21 @@ class _LMCache:
     def put(self, query_id: str, outcome: Outcome) -> None:
         with open(self.path, "a") as handle:
             handle.write(json.dumps({"fingerprint": self.fingerprint, "query_id": query_id, **asdict(outcome)}) + "\n")
+
+
+# What computes a stage-2 outcome: a change in any of it must not reuse outcomes cached before it.
+_OUTCOME_CODE = ("candidate.py", "methods.py", "workspace.py", "execute", "fusion", "rerank", "selection", "sources")
+
+
+@functools.cache
+def code_version() -> str:
+    """A hash of the code that computes an outcome (gradfuse's own files, as they are on disk)."""
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for name in _OUTCOME_CODE:
+        for path in sorted([package / name] if name.endswith(".py") else (package / name).rglob("*.py")):
+            digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def machine_description() -> str:

@@ -12,6 +12,7 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 from gradfuse.candidate import Candidate
 from gradfuse.sources.base import SourceError, SourceStats, read_manifest, stats_from_manifest
@@ -24,6 +25,12 @@ MAX_RANK = 2**31 - 1  # SQLite's integers overflow far above; no run ranks that 
 
 def normalise_query(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip().lower()
+
+
+def trec_id(identifier: str) -> str:
+    """An id as one field of a TREC file: whitespace splits fields (HotpotQA's "Mākaha, Hawaii" became two), so
+    an id holding whitespace or "%" is percent-encoded (UTF-8); `read_trec_run` decodes it back exactly."""
+    return quote(identifier, safe="") if _NEEDS_ENCODING.search(identifier) else identifier
 
 
 def read_trec_run(path: Path) -> Iterator[tuple[str, str, int, float]]:
@@ -43,7 +50,18 @@ def read_trec_run(path: Path) -> Iterator[tuple[str, str, int, float]]:
                 # A NaN score built and then failed every query; inf went out as "Infinity", which is not JSON.
                 raise IngestError(f"{path}:{line_number}: the rank must be 0 to {MAX_RANK} and the score a finite "
                                   "number")
-            yield fields[0], fields[2], rank, score
+            yield _decoded(fields[0]), _decoded(fields[2]), rank, score
+
+
+_NEEDS_ENCODING = re.compile(r"[\s%]")
+
+
+def _decoded(field: str) -> str:
+    """A field as `trec_id` wrote it, decoded; a "%" that is no UTF-8 percent-encoding stays as it is."""
+    try:
+        return unquote(field, errors="strict") if "%" in field else field
+    except UnicodeDecodeError:
+        return field
 
 
 def write_run_tables(version: Path, run_path: Path, queries_path: Path, report: IngestReport) -> dict[str, int]:
