@@ -404,3 +404,26 @@ def test_openpyxl_parses_with_defusedxml_which_gradfuse_declares():
     from openpyxl.xml import DEFUSEDXML
 
     assert DEFUSEDXML and any(r.startswith("defusedxml") for r in requires("gradfuse"))
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 64 KB tmpfs: a disk that fills (mounting needs root; elsewhere the test says it is skipped)."""
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    yield folder
+    subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_a_full_disk_while_caching_a_parse_is_one_clear_error_and_leaves_no_temporary_file(tmp_path, tiny_disk):
+    from gradfuse.sources.documents import IngestError
+
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    _write_docx(folder / "long.docx", "The turbine blade inspection found no cracks. " * 3000)  # 140 KB of text
+    with pytest.raises(IngestError, match="the disk is full") as raised:
+        list(read_files(folder, IngestReport(), words=50, overlap=10, cache=tiny_disk / "parsed"))
+    assert "Traceback" not in str(raised.value) and not list((tiny_disk / "parsed").iterdir())
