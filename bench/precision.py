@@ -88,18 +88,22 @@ def compare(name: str, method: str, by_precision: dict) -> dict:
     }
 
 
+def this_machine() -> str:
+    return (f"{machine_description()}; bf16 instructions: "
+            f"{', '.join(sorted(cpu_flags() & {'avx512_bf16', 'amx_bf16'})) or 'none'} (auto → {resolve_dtype('auto')})")
+
+
 def write(rows: list[dict], argv: list[str]) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    machine = (f"{machine_description()}; bf16 instructions: "
-               f"{', '.join(sorted(cpu_flags() & {'avx512_bf16', 'amx_bf16'})) or 'none'} "
-               f"(auto → {resolve_dtype('auto')})")
-    (OUT / "precision.json").write_text(json.dumps({"machine": machine, "rows": rows}, indent=2) + "\n")
+    (OUT / "precision.json").write_text(json.dumps({"rows": rows}, indent=2) + "\n")
+    machines = sorted({r["machine"] for r in rows})
     lines = [
         "# The scoring LM in bfloat16 against float32",
         "",
         f"Command: `make bench-precision` (`python bench/precision.py`; a benchmark alone: `--benchmarks NAME "
-        f"--methods M`, which replaces those rows) · commits: {', '.join(sorted({r['commit'] for r in rows}))} · {machine} · "
-        f"Python {platform.python_version()}.",
+        f"--methods M`, which replaces those rows) · commits: {', '.join(sorted({r['commit'] for r in rows}))} · "
+        f"Python {platform.python_version()} · machines (column m): "
+        + "; ".join(f"{number}: {machine}" for number, machine in enumerate(machines, start=1)) + ".",
         "",
         "Each benchmark's LM rows through its own harness (the same LM subsample and dev tuning as its results), "
         "once per precision. Δ: bfloat16 minus float32 on the headline metric, p: paired randomisation test; "
@@ -107,8 +111,8 @@ def write(rows: list[dict], argv: list[str]) -> None:
         "chose the same pool); first: the queries whose first passage is the same; s: median LM ranking seconds "
         "per query.",
         "",
-        "| benchmark | method | metric | queries | float32 | bfloat16 | Δ | p | Spearman mean · min | first | s fp32 · bf16 |",
-        "|---|---|---|---:|---:|---:|---:|---:|---|---:|---|",
+        "| benchmark | method | metric | queries | float32 | bfloat16 | Δ | p | Spearman mean · min | first | s fp32 · bf16 | m |",
+        "|---|---|---|---:|---:|---:|---:|---:|---|---:|---|---:|",
     ]
     for r in rows:
         rho = (f"{r['spearman_mean']:.3f} · {r['spearman_min']:.3f} ({r['same_pool']})"
@@ -117,7 +121,7 @@ def write(rows: list[dict], argv: list[str]) -> None:
                 if r["seconds_float32"] is not None else "")
         lines.append(f"| {r['benchmark']} | {r['method']} | {r['metric']} | {r['queries']} | {r['float32']:.3f} | "
                      f"{r['bfloat16']:.3f} | {r['delta']:+.3f} | {r['p']:.3g} | {rho} | {r['same_first']:.2f} | "
-                     f"{secs} |")
+                     f"{secs} | {machines.index(r['machine']) + 1} |")
     (OUT / "precision.md").write_text("\n".join(lines) + "\n")
 
 
@@ -130,11 +134,10 @@ def main() -> None:
     # Rows not rerun now are kept (each benchmark and method can be run on its own); a rerun replaces its rows.
     stored = json.loads((OUT / "precision.json").read_text()) if (OUT / "precision.json").exists() else {"rows": []}
     rerun = {(b, m) for b in args.benchmarks for m in args.methods}
-    rows = [{"commit": stored.get("commit"), **r} for r in stored["rows"]
-            if (r["benchmark"], r["method"]) not in rerun and not args.quick]
+    rows = [r for r in stored["rows"] if (r["benchmark"], r["method"]) not in rerun and not args.quick]
     for name in args.benchmarks:
         for method, by_precision in run_precisions(name, args.methods, args.quick).items():
-            rows.append({**compare(name, method, by_precision), "commit": commit_id()})
+            rows.append({**compare(name, method, by_precision), "commit": commit_id(), "machine": this_machine()})
             write(rows, ["bench/precision.py", *sys.argv[1:]])
             print(json.dumps(rows[-1]), flush=True)
 

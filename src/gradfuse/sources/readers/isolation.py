@@ -68,8 +68,8 @@ def reply_limit(limits: ReaderLimits) -> int:
 
 def serve(parent: int) -> None:
     """The worker's loop (started by ParserWorker with the parent's pid)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if sys.platform.startswith("linux"):  # elsewhere the closed stdin ends an idle worker, and the CPU limit a busy one
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the parent died before the signal was asked for
         return
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
