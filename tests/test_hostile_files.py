@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import sqlite3
 import stat
 import subprocess

@@ -20,7 +20,6 @@ from __future__ import annotations
 import io
 import zipfile
 from dataclasses import dataclass, fields, replace
-from pathlib import Path
 
 from gradfuse.candidate import Location
 from gradfuse.checked import FILE_SETTINGS, Count, Flag, Seconds
@@ -45,7 +44,7 @@ class Parsed:
     pages_without_text: tuple[int, ...] = ()  # PDF pages with no text layer (scanned), left unread
     pages_read_by_ocr: int = 0
     title: str = ""  # an HTML page's title or a Markdown file's first heading ("" where the file has none)
-    cut: tuple[str, ...] = ()  # what was cut to a limit ("header cut to 1000 characters (--max-header-chars)")
+    cut: tuple[str, ...] = ()  # what was cut to a limit ("cells cut to 2000 characters (--max-cell-chars)")
     decoded_with_fallback: bool = False  # a text file that was not UTF-8 (read as Windows-1252 or latin-1)
 
     @classmethod

@@ -120,6 +120,8 @@ class ParserWorker:
 
     def parse(self, data: bytes, suffix: str, name: str, limits: ReaderLimits) -> tuple[str, Parsed | None]:
         """(format, parse) of one file; Unreadable says why a file cannot be read."""
+        if self._process is not None and self._process.poll() is not None:  # it died between files: not this
+            self._stop(kill=True)                                             # file's fault
         if self._process is None:
             self._start()
         try:
