@@ -297,11 +297,16 @@ def _alive(pid: int) -> bool:
 
 # --- formats that ran in the main process -----------------------------------------------------------------------
 
-def test_a_markdown_heading_line_of_spaces_parses_in_linear_time(tmp_path):
+def test_a_markdown_heading_line_of_spaces_parses_in_linear_time_and_is_not_repeated(tmp_path):
     folder = _folder(tmp_path)
     (folder / "spaces.md").write_text("# a" + " " * 300_000 + "b\n\nbody text\n")  # about 3 hours before
     ws, report = _index(tmp_path, folder, deadline_s=30.0)
     assert report.formats == {"markdown": 2} and not report.skipped
+    # its title and heading are cut where every chunk repeats them, and the spaces make no chunks (95 MB before)
+    with sqlite3.connect(current_version(ws.root / "sources" / "hostile") / "docs.sqlite") as db:
+        rows = db.execute("SELECT * FROM docs").fetchall()
+    assert len(rows) < 10 and sum(len(str(value)) for row in rows for value in row) < 20_000
+    assert any("--max-header-chars" in cut for cut in report.cut)
 
 
 def test_html_is_parsed_under_the_workers_deadline(tmp_path):

@@ -185,7 +185,8 @@ def index_files(
         help="Cut a table cell's text at this many characters")] = ReaderLimits.max_cell_chars,
     max_columns: Annotated[int, typer.Option(help="Leave out a table row's cells after this many")] = ReaderLimits.max_columns,
     max_header_chars: Annotated[int, typer.Option(
-        help="Cut the header row each table chunk repeats at this many characters")] = ReaderLimits.max_header_chars,
+        help="Cut what every chunk repeats (a table's header row, headings, a title) at this many characters"
+    )] = ReaderLimits.max_header_chars,
     max_ocr_megapixels: Annotated[int, typer.Option(
         help="Render a page for OCR at most this large (larger pages below 300 dpi)")] = ReaderLimits.max_ocr_megapixels,
     ocr: Annotated[bool, typer.Option(help="Read PDF pages without a text layer with Tesseract "

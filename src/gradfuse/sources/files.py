@@ -181,6 +181,8 @@ def _chunks(relative: str, title: str, parsed: Parsed, words: int, overlap: int)
             continue
         pieces = [(0, len(unit.text))] if unit.table else chunk_text(unit.text, words=words, overlap=overlap)
         for start, end in pieces:
+            if unit.text[start:end].isspace():  # a run of spaces cut by characters holds nothing to find
+                continue
             span = (unit.start + start, unit.start + end) if unit.start is not None else None
             yield Document(f"{relative}#{number}", unit.text[start:end], title, relative, span, unit.location)
             number += 1

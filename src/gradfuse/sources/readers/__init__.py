@@ -77,7 +77,8 @@ class ReaderLimits:
     max_page_chars: Count = 200_000  # text of one PDF page (a dense page holds about 5,000); more is cut
     max_cell_chars: Count = 2000  # text of one table cell; more is cut
     max_columns: Count = 1000  # cells of one table row; more are left out
-    max_header_chars: Count = 500  # a table's header row as each chunk repeats it (a chunk is 150 words); more is cut
+    # What every chunk repeats: a table's header row (a chunk is 150 words), a section's headings, a file's title
+    max_header_chars: Count = 500
     max_ocr_megapixels: Count = 40  # a page rendered for OCR (A4 at 300 dpi is 8.7); larger pages are scaled down
     ocr: Flag = False  # read PDF pages without a text layer with Tesseract (else they are counted and reported)
 
@@ -103,6 +104,14 @@ class Reading:
         return text
 
     def unit(self, text: str, location: Location, start: int | None = None, table: bool = False) -> Unit:
+        """A unit of `text`, counted; its headings cut as every chunk of it repeats them (a 300 KB heading line
+        made a 300 KB markdown file a 95 MB index)."""
+        limit = self.limits.max_header_chars
+        if any(len(heading) > limit for heading in location.headings) or len(location.sheet or "") > limit:
+            location = replace(location, sheet=location.sheet and self.capped(location.sheet, limit, "sheet names",
+                                                                               "--max-header-chars"),
+                               headings=tuple(self.capped(heading, limit, "headings", "--max-header-chars")
+                                              for heading in location.headings))
         return Unit(self.spend(text), location, start, table)
 
     def capped(self, text: str, limit: int, what: str, option: str) -> str:
@@ -200,7 +209,8 @@ def parse(data: bytes, suffix: str, name: str, limits: ReaderLimits) -> tuple[st
         return kind, None
     reading = Reading(limits)
     parsed = _read(data, kind, name, reading)
-    return kind, replace(parsed, cut=tuple(reading.cut))
+    title = reading.capped(parsed.title, limits.max_header_chars, "title", "--max-header-chars")
+    return kind, replace(parsed, title=title, cut=tuple(reading.cut))
 
 
 def _read(data: bytes, kind: str, name: str, reading: Reading) -> Parsed:
