@@ -70,6 +70,11 @@ Example (every key optional)::
     table = "tickets"                # plus id_column, text_column, title_column, tsv_column, embedding_column,
     language = "english"             # distance (ip | cosine), ef_search, exact, pool_size
     timeout_s = 2.0                  # also the statement timeout of its queries
+    [sources.team]                   # another gradfuse server (gradfuse.sources.gradfuse_remote.RemoteSettings)
+    kind = "gradfuse"
+    url = "http://search.example:8321"
+    key_env = "TEAM_GRADFUSE_KEY"    # the variable holding its API key (never the key in this file)
+    sources = ["manuals", "tickets"] # its sources to ask (default: all); method = "..." its method (default: its own)
 
 CLI flags override the file; the file overrides the built-in defaults.
 """
@@ -91,6 +96,7 @@ from gradfuse.rerank.sentences import EvidenceSettings
 from gradfuse.selection import SelectionSettings
 from gradfuse.server.settings import ServerSettings
 from gradfuse.sources.base import SourceSpec, check_source_name
+from gradfuse.sources.engines import ENGINE_KINDS
 from gradfuse.sources.postgres import PostgresSettings, default_table
 
 DEFAULT_CONFIG_NAME = "gradfuse.toml"
@@ -110,6 +116,7 @@ class SourceSettings:
     enabled: bool = True
     spec: SourceSpec | None = None  # present when the file says how to build the source
     postgres: PostgresSettings | None = None  # present for a source that is a PostgreSQL table
+    engine: object | None = None  # present for a source an engine serves: its kind's settings (sources/engines.py)
 
 
 @dataclass
@@ -246,6 +253,9 @@ def _source_settings(name: str, table: dict[str, Any], base: Path, path: Path) -
             settings.postgres = PostgresSettings(**table)
         except (TypeError, ValueError) as error:
             raise ConfigError(f"{path} [sources.{name}]: {error}") from error
+    elif table.get("kind") in ENGINE_KINDS:
+        settings_type, _ = ENGINE_KINDS[table.pop("kind")]
+        settings.engine = _checked(settings_type, table, f"{path} [sources.{name}]")
     elif "kind" in table or "path" in table:
         missing = _SOURCE_BUILD - set(table)
         if missing:

@@ -38,6 +38,7 @@ from gradfuse.sources import (
     open_source,
 )
 from gradfuse.sources.base import current_version
+from gradfuse.sources.engines import open_engine
 from gradfuse.sources.postgres import (
     PostgresSettings,
     PostgresSource,
@@ -181,7 +182,7 @@ class Workspace:
     # --- reading
 
     def source_names(self) -> list[str]:
-        configured = [n for n, s in self.config.sources.items() if s.postgres is not None]
+        configured = [n for n, s in self.config.sources.items() if s.postgres is not None or s.engine is not None]
         names = sorted(set(built_source_names(self.root)) | set(configured))
         return [n for n in names if self.config.settings(n).enabled]
 
@@ -209,7 +210,8 @@ class Workspace:
         check_source_name(name)  # a name is a folder here: no other path may be reached through it
         mode = retrieval or self.config.settings(name).retrieval or self.config.retrieval
         postgres = self.config.settings(name).postgres or registered(self.root / "sources" / name)
-        version = postgres or current_version(self.root / "sources" / name)
+        engine = self.config.settings(name).engine
+        version = postgres or engine or current_version(self.root / "sources" / name)
         with self._lock:
             opened = self._sources.get((name, mode))
             if opened is not None and opened.version == version:
@@ -219,6 +221,8 @@ class Workspace:
         # sources of the same request.
         if postgres:
             source = self._open_postgres(name, postgres, mode)
+        elif engine:
+            source = open_engine(name, engine, self.config.settings(name).timeout_s or self.config.timeout_s)
         else:
             source = open_source(self.root, name, mode=mode, version=version if version else None)
         opened = _Opened(version, source, users=int(hold))
@@ -241,8 +245,11 @@ class Workspace:
             old.close()
         return opened
 
-    def _is_database(self, name: str) -> bool:
-        return (self.config.settings(name).postgres or registered(self.root / "sources" / name)) is not None
+    def held_elsewhere(self, name: str) -> bool:
+        """A source another server holds (PostgreSQL, an engine): its answers change without a publish here, and
+        asking it may take its timeout."""
+        settings = self.config.settings(name)
+        return (settings.postgres or settings.engine or registered(self.root / "sources" / name)) is not None
 
     def _open_postgres(self, name: str, settings: PostgresSettings, mode: str) -> Source:
         with self._lock:
@@ -266,7 +273,7 @@ class Workspace:
                                "rename the folder to use it")
                   for name in misnamed_source_folders(self.root)]
         for name in self.source_names():
-            if not databases and self._is_database(name):
+            if not databases and self.held_elsewhere(name):
                 continue
             try:
                 with self.holding(name) as source:

@@ -2,9 +2,9 @@
 published version of every index it read, so a publish (any source rebuilt, added or removed) makes the old entries
 unreachable; they leave as the least recently used.
 
-Not kept: a result where a source failed (the failure may pass), and anything that read a PostgreSQL source (its
-table changes without a publish). What is kept is the JSON that was sent, bounded in all by `[server] cache_mb`
-(0 turns it off).
+Not kept: a result where a source failed (the failure may pass), and anything that read a PostgreSQL source or
+one an engine serves (its data changes without a publish). What is kept is the JSON that was sent, bounded in all
+by `[server] cache_mb` (0 turns it off).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from collections import OrderedDict
 from pydantic import BaseModel
 
 from gradfuse.sources.base import current_version
-from gradfuse.sources.postgres import registered
 
 # What a request may set that does not change its result: how long the sources may take (a result that timed out
 # has a failure and is not kept), and whether an answer streams.
@@ -36,7 +35,7 @@ class ResultCache:
         ws = self._workspace
         versions = []
         for name in sorted(set(request.sources or ws.source_names())):
-            if ws.config.settings(name).postgres or registered(ws.root / "sources" / name):
+            if ws.held_elsewhere(name):  # its data changes without a publish here
                 return None
             version = current_version(ws.root / "sources" / name)
             versions.append((name, version.name if version else None))
