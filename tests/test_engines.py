@@ -89,3 +89,73 @@ def test_a_remote_source_takes_no_secret_in_the_file(tmp_path):
     with pytest.raises(ConfigError, match="http"):
         load_config(config)
     assert os.environ.get("GRADFUSE_API_KEY") != KEY  # the remote's key stayed in its own process
+
+
+# --- a framework's retriever as a source -------------------------------------------------------------------------
+
+def _minilm():
+    from gradfuse.sources.encoder import load_encoder
+
+    return load_encoder("all-MiniLM-L6-v2")
+
+
+def test_a_langchain_retriever_over_its_own_store_is_a_source(tmp_path):
+    from langchain_core.documents import Document
+    from langchain_core.embeddings import Embeddings
+    from langchain_core.vectorstores import InMemoryVectorStore
+
+    encoder = _minilm()
+
+    class MiniLM(Embeddings):  # the store's own embeddings: the real model, through LangChain's interface
+        def embed_documents(self, texts):
+            return encoder.encode(texts).tolist()
+
+        def embed_query(self, text):
+            return encoder.encode_query(text).tolist()
+
+    store = InMemoryVectorStore(MiniLM())
+    store.add_documents([Document(page_content=r["text"], id=r["id"], metadata={"title": r["title"]})
+                         for r in ASTRONOMY])
+    ws = Workspace(load_config(workspace=tmp_path / "ws"))
+    ws.index(SourceSpec("cooking", "jsonl", str(write_jsonl(tmp_path / "c.jsonl", COOKING))))
+    ws.add_source("notes", store.as_retriever(search_kwargs={"k": 3}))
+    assert ws.source_names() == ["cooking", "notes"]
+    result = ws.search("the largest gas giant", method="select", k=3)
+    top = result.candidates[0]
+    assert (top.source, top.doc_id, top.title) == ("notes", "jupiter", "Jupiter") and not result.failures
+
+
+def test_a_llamaindex_retriever_is_a_source_and_a_failing_one_fails_alone(tmp_path):
+    from llama_index.core import Document, VectorStoreIndex
+    from llama_index.core.base.base_retriever import BaseRetriever
+    from llama_index.core.embeddings import BaseEmbedding
+
+    encoder = _minilm()
+
+    class MiniLM(BaseEmbedding):
+        def _get_query_embedding(self, query):
+            return encoder.encode_query(query).tolist()
+
+        def _get_text_embedding(self, text):
+            return encoder.encode([text])[0].tolist()
+
+        async def _aget_query_embedding(self, query):
+            return self._get_query_embedding(query)
+
+    index = VectorStoreIndex.from_documents(
+        [Document(text=r["text"], id_=r["id"], metadata={"title": r["title"]}) for r in ASTRONOMY],
+        embed_model=MiniLM())
+
+    class Broken(BaseRetriever):
+        def _retrieve(self, query_bundle):
+            raise ConnectionError("the vector store went away")
+
+    ws = Workspace(load_config(workspace=tmp_path / "ws"))
+    ws.add_source("planets", index.as_retriever(similarity_top_k=2))
+    ws.add_source("broken", Broken())
+    result = ws.search("Which planet has a thick carbon dioxide atmosphere?", method="rrf", k=2)
+    assert [f.source for f in result.failures] == ["broken"] and "went away" in result.failures[0].detail
+    top = result.candidates[0]
+    assert top.source == "planets" and top.parent_id == "venus" and top.title == "Venus"
+    with pytest.raises(TypeError, match="not a LangChain or LlamaIndex"):
+        ws.add_source("other", object())

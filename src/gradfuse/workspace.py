@@ -39,6 +39,7 @@ from gradfuse.sources import (
 )
 from gradfuse.sources.base import current_version
 from gradfuse.sources.engines import open_engine
+from gradfuse.sources.retriever import RetrieverSource
 from gradfuse.sources.postgres import (
     PostgresSettings,
     PostgresSource,
@@ -129,6 +130,7 @@ class Workspace:
         # (name, mode) → the opened source, at a version folder or a table's settings
         self._sources: dict[tuple[str, str], _Opened] = {}
         self._tables: dict[str, PostgresTable] = {}  # one connection pool per database table
+        self._added: dict[str, Source] = {}  # sources given as objects (add_source)
         self._lock = threading.Lock()
         self._embeddings: EmbeddingCache | None = None
 
@@ -179,11 +181,18 @@ class Workspace:
             raise SourceError("the config file declares no source to build ([sources.NAME] with kind and path)")
         return [self.index(spec, progress=progress) for spec in specs]
 
+    def add_source(self, name: str, retriever) -> None:
+        """A LangChain or LlamaIndex `BaseRetriever` as source `name` of this workspace, for as long as it is
+        open (sources/retriever.py)."""
+        if name in set(built_source_names(self.root)) | set(self.config.sources):
+            raise SourceError(f"a source named {name!r} exists already in this workspace")
+        self._added[check_source_name(name)] = RetrieverSource(name, retriever)
+
     # --- reading
 
     def source_names(self) -> list[str]:
         configured = [n for n, s in self.config.sources.items() if s.postgres is not None or s.engine is not None]
-        names = sorted(set(built_source_names(self.root)) | set(configured))
+        names = sorted(set(built_source_names(self.root)) | set(configured) | set(self._added))
         return [n for n in names if self.config.settings(n).enabled]
 
     def source(self, name: str, retrieval: str | None = None) -> Source:
@@ -208,6 +217,8 @@ class Workspace:
 
     def _current(self, name: str, retrieval: str | None, *, hold: bool = False) -> _Opened:
         check_source_name(name)  # a name is a folder here: no other path may be reached through it
+        if name in self._added:  # an object the caller keeps: never replaced by a publish, never closed here
+            return _Opened(self._added[name], self._added[name], users=int(hold))
         mode = retrieval or self.config.settings(name).retrieval or self.config.retrieval
         postgres = self.config.settings(name).postgres or registered(self.root / "sources" / name)
         engine = self.config.settings(name).engine
@@ -246,10 +257,11 @@ class Workspace:
         return opened
 
     def held_elsewhere(self, name: str) -> bool:
-        """A source another server holds (PostgreSQL, an engine): its answers change without a publish here, and
-        asking it may take its timeout."""
+        """A source held elsewhere (PostgreSQL, an engine, a retriever object): its answers change without a
+        publish here, and asking it may take its timeout."""
         settings = self.config.settings(name)
-        return (settings.postgres or settings.engine or registered(self.root / "sources" / name)) is not None
+        return name in self._added or \
+            (settings.postgres or settings.engine or registered(self.root / "sources" / name)) is not None
 
     def _open_postgres(self, name: str, settings: PostgresSettings, mode: str) -> Source:
         with self._lock:
