@@ -431,3 +431,58 @@ def test_a_full_disk_while_caching_a_parse_is_one_clear_error_and_leaves_no_temp
     with pytest.raises(IngestError, match="the disk is full") as raised:
         list(read_files(folder, IngestReport(), words=50, overlap=10, cache=tiny_disk / "parsed"))
     assert "Traceback" not in str(raised.value) and not list((tiny_disk / "parsed").iterdir())
+
+
+# --- found by an independent review of the limits above -----------------------------------------------------------
+
+def test_three_hundred_nested_word_headings_are_not_repeated_in_every_chunk(tmp_path):
+    """Any style named "Heading N" is a level: each chunk carried the whole path (a 52 KB file, 252 MB)."""
+    from docx.enum.style import WD_STYLE_TYPE
+
+    folder = _folder(tmp_path)
+    document = docx.Document()
+    for level in range(1, 301):
+        if f"Heading {level}" not in [style.name for style in document.styles]:
+            document.styles.add_style(f"Heading {level}", WD_STYLE_TYPE.PARAGRAPH)
+        document.add_paragraph(f"Level {level} " + "deep " * 100, style=f"Heading {level}")
+    document.save(folder / "deep.docx")
+    ws, report = _index(tmp_path, folder)
+    assert report.formats.get("docx") == 1, report.skipped
+    with sqlite3.connect(current_version(ws.root / "sources" / "hostile") / "docs.sqlite") as db:
+        places = [len(location) for (location,) in db.execute("SELECT location FROM docs WHERE location IS NOT NULL")]
+    assert max(places) < 2 * ReaderLimits.max_header_chars and sum(places) < 1_000_000
+    assert any("heading paths" in cut for cut in report.cut)
+
+
+def test_a_file_of_empty_sections_is_skipped_for_its_chunks(tmp_path):
+    folder = _folder(tmp_path)
+    (folder / "sections.md").write_text("# a\n" * 200_000)  # 800 KB: 200,000 chunks to embed
+    _, report = _index(tmp_path, folder)
+    assert {name: reason for name, reason, _ in report.skipped} == {"sections.md": "too many chunks"}
+    assert "--max-chunks" in report.skipped[0][2] and report.formats == {"markdown": 1}
+
+
+def test_a_file_the_system_will_not_read_is_skipped_and_the_rest_is_read(tmp_path):
+    folder = _folder(tmp_path)
+    (folder / "mem.txt").symlink_to("/proc/self/mem")  # opens, then every read fails (EIO)
+    _, report = _index(tmp_path, folder, links_outside=True)
+    assert {name: reason for name, reason, _ in report.skipped} == {"mem.txt": "unreadable"}
+    assert report.formats == {"markdown": 1}
+
+
+def test_many_code_fences_do_not_make_heading_detection_quadratic(tmp_path):
+    folder = _folder(tmp_path)
+    (folder / "fences.md").write_text("```\n```\n# h\n" * 40_000)  # took about 66 s of worker CPU
+    _, report = _index(tmp_path, folder, deadline_s=20.0)
+    assert not report.skipped and report.formats == {"markdown": 2}
+
+
+def test_the_parse_cache_keeps_text_once_and_as_utf8(tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    _write_docx(folder / "emoji.docx", "🙂" * 200_000)
+    cache = tmp_path / "cache"
+    list(read_files(folder, IngestReport(), words=50, overlap=10, cache=cache))
+    entry = next(cache.iterdir())
+    assert entry.stat().st_size < 4.2 * 200_000  # 4 bytes a character, once (24 bytes a character before)
+    assert "text" not in json.loads(entry.read_text())["parsed"]

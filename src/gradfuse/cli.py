@@ -177,6 +177,7 @@ def index_files(
     deadline_s: Annotated[float, typer.Option(help="Skip a file not parsed within this time")] = ReaderLimits.deadline_s,
     max_text_mb: Annotated[int, typer.Option(
         help="Skip a file that produces more text (all its chunks)")] = ReaderLimits.max_text_mb,
+    max_chunks: Annotated[int, typer.Option(help="Skip a file that makes more chunks")] = ReaderLimits.max_chunks,
     max_worker_mb: Annotated[int, typer.Option(
         help="Memory of the process that parses; a file that needs more is skipped")] = ReaderLimits.max_worker_mb,
     max_page_chars: Annotated[int, typer.Option(

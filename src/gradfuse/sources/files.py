@@ -17,6 +17,7 @@ import os
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from itertools import islice
 from dataclasses import asdict
 from pathlib import Path
 
@@ -37,7 +38,7 @@ from gradfuse.sources.readers import (
 from gradfuse.sources.readers.isolation import ParserWorker
 from gradfuse.sources.readers.plain import BOMS
 
-PARSE_VERSION = 3  # bump when a reader's output changes, so cached parses are not reused
+PARSE_VERSION = 4  # bump when a reader's output changes, so cached parses are not reused
 
 
 def read_files(folder: Path, report: IngestReport, *, words: int, overlap: int, links_outside: bool = False,
@@ -54,12 +55,21 @@ def read_files(folder: Path, report: IngestReport, *, words: int, overlap: int, 
         raise IngestError(str(error)) from None
     root, used = folder.resolve(), set()
     with ParserWorker() as worker:
-        for path in _walk(folder):
+        for path in _walk(folder, report):
             relative = path.relative_to(folder).as_posix()
-            parsed = _read_one(path, relative, root, report, worker, limits, links_outside, cache, used)
+            try:
+                parsed = _read_one(path, relative, root, report, worker, limits, links_outside, cache, used)
+            except OSError as error:  # gone since the listing, or not ours to read: this file only
+                report.skipped_unreadable.append((relative, "unreadable", error.strerror or type(error).__name__))
+                continue
             if parsed is None:
                 continue
-            chunks = list(_chunks(relative, parsed.title or Path(relative).stem, parsed, words, overlap))
+            chunks = list(islice(_chunks(relative, parsed.title or Path(relative).stem, parsed, words, overlap),
+                                 limits.max_chunks + 1))
+            if len(chunks) > limits.max_chunks:
+                report.skipped_unreadable.append((relative, "too many chunks", f"it makes over {limits.max_chunks} "
+                                                                               "chunks (--max-chunks)"))
+                continue
             if not chunks:
                 report.skipped_empty.append(relative)
                 continue
@@ -146,7 +156,7 @@ def _write_entry(stored: Path, kind: str, parsed: Parsed) -> None:
     try:
         descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            json.dump({"kind": kind, "parsed": _to_json(parsed)}, handle)
+            json.dump({"kind": kind, "parsed": _to_json(parsed)}, handle, ensure_ascii=False)
             handle.flush()
             os.fsync(handle.fileno())
         temporary.replace(stored)
@@ -160,7 +170,8 @@ def _write_entry(stored: Path, kind: str, parsed: Parsed) -> None:
 
 
 def _to_json(parsed: Parsed) -> dict:
-    return {"text": parsed.text, "pages_without_text": list(parsed.pages_without_text),
+    """A parse as kept: its text is not, since the units' texts joined give it again (`_from_json`)."""
+    return {"pages_without_text": list(parsed.pages_without_text),
             "pages_read_by_ocr": parsed.pages_read_by_ocr, "title": parsed.title, "cut": list(parsed.cut),
             "units": [{"text": u.text, "location": u.location.to_json(), "start": u.start, "table": u.table}
                       for u in parsed.units]}
@@ -168,8 +179,9 @@ def _to_json(parsed: Parsed) -> dict:
 
 def _from_json(stored: dict) -> Parsed:
     units = [Unit(u["text"], Location.from_json(u["location"]), u["start"], u["table"]) for u in stored["units"]]
-    return Parsed(units, stored["text"], tuple(stored["pages_without_text"]), stored["pages_read_by_ocr"],
-                  stored["title"], tuple(stored["cut"]))
+    text = "\n\n".join(unit.text for unit in units if not unit.table)  # as Parsed.joined made it
+    return Parsed(units, text, tuple(stored["pages_without_text"]), stored["pages_read_by_ocr"], stored["title"],
+                  tuple(stored["cut"]))
 
 
 def _chunks(relative: str, title: str, parsed: Parsed, words: int, overlap: int) -> Iterator[Document]:
@@ -188,17 +200,25 @@ def _chunks(relative: str, title: str, parsed: Parsed, words: int, overlap: int)
             number += 1
 
 
-def _walk(folder: Path) -> list[Path]:
+def _walk(folder: Path, report: IngestReport) -> list[Path]:
     """The readable files under `folder`, sorted, without recursion (a folder 1,200 levels deep is fine) and
-    without entering linked folders (as Path.rglob)."""
+    without entering linked folders (as Path.rglob); a folder that cannot be listed is reported and left out."""
     found, pending = [], [folder]
     while pending:
-        with os.scandir(pending.pop()) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=False):
-                    pending.append(Path(entry.path))
-                elif Path(entry.name).suffix.lower() in SUFFIXES and entry.is_file():
-                    found.append(Path(entry.path))
+        listed = pending.pop()
+        try:
+            entries = list(os.scandir(listed))
+        except OSError as error:
+            if listed == folder:
+                raise IngestError(f"{folder} cannot be read ({error.strerror})") from None
+            report.skipped_unreadable.append((f"{listed.relative_to(folder).as_posix()}/", "unreadable",
+                                              error.strerror or type(error).__name__))
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                pending.append(Path(entry.path))
+            elif Path(entry.name).suffix.lower() in SUFFIXES and entry.is_file():
+                found.append(Path(entry.path))
     return sorted(found)
 
 

@@ -73,6 +73,7 @@ class ReaderLimits:
     max_zip_entries: Count = 10_000  # an Office file's parts (Python's zip reader keeps an object per entry)
     deadline_s: Seconds = 60.0  # to parse one file
     max_text_mb: Count = 50  # text one file may produce, all its units together (tables repeat their header)
+    max_chunks: Count = 100_000  # chunks one file may make (each is embedded): a 1,000,000-row sheet makes ~70,000
     max_worker_mb: Count = 2048  # memory (address space) of the worker process that parses
     max_page_chars: Count = 200_000  # text of one PDF page (a dense page holds about 5,000); more is cut
     max_cell_chars: Count = 2000  # text of one table cell; more is cut
@@ -93,6 +94,7 @@ class Reading:
     def __init__(self, limits: ReaderLimits):
         self.limits = limits
         self._left = limits.max_text_mb * 1_000_000
+        self._units = 0
         self.cut: list[str] = []
 
     def spend(self, text: str) -> str:
@@ -104,15 +106,33 @@ class Reading:
         return text
 
     def unit(self, text: str, location: Location, start: int | None = None, table: bool = False) -> Unit:
-        """A unit of `text`, counted; its headings cut as every chunk of it repeats them (a 300 KB heading line
-        made a 300 KB markdown file a 95 MB index)."""
-        limit = self.limits.max_header_chars
-        if any(len(heading) > limit for heading in location.headings) or len(location.sheet or "") > limit:
-            location = replace(location, sheet=location.sheet and self.capped(location.sheet, limit, "sheet names",
-                                                                               "--max-header-chars"),
-                               headings=tuple(self.capped(heading, limit, "headings", "--max-header-chars")
-                                              for heading in location.headings))
+        """A unit of `text`, counted with the place every chunk of it repeats (its heading path and sheet, cut
+        to `max_header_chars` together: a 300 KB heading line made a 300 KB Markdown file a 95 MB index, a
+        thousand nested Word headings a 52 KB file 252 MB), and counted against `max_chunks` (each unit is a
+        chunk at least)."""
+        self._units += 1
+        if self._units > self.limits.max_chunks:
+            raise Unreadable("too many chunks", f"it makes over {self.limits.max_chunks} chunks (--max-chunks)")
+        location = self._placed(location)
+        self.spend(location.sheet or "")
+        for heading in location.headings:
+            self.spend(heading)
         return Unit(self.spend(text), location, start, table)
+
+    def _placed(self, location: Location) -> Location:
+        """`location` with its sheet name and heading path cut to `max_header_chars` together (outermost first)."""
+        limit = self.limits.max_header_chars
+        if len(location.sheet or "") + sum(map(len, location.headings)) <= limit:
+            return location
+        self.note(f"sheet names and heading paths cut to {limit} characters (--max-header-chars)")
+        sheet = location.sheet[:limit] if location.sheet else location.sheet
+        room, headings = limit - len(sheet or ""), []
+        for heading in location.headings:
+            if room <= 0:
+                break
+            headings.append(heading[:room])
+            room -= len(headings[-1])
+        return replace(location, sheet=sheet, headings=tuple(headings))
 
     def capped(self, text: str, limit: int, what: str, option: str) -> str:
         """`text` cut to `limit` characters (the cut noted)."""

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import bisect
 import re
 
 from gradfuse.candidate import Location
@@ -17,10 +18,15 @@ _FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)  # a "# comme
 def read_markdown(text: str, name: str, reading: Reading) -> Parsed:
     """Sections from one heading to the next; the text before the first heading is a section of its own. The
     file's title is its first heading."""
-    fenced = [(m.start(), m.end()) for m in _FENCE.finditer(text)]
+    fences = [(m.start(), m.end()) for m in _FENCE.finditer(text)]  # in order, apart
+    starts = [start for start, _ in fences]
+
+    def in_fence(position: int) -> bool:  # by bisection: a scan of every fence per heading was quadratic
+        index = bisect.bisect_right(starts, position) - 1
+        return index >= 0 and position < fences[index][1]
+
     headings = [(m.start(), len(m.group(1)), title) for m in _HEADING.finditer(text)
-                if (title := m.group(2).rstrip(" \t#").strip())
-                and not any(start <= m.start() < end for start, end in fenced)]
+                if (title := m.group(2).rstrip(" \t#").strip()) and not in_fence(m.start())]
     units, path = [], []
     bounds = [start for start, _, _ in headings] + [len(text)]
     if bounds[0] > 0 and text[: bounds[0]].strip():
