@@ -159,3 +159,73 @@ def test_a_llamaindex_retriever_is_a_source_and_a_failing_one_fails_alone(tmp_pa
     assert top.source == "planets" and top.parent_id == "venus" and top.title == "Venus"
     with pytest.raises(TypeError, match="not a LangChain or LlamaIndex"):
         ws.add_source("other", object())
+
+
+# --- vector stores, each written by its own client with its own vectors -----------------------------------------
+
+PLANETS = ASTRONOMY + [{"id": "saturn", "title": "Saturn", "text": "Saturn has bright rings of ice and rock."}]
+
+
+def _config(tmp_path, table: str) -> Workspace:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "gradfuse.toml").write_text(f'workspace = "ws"\n\n[sources.store]\n{table}')
+    ws = Workspace.open(tmp_path / "gradfuse.toml")
+    ws.index(SourceSpec("cooking", "jsonl", str(write_jsonl(tmp_path / "c.jsonl", COOKING))))
+    return ws
+
+
+def test_a_lancedb_table_made_by_its_own_client_is_a_source_by_vector_text_or_both(tmp_path):
+    lancedb = pytest.importorskip("lancedb")
+    from lancedb.index import FTS
+
+    vectors = _minilm().encode([r["text"] for r in PLANETS])
+    import pyarrow as pa
+
+    schema = pa.schema([("doc", pa.string()), ("body", pa.string()), ("heading", pa.string()),
+                        ("vec", pa.list_(pa.float32(), len(vectors[0])))])  # a vector column by another name
+    db = lancedb.connect(str(tmp_path / "lance"))
+    table = db.create_table("notes", [{"doc": r["id"], "body": r["text"], "heading": r["title"], "vec": v.tolist()}
+                                      for r, v in zip(PLANETS, vectors)], schema=schema)
+    table.create_index("body", config=FTS())
+    ws = _config(tmp_path / "a", f'kind = "lancedb"\nuri = "{tmp_path / "lance"}"\ntable = "notes"\n'
+                                 'id_field = "doc"\ntext_field = "body"\ntitle_field = "heading"\nvector_field = "vec"\n')
+    for retrieval in ("dense", "bm25", "hybrid"):
+        found = ws.search("icy rings", sources=["store"], method="single:store", retrieval=retrieval, k=3)
+        top = found.candidates[0]
+        assert (top.doc_id, top.title) == ("saturn", "Saturn") and not found.failures, retrieval
+    dense = ws.search("icy rings", sources=["store"], method="single:store", retrieval="dense", k=3).candidates
+    assert [c.native_score for c in dense] == sorted((c.native_score for c in dense), reverse=True)  # negated
+    hybrid = ws.search("icy rings", sources=["store"], method="single:store", retrieval="hybrid", k=1)
+    assert set(hybrid.candidates[0].retrieval_ranks) == {"bm25", "dense"}
+    assert dict((n, s) for n, s, _ in ws.source_health())["store"].documents == len(PLANETS)
+
+    wrong = _config(tmp_path / "b", f'kind = "lancedb"\nuri = "{tmp_path / "lance"}"\ntable = "notes"\n'
+                                    'vector_field = "vec"\n')  # its id and text are in other fields
+    result = wrong.search("icy rings", method="rrf", k=3)
+    assert [f.source for f in result.failures] == ["store"] and "has no field 'id'" in result.failures[0].detail
+    missing = _config(tmp_path / "c", f'kind = "lancedb"\nuri = "{tmp_path / "lance"}"\ntable = "gone"\n')
+    result = missing.search("pasta", method="rrf", k=3)
+    assert "table 'gone' cannot be opened" in result.failures[0].detail and result.candidates
+
+
+def test_a_qdrant_collection_in_local_mode_is_a_source_with_distances_made_similarities(tmp_path):
+    pytest.importorskip("qdrant_client")
+    from qdrant_client import QdrantClient, models
+
+    vectors = _minilm().encode([r["text"] for r in PLANETS])
+    client = QdrantClient(path=str(tmp_path / "qdrant"))
+    client.create_collection("notes", vectors_config=models.VectorParams(size=len(vectors[0]),
+                                                                         distance=models.Distance.EUCLID))
+    client.upsert("notes", [models.PointStruct(id=i, vector=v.tolist(), payload={"name": r["id"], "text": r["text"],
+                                                                                 "title": r["title"]})
+                            for i, (r, v) in enumerate(zip(PLANETS, vectors))])
+    client.close()  # the embedded mode: one client at a time
+    ws = _config(tmp_path / "a", f'kind = "qdrant"\nuri = "{tmp_path / "qdrant"}"\ncollection = "notes"\n'
+                                 'id_field = "name"\ntitle_field = "title"\n')
+    found = ws.search("the hottest planet with a thick atmosphere", sources=["store"], method="single:store", k=3)
+    assert [c.doc_id for c in found.candidates][:1] == ["venus"] and not found.failures
+    scores = [c.native_score for c in found.candidates]
+    assert scores == sorted(scores, reverse=True) and all(s < 0 for s in scores)  # Euclid distances, negated
+    missing = _config(tmp_path / "b", f'kind = "qdrant"\nuri = "{tmp_path / "qdrant"}"\ncollection = "gone"\n')
+    result = missing.search("pasta", method="rrf", k=3)
+    assert "collection 'gone' cannot be read" in result.failures[0].detail and result.candidates

@@ -75,6 +75,11 @@ Example (every key optional)::
     url = "http://search.example:8321"
     key_env = "TEAM_GRADFUSE_KEY"    # the variable holding its API key (never the key in this file)
     sources = ["manuals", "tickets"] # its sources to ask (default: all); method = "..." its method (default: its own)
+    [sources.notes]                  # a LanceDB table (or kind = "qdrant" with collection = "..."): docs/engines.md
+    kind = "lancedb"
+    uri = "/data/lance"
+    table = "notes"                  # id_field, text_field, title_field, vector_field: the table's own names
+    query_encoder = "all-MiniLM-L6-v2"   # the model that embedded it; key_env: the variable holding its key
 
 CLI flags override the file; the file overrides the built-in defaults.
 """

@@ -233,7 +233,7 @@ class Workspace:
         if postgres:
             source = self._open_postgres(name, postgres, mode)
         elif engine:
-            source = open_engine(name, engine, self.config.settings(name).timeout_s or self.config.timeout_s)
+            source = open_engine(name, engine, self.config.settings(name).timeout_s or self.config.timeout_s, mode)
         else:
             source = open_source(self.root, name, mode=mode, version=version if version else None)
         opened = _Opened(version, source, users=int(hold))

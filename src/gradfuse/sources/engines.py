@@ -6,11 +6,15 @@ from __future__ import annotations
 
 from gradfuse.sources.base import Source
 from gradfuse.sources.gradfuse_remote import RemoteGradfuse, RemoteSettings
+from gradfuse.sources.lance_table import LanceSettings, LanceTable
+from gradfuse.sources.qdrant_collection import QdrantCollection, QdrantSettings
 
-ENGINE_KINDS = {"gradfuse": (RemoteSettings, RemoteGradfuse)}
+ENGINE_KINDS = {"gradfuse": (RemoteSettings, RemoteGradfuse), "lancedb": (LanceSettings, LanceTable),
+                "qdrant": (QdrantSettings, QdrantCollection)}
 
 
-def open_engine(name: str, settings, timeout_s: float) -> Source:
-    """The source for `settings` (one of ENGINE_KINDS' settings types)."""
+def open_engine(name: str, settings, timeout_s: float, mode: str) -> Source:
+    """The source for `settings` (one of ENGINE_KINDS' settings types), with `mode` its retrieval (bm25, dense or
+    hybrid) where the engine has more than one."""
     source_type = next(source for settings_type, source in ENGINE_KINDS.values() if isinstance(settings, settings_type))
-    return source_type(name, settings, timeout_s)
+    return source_type(name, settings, timeout_s, mode)

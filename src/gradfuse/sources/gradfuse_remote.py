@@ -52,15 +52,16 @@ class RemoteGradfuse:
 
     kind = "gradfuse"
 
-    def __init__(self, name: str, settings: RemoteSettings, timeout_s: float):
-        self.name, self.settings, self.mode = name, settings, settings.method or "remote default"
+    def __init__(self, name: str, settings: RemoteSettings, timeout_s: float, mode: str = "hybrid"):
+        self.name, self.settings, self.mode = name, settings, mode  # the remote's sources retrieve this way
         self._client = httpx.Client(base_url=settings.url.rstrip("/"), timeout=timeout_s, trust_env=False)
 
     def warm(self) -> None:
         """Nothing to load here: the remote embeds its own queries."""
 
     def search(self, query: str, k: int) -> list[Candidate]:
-        body = {"query": query, "k": k, **({"sources": list(self.settings.sources)} if self.settings.sources else {}),
+        body = {"query": query, "k": k, "retrieval": self.mode,
+                **({"sources": list(self.settings.sources)} if self.settings.sources else {}),
                 **({"method": self.settings.method} if self.settings.method else {})}
         record = self._call("POST", "/search", body)
         try:

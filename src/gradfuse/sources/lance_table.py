@@ -1,0 +1,62 @@
+"""`kind = "lancedb"`: a table in a LanceDB folder or URI, read with LanceDB's own client. Vector search by the
+table's own vectors (the query embedded by `query_encoder`); with `retrieval = "bm25"` its full-text index, and
+with `hybrid` both fused by the same in-source RRF as every store, where the table has a full-text index (else
+vector search alone). A distance is negated so that higher is better; full-text scores are BM25 already."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gradfuse.candidate import Candidate
+from gradfuse.checked import Text
+from gradfuse.sources.base import SourceError, SourceStats
+from gradfuse.sources.embedded import hybrid_depth, rrf_in_source
+from gradfuse.sources.stores import StoreSettings, engine_client
+
+
+@dataclass(frozen=True, kw_only=True)
+class LanceSettings(StoreSettings):
+    table: Text
+
+
+class LanceTable:
+    kind = "lancedb"
+
+    def __init__(self, name: str, settings: LanceSettings, timeout_s: float, mode: str = "hybrid"):
+        lancedb = engine_client("lancedb")
+        self.name, self.settings, self.mode = name, settings, mode
+        try:
+            self._table = lancedb.connect(settings.uri, api_key=settings.key()).open_table(settings.table)
+        except (ValueError, FileNotFoundError, OSError) as error:
+            raise SourceError(f"lancedb {settings.uri}: table {settings.table!r} cannot be opened ({error})") from None
+        self._text_index = any(index.index_type == "FTS" for index in self._table.list_indices())
+
+    def warm(self) -> None:
+        self.settings.warm()
+
+    def search(self, query: str, k: int) -> list[Candidate]:
+        s, lists = self.settings, {}
+        if self.mode != "bm25" or not self._text_index:
+            rows = self._table.search(s.query_vector(query), vector_column_name=s.vector_field) \
+                .limit(hybrid_depth(k)).to_list()
+            lists["dense"] = [(row, -row["_distance"]) for row in rows]
+        if self.mode != "dense" and self._text_index:
+            rows = self._table.search(query, query_type="fts").limit(hybrid_depth(k)).to_list()
+            lists["bm25"] = [(row, row["_score"]) for row in rows]
+        if len(lists) == 1:
+            (ranked,) = lists.values()
+            return [s.candidate(self.name, rank, row, score) for rank, (row, score) in enumerate(ranked[:k], 1)]
+        rows = {str(s.field(row, s.id_field)): row for ranked in lists.values() for row, _ in ranked}
+        fused = rrf_in_source({name: [str(s.field(row, s.id_field)) for row, _ in ranked]
+                               for name, ranked in lists.items()}, k)
+        candidates = []
+        for rank, (key, score, ranks) in enumerate(fused, start=1):
+            candidate = s.candidate(self.name, rank, rows[key], score)
+            candidate.retrieval_ranks = ranks
+            candidates.append(candidate)
+        return candidates
+
+    def stats(self) -> SourceStats:
+        return SourceStats(name=self.name, kind=self.kind, documents=self._table.count_rows(), index_bytes=0,
+                           encoder=self.settings.query_encoder, built_at="-",
+                           input=f"{self.settings.uri} · {self.settings.table}", retrieval=self.mode)

@@ -1,0 +1,86 @@
+"""`kind = "qdrant"`: a Qdrant collection, read with `qdrant-client`, on a server (`uri = "http://host:6333"`,
+its key from `key_env`) or in a local folder (`uri = "/path"`: the client's own embedded mode, which is not the
+Qdrant server, and which one process at a time may open). The query is embedded by `query_encoder`; a point's id
+is `id_field` of its payload where it has one, else the point's own id. Cosine and dot scores are similarities;
+Euclid and Manhattan scores are distances, negated so that higher is better."""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from dataclasses import dataclass
+
+from gradfuse.candidate import Candidate
+from gradfuse.checked import Text
+from gradfuse.sources.base import SourceError, SourceStats
+from gradfuse.sources.stores import StoreSettings, engine_client
+
+_DISTANCES = ("Euclid", "Manhattan")  # lower is closer
+
+
+@dataclass(frozen=True, kw_only=True)
+class QdrantSettings(StoreSettings):
+    collection: Text
+    vector_field: Text = ""  # a named vector of the collection ("": its one unnamed vector)
+
+
+class QdrantCollection:
+    kind = "qdrant"
+
+    def __init__(self, name: str, settings: QdrantSettings, timeout_s: float, mode: str = "dense"):
+        QdrantClient = engine_client("qdrant_client", "QdrantClient")
+
+        self.name, self.settings, self.mode = name, settings, "dense"  # vector search: Qdrant keeps no BM25 here
+        self._remote = settings.uri.startswith(("http://", "https://"))
+        self._client = QdrantClient(url=settings.uri, api_key=settings.key(), timeout=max(1, int(timeout_s))) \
+            if self._remote else _local_client(settings.uri)
+        try:
+            params = self._client.get_collection(settings.collection).config.params.vectors
+        except Exception as error:  # the client raises ValueError locally, its own errors from a server
+            self.close()
+            raise SourceError(f"qdrant {settings.uri}: collection {settings.collection!r} cannot be read "
+                              f"({type(error).__name__}: {str(error)[:200]})") from None
+        if isinstance(params, dict):
+            if settings.vector_field not in params:
+                self.close()
+                raise SourceError(f"qdrant collection {settings.collection!r} has no vector named "
+                                  f"{settings.vector_field!r} (it has {', '.join(params)})")
+            params = params[settings.vector_field]
+        self._sign = -1.0 if str(getattr(params.distance, "value", params.distance)) in _DISTANCES else 1.0
+
+    def warm(self) -> None:
+        self.settings.warm()
+
+    def search(self, query: str, k: int) -> list[Candidate]:
+        s = self.settings
+        found = self._client.query_points(s.collection, query=s.query_vector(query), using=s.vector_field or None,
+                                          limit=k, with_payload=True).points
+        return [s.candidate(self.name, rank, {s.id_field: point.id, **(point.payload or {})}, self._sign * point.score)
+                for rank, point in enumerate(found, start=1)]
+
+    def stats(self) -> SourceStats:
+        count = self._client.count(self.settings.collection, exact=True).count
+        return SourceStats(name=self.name, kind=self.kind, documents=count, index_bytes=0,
+                           encoder=self.settings.query_encoder, built_at="-",
+                           input=f"{self.settings.uri} · {self.settings.collection}", retrieval=self.mode)
+
+    def close(self) -> None:
+        if self._remote:  # a local folder's client stays open for the process: it may open the folder once
+            self._client.close()
+
+
+_LOCAL: dict[str, object] = {}
+_LOCAL_LOCK = threading.Lock()
+
+
+def _local_client(path: str):
+    """One client per local folder in this process (the embedded mode locks its folder), closed at exit."""
+    QdrantClient = engine_client("qdrant_client", "QdrantClient")
+    with _LOCAL_LOCK:
+        if path not in _LOCAL:
+            try:
+                _LOCAL[path] = QdrantClient(path=path)
+            except RuntimeError as error:  # another process (or client) holds the folder
+                raise SourceError(f"qdrant folder {path} cannot be opened ({error})") from None
+            atexit.register(_LOCAL[path].close)
+        return _LOCAL[path]

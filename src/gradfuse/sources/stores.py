@@ -1,0 +1,83 @@
+"""What every vector store kind reads alike (`chroma`, `milvus`, `qdrant`, `lancedb`): where the store is, which
+fields hold the id, text, title and vector, how the query is embedded for it (its own model: not
+necessarily gradfuse's encoder), and its key only by the name of an environment variable. One file per kind
+reads it with the engine's own client; here is the part they share."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from gradfuse.candidate import Candidate
+from gradfuse.checked import FILE_SETTINGS, Text
+from gradfuse.sources.base import SourceError
+
+_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def engine_client(module: str, attribute: str | None = None):
+    """An engine's client library (an optional dependency), or the failure that says how to install it."""
+    try:
+        imported = importlib.import_module(module)
+    except ImportError:
+        raise SourceError(f"this source needs {module}: pip install 'gradfuse[engines]'") from None
+    return getattr(imported, attribute) if attribute else imported
+
+
+@dataclass(frozen=True, kw_only=True)
+class StoreSettings:
+    __pydantic_config__ = FILE_SETTINGS
+    uri: Text  # a folder, a file, or a server URL, as the engine takes it
+    id_field: Text = "id"
+    text_field: Text = "text"
+    title_field: Text = ""  # "": no title
+    vector_field: Text = "vector"
+    query_encoder: Text = "all-MiniLM-L6-v2"  # the model that embedded the store: bundled by name, or a local folder
+    key_env: Text = ""  # the variable holding the engine's key or token, if any
+
+    def __post_init__(self):
+        parts = urlsplit(self.uri)
+        if parts.username or parts.password:
+            raise ValueError("uri must not carry credentials (they would end up in a file): put the key in an "
+                             "environment variable and name it with key_env")
+        if self.key_env and not _VARIABLE.fullmatch(self.key_env):
+            raise ValueError(f"key_env {self.key_env!r} must be the name of an environment variable")
+
+    def key(self) -> str | None:
+        if not self.key_env:
+            return None
+        value = os.environ.get(self.key_env)
+        if not value:
+            raise SourceError(f"environment variable {self.key_env} (the engine's key) is not set")
+        return value
+
+    def query_vector(self, query: str) -> list[float]:
+        """The query embedded by the store's own model (loaded once per process)."""
+        from gradfuse.sources.encoder import load_encoder
+
+        return load_encoder(self.query_encoder).encode_query(query).tolist()
+
+    def warm(self) -> None:
+        from gradfuse.sources.encoder import load_encoder
+
+        load_encoder(self.query_encoder)
+
+    def field(self, row: dict, name: str):
+        """A row's field, or the failure that says which field it lacks and what it holds."""
+        try:
+            return row[name]
+        except KeyError:
+            raise SourceError(f"a row has no field {name!r} (id_field {self.id_field!r}, text_field "
+                              f"{self.text_field!r}; it holds {', '.join(sorted(map(str, row)))})") from None
+
+    def candidate(self, source: str, rank: int, row: dict, score: float) -> Candidate:
+        """A store's row as a passage; `score` higher is better (a distance is negated by the caller)."""
+        doc_id, text = self.field(row, self.id_field), self.field(row, self.text_field)
+        if not isinstance(text, str):
+            raise SourceError(f"field {self.text_field!r} holds {type(text).__name__}, not text")
+        title = row.get(self.title_field) if self.title_field else ""
+        return Candidate(source=source, doc_id=str(doc_id), text=text, native_score=float(score), native_rank=rank,
+                         title=str(title or ""))
