@@ -229,3 +229,59 @@ def test_a_qdrant_collection_in_local_mode_is_a_source_with_distances_made_simil
     missing = _config(tmp_path / "b", f'kind = "qdrant"\nuri = "{tmp_path / "qdrant"}"\ncollection = "gone"\n')
     result = missing.search("pasta", method="rrf", k=3)
     assert "collection 'gone' cannot be read" in result.failures[0].detail and result.candidates
+
+
+@pytest.fixture(scope="module")
+def chroma_server(tmp_path_factory):
+    """Chroma's real server (`chroma run` from the chromadb wheel) on a free loopback port."""
+    pytest.importorskip("chromadb")
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import httpx
+
+    from live_server import free_port
+
+    port, folder = free_port(), tmp_path_factory.mktemp("chroma")
+    process = subprocess.Popen([str(Path(sys.executable).with_name("chroma")), "run", "--path", str(folder),
+                                "--host", "127.0.0.1", "--port", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(url + "/api/v2/heartbeat", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        assert process.poll() is None and time.monotonic() < deadline, "chroma run did not start"
+        time.sleep(0.2)
+    yield url, process, port
+    process.kill()
+    process.wait()
+
+
+def test_a_chroma_collection_on_its_server_is_a_source_and_fails_alone_when_the_server_dies(tmp_path, chroma_server):
+    import chromadb
+
+    url, process, port = chroma_server
+    vectors = _minilm().encode([r["text"] for r in PLANETS])
+    client = chromadb.HttpClient(host="127.0.0.1", port=port)
+    client.create_collection("planets", metadata={"hnsw:space": "cosine"}, embedding_function=None).add(
+        ids=[r["id"] for r in PLANETS], documents=[r["text"] for r in PLANETS], embeddings=vectors.tolist(),
+        metadatas=[{"name": r["title"]} for r in PLANETS])
+    ws = _config(tmp_path / "a", f'kind = "chroma"\nuri = "{url}"\ncollection = "planets"\ntitle_field = "name"\n')
+    found = ws.search("icy rings", sources=["store"], method="single:store", k=3)
+    top = found.candidates[0]
+    assert (top.doc_id, top.title) == ("saturn", "Saturn") and not found.failures
+    scores = [c.native_score for c in found.candidates]
+    assert scores == sorted(scores, reverse=True) and max(scores) <= 0  # cosine distances, negated
+    assert dict((n, s) for n, s, _ in ws.source_health())["store"].documents == len(PLANETS)
+    missing = _config(tmp_path / "b", f'kind = "chroma"\nuri = "{url}"\ncollection = "gone"\n')
+    assert "collection 'gone' cannot be read" in missing.search("pasta", method="rrf", k=3).failures[0].detail
+
+    process.kill()  # the engine goes away between two questions: that source fails, the rest answer
+    process.wait()
+    after = ws.search("pasta with mushrooms", method="rrf", k=3)
+    assert [f.source for f in after.failures] == ["store"] and after.candidates

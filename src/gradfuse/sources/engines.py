@@ -5,12 +5,13 @@ in the server's result cache (the engine's data changes without a publish here).
 from __future__ import annotations
 
 from gradfuse.sources.base import Source
+from gradfuse.sources.chroma_collection import ChromaCollection, ChromaSettings
 from gradfuse.sources.gradfuse_remote import RemoteGradfuse, RemoteSettings
 from gradfuse.sources.lance_table import LanceSettings, LanceTable
 from gradfuse.sources.qdrant_collection import QdrantCollection, QdrantSettings
 
 ENGINE_KINDS = {"gradfuse": (RemoteSettings, RemoteGradfuse), "lancedb": (LanceSettings, LanceTable),
-                "qdrant": (QdrantSettings, QdrantCollection)}
+                "qdrant": (QdrantSettings, QdrantCollection), "chroma": (ChromaSettings, ChromaCollection)}
 
 
 def open_engine(name: str, settings, timeout_s: float, mode: str) -> Source:

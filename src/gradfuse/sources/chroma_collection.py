@@ -1,0 +1,60 @@
+"""`kind = "chroma"`: a collection on a Chroma server (`uri = "http://host:8000"`, a token from `key_env` sent as a
+bearer token), read through Chroma's HTTP client with the query embedded by `query_encoder` (the collection's own
+embedding function is never called: nothing is downloaded). A passage's id is Chroma's id, its text the stored
+document (or `text_field` of its metadata), its title `title_field` of its metadata. Every Chroma space (l2,
+cosine, ip) returns a distance, lower for closer: negated so that higher is better."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from gradfuse.candidate import Candidate
+from gradfuse.checked import Text
+from gradfuse.sources.base import SourceError, SourceStats
+from gradfuse.sources.stores import StoreSettings, engine_client
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChromaSettings(StoreSettings):
+    collection: Text
+
+    def __post_init__(self):
+        super().__post_init__()
+        if urlsplit(self.uri).scheme not in ("http", "https"):
+            raise ValueError(f"uri {self.uri!r} is not the http(s) address of a Chroma server (chroma run)")
+
+
+class ChromaCollection:
+    kind = "chroma"
+
+    def __init__(self, name: str, settings: ChromaSettings, timeout_s: float, mode: str = "dense"):
+        chromadb = engine_client("chromadb")
+        self.name, self.settings, self.mode = name, settings, "dense"  # Chroma's search here is by vector
+        parts, key = urlsplit(settings.uri), settings.key()
+        try:
+            client = chromadb.HttpClient(host=parts.hostname, port=parts.port or (443 if parts.scheme == "https"
+                                                                                 else 8000),
+                                         ssl=parts.scheme == "https",
+                                         headers={"Authorization": f"Bearer {key}"} if key else None,
+                                         settings=chromadb.Settings(anonymized_telemetry=False))  # no calls out
+            self._collection = client.get_collection(settings.collection, embedding_function=None)
+        except Exception as error:  # the client raises its own errors, ValueError and connection errors
+            raise SourceError(f"chroma {settings.uri}: collection {settings.collection!r} cannot be read "
+                              f"({type(error).__name__}: {str(error)[:200]})") from None
+
+    def warm(self) -> None:
+        self.settings.warm()
+
+    def search(self, query: str, k: int) -> list[Candidate]:
+        s = self.settings
+        found = self._collection.query(query_embeddings=[s.query_vector(query)], n_results=k,
+                                       include=["documents", "metadatas", "distances"])
+        rows = zip(found["ids"][0], found["documents"][0], found["metadatas"][0], found["distances"][0])
+        return [s.candidate(self.name, rank, {**(metadata or {}), "id": doc_id, "text": document}, -distance)
+                for rank, (doc_id, document, metadata, distance) in enumerate(rows, start=1)]
+
+    def stats(self) -> SourceStats:
+        return SourceStats(name=self.name, kind=self.kind, documents=self._collection.count(), index_bytes=0,
+                           encoder=self.settings.query_encoder, built_at="-",
+                           input=f"{self.settings.uri} · {self.settings.collection}", retrieval=self.mode)
