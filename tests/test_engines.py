@@ -285,3 +285,26 @@ def test_a_chroma_collection_on_its_server_is_a_source_and_fails_alone_when_the_
     process.wait()
     after = ws.search("pasta with mushrooms", method="rrf", k=3)
     assert [f.source for f in after.failures] == ["store"] and after.candidates
+
+
+def test_a_milvus_lite_collection_is_a_source_with_its_own_fields(tmp_path):
+    pytest.importorskip("pymilvus")
+    from pymilvus import MilvusClient
+
+    vectors = _minilm().encode([r["text"] for r in PLANETS])
+    path = tmp_path / "milvus.db"
+    client = MilvusClient(str(path))
+    client.create_collection("planets", dimension=len(vectors[0]), metric_type="L2", id_type="string",
+                             max_length=64, vector_field_name="emb")
+    client.insert("planets", [{"id": r["id"], "emb": v.tolist(), "body": r["text"], "heading": r["title"]}
+                              for r, v in zip(PLANETS, vectors)])
+    client.close()
+    ws = _config(tmp_path / "a", f'kind = "milvus"\nuri = "{path}"\ncollection = "planets"\ntext_field = "body"\n'
+                                 'title_field = "heading"\nvector_field = "emb"\n')
+    found = ws.search("icy rings", sources=["store"], method="single:store", k=3)
+    top = found.candidates[0]
+    assert (top.doc_id, top.title, top.text) == ("saturn", "Saturn", PLANETS[-1]["text"]) and not found.failures
+    scores = [c.native_score for c in found.candidates]
+    assert scores == sorted(scores, reverse=True) and max(scores) <= 0  # L2 distances, negated
+    missing = _config(tmp_path / "b", f'kind = "milvus"\nuri = "{tmp_path / "other.db"}"\ncollection = "gone"\n')
+    assert "collection 'gone' cannot be read" in missing.search("pasta", method="rrf", k=3).failures[0].detail

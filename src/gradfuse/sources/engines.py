@@ -8,10 +8,12 @@ from gradfuse.sources.base import Source
 from gradfuse.sources.chroma_collection import ChromaCollection, ChromaSettings
 from gradfuse.sources.gradfuse_remote import RemoteGradfuse, RemoteSettings
 from gradfuse.sources.lance_table import LanceSettings, LanceTable
+from gradfuse.sources.milvus_collection import MilvusCollection, MilvusSettings
 from gradfuse.sources.qdrant_collection import QdrantCollection, QdrantSettings
 
 ENGINE_KINDS = {"gradfuse": (RemoteSettings, RemoteGradfuse), "lancedb": (LanceSettings, LanceTable),
-                "qdrant": (QdrantSettings, QdrantCollection), "chroma": (ChromaSettings, ChromaCollection)}
+                "qdrant": (QdrantSettings, QdrantCollection), "chroma": (ChromaSettings, ChromaCollection),
+                "milvus": (MilvusSettings, MilvusCollection)}
 
 
 def open_engine(name: str, settings, timeout_s: float, mode: str) -> Source:

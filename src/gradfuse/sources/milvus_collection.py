@@ -1,0 +1,62 @@
+"""`kind = "milvus"`: a Milvus collection through pymilvus' `MilvusClient`, on a server (`uri =
+"http://host:19530"`, a token from `key_env`) or a Milvus Lite file (`uri = "/path/milvus.db"`: the real engine,
+embedded). The query is embedded by `query_encoder` and searched on `vector_field`; the id, text and title are the
+fields named. COSINE and IP scores are similarities; an L2 (or other distance) score is negated so that higher is
+better, as the index on `vector_field` says its metric."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gradfuse.candidate import Candidate
+from gradfuse.checked import Text
+from gradfuse.sources.base import SourceError, SourceStats
+from gradfuse.sources.stores import StoreSettings, engine_client
+
+_SIMILARITIES = ("COSINE", "IP")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MilvusSettings(StoreSettings):
+    collection: Text
+
+
+class MilvusCollection:
+    kind = "milvus"
+
+    def __init__(self, name: str, settings: MilvusSettings, timeout_s: float, mode: str = "dense"):
+        MilvusClient = engine_client("pymilvus", "MilvusClient")
+        self.name, self.settings, self.mode, self._timeout = name, settings, "dense", timeout_s  # vector search
+        key = settings.key()
+        try:
+            self._client = MilvusClient(settings.uri, **({"token": key} if key else {}), timeout=timeout_s)
+            indexes = [self._client.describe_index(settings.collection, index)
+                       for index in self._client.list_indexes(settings.collection)]
+        except Exception as error:  # pymilvus raises its own exceptions for a missing collection or server
+            raise SourceError(f"milvus {settings.uri}: collection {settings.collection!r} cannot be read "
+                              f"({type(error).__name__}: {str(error)[:200]})") from None
+        metric = next((i.get("metric_type") for i in indexes if i.get("field_name") == settings.vector_field), None)
+        if metric is None:
+            raise SourceError(f"milvus collection {settings.collection!r} has no vector index on "
+                              f"{settings.vector_field!r} (vector_field)")
+        self._sign = 1.0 if str(metric).upper() in _SIMILARITIES else -1.0
+
+    def warm(self) -> None:
+        self.settings.warm()
+
+    def search(self, query: str, k: int) -> list[Candidate]:
+        s = self.settings
+        fields = [s.id_field, s.text_field, *([s.title_field] if s.title_field else [])]
+        (hits,) = self._client.search(s.collection, data=[s.query_vector(query)], limit=k, anns_field=s.vector_field,
+                                      output_fields=fields, timeout=self._timeout)
+        return [s.candidate(self.name, rank, {s.id_field: hit["id"], **hit["entity"]}, self._sign * hit["distance"])
+                for rank, hit in enumerate(hits, start=1)]
+
+    def stats(self) -> SourceStats:
+        rows = int(self._client.get_collection_stats(self.settings.collection).get("row_count", 0))
+        return SourceStats(name=self.name, kind=self.kind, documents=rows, index_bytes=0,
+                           encoder=self.settings.query_encoder, built_at="-",
+                           input=f"{self.settings.uri} · {self.settings.collection}", retrieval=self.mode)
+
+    def close(self) -> None:
+        self._client.close()
