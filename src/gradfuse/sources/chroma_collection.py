@@ -55,6 +55,4 @@ class ChromaCollection:
                 for rank, (doc_id, document, metadata, distance) in enumerate(rows, start=1)]
 
     def stats(self) -> SourceStats:
-        return SourceStats(name=self.name, kind=self.kind, documents=self._collection.count(), index_bytes=0,
-                           encoder=self.settings.query_encoder, built_at="-",
-                           input=f"{self.settings.uri} · {self.settings.collection}", retrieval=self.mode)
+        return self.settings.stats(self, self.settings.collection, self._collection.count())

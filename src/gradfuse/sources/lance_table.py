@@ -57,6 +57,4 @@ class LanceTable:
         return candidates
 
     def stats(self) -> SourceStats:
-        return SourceStats(name=self.name, kind=self.kind, documents=self._table.count_rows(), index_bytes=0,
-                           encoder=self.settings.query_encoder, built_at="-",
-                           input=f"{self.settings.uri} · {self.settings.table}", retrieval=self.mode)
+        return self.settings.stats(self, self.settings.table, self._table.count_rows())

@@ -54,9 +54,7 @@ class MilvusCollection:
 
     def stats(self) -> SourceStats:
         rows = int(self._client.get_collection_stats(self.settings.collection).get("row_count", 0))
-        return SourceStats(name=self.name, kind=self.kind, documents=rows, index_bytes=0,
-                           encoder=self.settings.query_encoder, built_at="-",
-                           input=f"{self.settings.uri} · {self.settings.collection}", retrieval=self.mode)
+        return self.settings.stats(self, self.settings.collection, rows)
 
     def close(self) -> None:
         self._client.close()

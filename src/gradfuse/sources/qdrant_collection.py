@@ -60,9 +60,7 @@ class QdrantCollection:
 
     def stats(self) -> SourceStats:
         count = self._client.count(self.settings.collection, exact=True).count
-        return SourceStats(name=self.name, kind=self.kind, documents=count, index_bytes=0,
-                           encoder=self.settings.query_encoder, built_at="-",
-                           input=f"{self.settings.uri} · {self.settings.collection}", retrieval=self.mode)
+        return self.settings.stats(self, self.settings.collection, count)
 
     def close(self) -> None:
         if self._remote:  # a local folder's client stays open for the process: it may open the folder once

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from gradfuse.candidate import Candidate
 from gradfuse.checked import FILE_SETTINGS, Text
-from gradfuse.sources.base import SourceError
+from gradfuse.sources.base import SourceError, SourceStats
 
 _VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -81,3 +81,9 @@ class StoreSettings:
         title = row.get(self.title_field) if self.title_field else ""
         return Candidate(source=source, doc_id=str(doc_id), text=text, native_score=float(score), native_rank=rank,
                          title=str(title or ""))
+
+    def stats(self, source, where: str, documents: int) -> SourceStats:
+        """A store source's row in `gradfuse sources`: `where` is its table or collection."""
+        return SourceStats(name=source.name, kind=source.kind, documents=documents, index_bytes=0,
+                           encoder=self.query_encoder, built_at="-", input=f"{self.uri} · {where}",
+                           retrieval=source.mode)
