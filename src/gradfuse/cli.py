@@ -248,7 +248,8 @@ def sources(config: ConfigOpt = None, workspace: WorkspaceOpt = None,
         if s is None:
             table.add_row(escape(name), "[red]unreadable[/]", "-", "-", "-", "-", "-", escape(error))
         else:
-            table.add_row(escape(s.name), s.kind, str(s.documents), f"{s.index_bytes / 1e6:.1f} MB",
+            size = f"{s.index_bytes / 1e6:.1f} MB" if s.index_bytes is not None else "-"
+            table.add_row(escape(s.name), s.kind, str(s.documents), size,
                           s.encoder or "-", s.retrieval, s.built_at, escape(s.input))
     console.print(table if health else f"no sources built in {ws.root}")
 

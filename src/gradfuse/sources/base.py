@@ -69,7 +69,7 @@ class SourceStats:
     name: str
     kind: str
     documents: int
-    index_bytes: int
+    index_bytes: int | None  # None: held by another engine, which does not say
     encoder: str | None
     built_at: str
     input: str

@@ -81,7 +81,7 @@ class RemoteGradfuse:
             documents = sum(int(r.get("documents") or 0) for r in asked)
         except (KeyError, TypeError, ValueError) as error:
             raise SourceError(f"gradfuse server {self.settings.url} sent a malformed source list ({error})") from None
-        return SourceStats(name=self.name, kind=self.kind, documents=documents, index_bytes=0, encoder=None,
+        return SourceStats(name=self.name, kind=self.kind, documents=documents, index_bytes=None, encoder=None,
                            built_at="-", input=f"{self.settings.url} ({len(asked)} sources)", retrieval=self.mode)
 
     def close(self) -> None:

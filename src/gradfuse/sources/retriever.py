@@ -44,7 +44,7 @@ class RetrieverSource:
         return candidates
 
     def stats(self) -> SourceStats:
-        return SourceStats(name=self.name, kind=f"{self._framework} retriever", documents=0, index_bytes=0,
+        return SourceStats(name=self.name, kind=f"{self._framework} retriever", documents=0, index_bytes=None,
                            encoder=None, built_at="-", input=type(self._retriever).__name__, retrieval="its own")
 
 

@@ -84,6 +84,6 @@ class StoreSettings:
 
     def stats(self, source, where: str, documents: int) -> SourceStats:
         """A store source's row in `gradfuse sources`: `where` is its table or collection."""
-        return SourceStats(name=source.name, kind=source.kind, documents=documents, index_bytes=0,
+        return SourceStats(name=source.name, kind=source.kind, documents=documents, index_bytes=None,
                            encoder=self.query_encoder, built_at="-", input=f"{self.uri} · {where}",
                            retrieval=source.mode)
