@@ -40,13 +40,13 @@ class Location:
 
     @classmethod
     def from_json(cls, text: str | None) -> Location | None:
-        if not text:
-            return None
-        values = json.loads(text)
-        for name in ("rows", "headings"):
-            if name in values:
-                values[name] = tuple(values[name])
-        return cls(**values)
+        return cls.from_dict(json.loads(text)) if text else None
+
+    @classmethod
+    def from_dict(cls, values: dict) -> Location:
+        """From its JSON form: lists become the tuples they were, and null fields keep their defaults' meaning."""
+        return cls(**{name: tuple(value) if name in ("rows", "headings") and value is not None else value
+                      for name, value in values.items()})
 
 
 @dataclass(slots=True)

@@ -184,19 +184,17 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
             release()
             raise
 
-        searched_json = None  # each record is serialised once, for the client and the cache alike
-
-        def keep(answer_json: str) -> None:
-            cache.put(key, (searched_json or search_record(searched).model_dump_json(), answer_json),
-                      failed=bool(searched.failures))
+        def keep(searched_json: str, answer_json: str) -> None:  # each record serialised once, for both
+            cache.put(key, (searched_json, answer_json), failed=bool(searched.failures))
 
         if request.stream:
-            searched_json = search_record(searched).model_dump_json()
-            return EventStream(_event_stream(searched_json, events, keep), events, release)
+            return EventStream(_event_stream(search_record(searched).model_dump_json(), events, keep), events,
+                               release)
         try:  # piece by piece, so that a client who left stops the generator (it ran to max_new_tokens)
             async for event in iterate_in_threadpool(events):
                 if isinstance(event, Answer):
-                    keep(answer_json := answer_record(event).model_dump_json())
+                    answer_json = answer_record(event).model_dump_json()
+                    keep(search_record(searched).model_dump_json(), answer_json)
                     return _json(answer_json)
                 if await http.is_disconnected():
                     return Response(status_code=499)  # nobody reads it: the client is gone
@@ -282,13 +280,13 @@ class EventStream(StreamingResponse):
             self._release()
 
 
-def _event_stream(searched_json: str, events: Iterator, keep: Callable[[str], None]) -> Iterator[str]:
+def _event_stream(searched_json: str, events: Iterator, keep: Callable[[str, str], None]) -> Iterator[str]:
     """Server-sent events; an error after the first event can only be reported as an event of its own."""
     try:
         yield f"event: search\ndata: {searched_json}\n\n"
         for event in events:
             if isinstance(event, Answer):
-                keep(answer_json := answer_record(event).model_dump_json())
+                keep(searched_json, answer_json := answer_record(event).model_dump_json())
                 yield f"event: answer\ndata: {answer_json}\n\n"
             else:
                 yield _event("token", {"text": event})

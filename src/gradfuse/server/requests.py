@@ -60,18 +60,18 @@ class SearchRequest(BaseModel):
             if value is not None and value > limit:
                 raise RequestLimitError(f"{name} = {value:g} is above this server's limit of {limit:g}")
         method, n, k = self.method or config.method, self.n or config.rerank.n, self.k or self.default_k(config)
+        evidence = self.evidence_passes(config)
         passes = lm_passes(method, n, k, config.rerank.set_rounds, self.scorer or config.rerank.scorer,
-                           config.rerank.prior) + self.evidence_passes(config)
+                           config.rerank.prior) + evidence
         if passes > limits.max_lm_passes:
-            raise RequestLimitError(f"{method} with n = {n} and k = {k} costs {passes} LM passes"
-                                    f"{self.evidence_note(config)}; this server allows at most "
-                                    f"{limits.max_lm_passes} a request (max_lm_passes): lower n or k")
+            quoting = f" ({evidence} of them quoting the evidence, [evidence] scorer {config.evidence.scorer})" \
+                if evidence else ""
+            raise RequestLimitError(f"{method} with n = {n} and k = {k} costs {passes} LM passes{quoting}; this "
+                                    f"server allows at most {limits.max_lm_passes} a request (max_lm_passes): "
+                                    "lower n or k")
 
     def evidence_passes(self, config) -> int:
         return 0  # a search quotes no evidence
-
-    def evidence_note(self, config) -> str:
-        return ""
 
     @staticmethod
     def default_k(config) -> int:
@@ -87,14 +87,10 @@ class SearchRequest(BaseModel):
 
 class AskRequest(SearchRequest):
     max_new_tokens: int | None = Field(None, ge=1, le=LARGEST)
+    stream: bool = Field(False, description="answer as server-sent events: search, token..., answer")
 
     def evidence_passes(self, config) -> int:
         return evidence_passes(config.evidence)
-
-    def evidence_note(self, config) -> str:
-        passes = evidence_passes(config.evidence)
-        return f" ({passes} of them quoting the evidence, [evidence] scorer {config.evidence.scorer})" if passes else ""
-    stream: bool = Field(False, description="answer as server-sent events: search, token..., answer")
 
     def check_limits(self, limits: ServerSettings, config) -> None:
         super().check_limits(limits, config)

@@ -170,18 +170,18 @@ def _write_entry(stored: Path, kind: str, parsed: Parsed) -> None:
 
 
 def _to_json(parsed: Parsed) -> dict:
-    """A parse as kept: its text is not, since the units' texts joined give it again (`_from_json`)."""
+    """A parse as kept: not its text nor the units' starts in it, which `Parsed.joined` made and makes again
+    (every format cached is joined so, or all table chunks)."""
     return {"pages_without_text": list(parsed.pages_without_text),
             "pages_read_by_ocr": parsed.pages_read_by_ocr, "title": parsed.title, "cut": list(parsed.cut),
-            "units": [{"text": u.text, "location": u.location.to_json(), "start": u.start, "table": u.table}
-                      for u in parsed.units]}
+            "units": [{"text": u.text, "location": u.location.to_json(), "table": u.table} for u in parsed.units]}
 
 
 def _from_json(stored: dict) -> Parsed:
-    units = [Unit(u["text"], Location.from_json(u["location"]), u["start"], u["table"]) for u in stored["units"]]
-    text = "\n\n".join(unit.text for unit in units if not unit.table)  # as Parsed.joined made it
-    return Parsed(units, text, tuple(stored["pages_without_text"]), stored["pages_read_by_ocr"], stored["title"],
-                  tuple(stored["cut"]))
+    units = [Unit(u["text"], Location.from_json(u["location"]), table=u["table"]) for u in stored["units"]]
+    return Parsed.joined(units, pages_without_text=tuple(stored["pages_without_text"]),
+                         pages_read_by_ocr=stored["pages_read_by_ocr"], title=stored["title"],
+                         cut=tuple(stored["cut"]))
 
 
 def _chunks(relative: str, title: str, parsed: Parsed, words: int, overlap: int) -> Iterator[Document]:

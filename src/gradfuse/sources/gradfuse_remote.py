@@ -10,8 +10,6 @@ reply), is this source's failure with its reason; the other sources answer.
 
 from __future__ import annotations
 
-import os
-import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -20,8 +18,7 @@ import httpx
 from gradfuse.candidate import Candidate, Location
 from gradfuse.checked import FILE_SETTINGS, Text
 from gradfuse.sources.base import SourceError, SourceStats, check_source_name
-
-_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+from gradfuse.sources.stores import check_address, key_from
 
 
 @dataclass(frozen=True)
@@ -38,11 +35,7 @@ class RemoteSettings:
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"url {self.url!r} is not an http(s) address of a gradfuse server")
-        if parts.username or parts.password:
-            raise ValueError("url must not carry credentials (they would end up in a file): put the key in an "
-                             "environment variable and name it with key_env")
-        if self.key_env and not _VARIABLE.fullmatch(self.key_env):
-            raise ValueError(f"key_env {self.key_env!r} must be the name of an environment variable")
+        check_address(self.url, "url", self.key_env)
         for name in self.sources:
             check_source_name(name)
 
@@ -88,12 +81,8 @@ class RemoteGradfuse:
         self._client.close()
 
     def _call(self, method: str, path: str, body: dict | None = None):
-        headers = {}
-        if self.settings.key_env:
-            key = os.environ.get(self.settings.key_env)
-            if not key:
-                raise SourceError(f"environment variable {self.settings.key_env} (the server's key) is not set")
-            headers["X-API-Key"] = key
+        key = key_from(self.settings.key_env, "the server's key")
+        headers = {"X-API-Key": key} if key else {}
         where = self.settings.url
         try:
             response = self._client.request(method, path, json=body, headers=headers)
@@ -118,9 +107,8 @@ class RemoteGradfuse:
 def _candidate(name: str, rank: int, row: dict) -> Candidate:
     """A remote candidate record as this source's passage: namespaced by its remote source, scored by rank."""
     location = row.get("location")
-    if location:
-        location = Location(**{key: tuple(value) if key in ("rows", "headings") and value is not None else value
-                               for key, value in location.items() if key != "cited_as"})
+    if location:  # the record's location with what it adds for display left out
+        location = Location.from_dict({key: value for key, value in location.items() if key != "cited_as"})
     span = row.get("span")
     return Candidate(source=name, doc_id=f"{row['source']}/{row['doc_id']}", text=str(row["text"]),
                      native_score=1.0 / rank, native_rank=rank, title=str(row.get("title") or ""),

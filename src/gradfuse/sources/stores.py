@@ -18,6 +18,27 @@ from gradfuse.sources.base import SourceError, SourceStats
 _VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+def check_address(address: str, field: str, key_env: str) -> None:
+    """An engine's address holds no credentials (they would end up in a file), and `key_env` names a variable."""
+    parts = urlsplit(address)
+    if parts.username or parts.password:
+        raise ValueError(f"{field} must not carry credentials (they would end up in a file): put the key in an "
+                         "environment variable and name it with key_env")
+    if key_env and not _VARIABLE.fullmatch(key_env):
+        raise ValueError(f"key_env {key_env!r} must be the name of an environment variable")
+
+
+def key_from(key_env: str, what: str) -> str | None:
+    """The key in the variable `key_env` names (None where it names none); an unset variable is the source's
+    failure."""
+    if not key_env:
+        return None
+    value = os.environ.get(key_env)
+    if not value:
+        raise SourceError(f"environment variable {key_env} ({what}) is not set")
+    return value
+
+
 def engine_client(module: str, attribute: str | None = None):
     """An engine's client library (an optional dependency), or the failure that says how to install it."""
     try:
@@ -39,20 +60,10 @@ class StoreSettings:
     key_env: Text = ""  # the variable holding the engine's key or token, if any
 
     def __post_init__(self):
-        parts = urlsplit(self.uri)
-        if parts.username or parts.password:
-            raise ValueError("uri must not carry credentials (they would end up in a file): put the key in an "
-                             "environment variable and name it with key_env")
-        if self.key_env and not _VARIABLE.fullmatch(self.key_env):
-            raise ValueError(f"key_env {self.key_env!r} must be the name of an environment variable")
+        check_address(self.uri, "uri", self.key_env)
 
     def key(self) -> str | None:
-        if not self.key_env:
-            return None
-        value = os.environ.get(self.key_env)
-        if not value:
-            raise SourceError(f"environment variable {self.key_env} (the engine's key) is not set")
-        return value
+        return key_from(self.key_env, "the engine's key")
 
     def query_vector(self, query: str) -> list[float]:
         """The query embedded by the store's own model (loaded once per process)."""

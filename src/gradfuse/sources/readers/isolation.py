@@ -101,13 +101,11 @@ def serve(parent: int) -> None:
 def _limit_this_file(limits: ReaderLimits) -> None:
     """The worker's memory, and CPU time for this file: its deadline (SIGXCPU ends the worker), so that a worker
     whose parent cannot kill it stops on its own."""
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    memory = limits.max_worker_mb * 1024 * 1024
-    resource.setrlimit(resource.RLIMIT_AS, (memory if hard == resource.RLIM_INFINITY else min(memory, hard), hard))
     used = resource.getrusage(resource.RUSAGE_SELF)
-    seconds = math.ceil(used.ru_utime + used.ru_stime + limits.deadline_s) + 1
-    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
-    resource.setrlimit(resource.RLIMIT_CPU, (seconds if hard == resource.RLIM_INFINITY else min(seconds, hard), hard))
+    for kind, value in ((resource.RLIMIT_AS, limits.max_worker_mb * 1024 * 1024),
+                        (resource.RLIMIT_CPU, math.ceil(used.ru_utime + used.ru_stime + limits.deadline_s) + 1)):
+        _, hard = resource.getrlimit(kind)  # a soft limit, never above the hard one the worker was given
+        resource.setrlimit(kind, (value if hard == resource.RLIM_INFINITY else min(value, hard), hard))
 
 
 class ParserWorker:
