@@ -51,8 +51,8 @@ clean:
 # Benchmarks report numbers into committed files under results/; they are not tests. Each benchmark file in
 # benchmarks/ also has a small --quick variant whose expected scores sit next to it (checked by the tests).
 BENCHMARKS := federated qa dl19
-.PHONY: bench bench-skeleton bench-serve bench-postgres bench-stage2 bench-defaults bench-conditional bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-precision $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
-bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-defaults bench-stage2 bench-conditional bench-serve bench-postgres bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-precision
+.PHONY: bench bench-skeleton bench-serve bench-postgres bench-engines bench-stage2 bench-defaults bench-conditional bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-precision $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
+bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-defaults bench-stage2 bench-conditional bench-serve bench-postgres bench-engines bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-precision
 
 bench-skeleton: install
 	$(BIN)/python bench/skeleton_scifact.py
@@ -62,6 +62,13 @@ bench-serve: install
 
 bench-postgres: install
 	$(BIN)/python bench/postgres_vs_embedded.py
+
+# Federation in place: four of the federated benchmark's sources in Chroma, Milvus Lite, Qdrant and LanceDB, two
+# embedding models (results/engines/). Model2Vec distils the second model; its distill extra pins an older
+# transformers, so it and its tokenizer library come without their dependencies (all already here).
+bench-engines: install
+	$(BIN)/pip install --quiet --no-deps model2vec==0.10.0 skeletoken==0.6.1
+	$(BIN)/python bench/engines.py
 
 bench-stage2: install
 	$(BIN)/python bench/stage2_passes.py

@@ -278,8 +278,13 @@ def test_a_chroma_collection_on_its_server_is_a_source_and_fails_alone_when_the_
     scores = [c.native_score for c in found.candidates]
     assert scores == sorted(scores, reverse=True) and max(scores) <= 0  # cosine distances, negated
     assert dict((n, s) for n, s, _ in ws.source_health())["store"].documents == len(PLANETS)
+    assert top.score_kind == "-cosine distance" and top.metadata == {}
     missing = _config(tmp_path / "b", f'kind = "chroma"\nuri = "{url}"\ncollection = "gone"\n')
     assert "collection 'gone' cannot be read" in missing.search("pasta", method="rrf", k=3).failures[0].detail
+    only = _config(tmp_path / "c", f'kind = "chroma"\nuri = "{url}"\ncollection = "planets"\n'
+                                   'metadata_fields = ["name"]\nfilter = { name = { "$in" = ["Mars", "Venus"] } }\n')
+    found = only.search("icy rings", sources=["store"], method="single:store", k=3).candidates
+    assert sorted(c.metadata["name"] for c in found) == ["Mars", "Venus"]  # Chroma's own `where`
 
     process.kill()  # the engine goes away between two questions: that source fails, the rest answer
     process.wait()
@@ -308,3 +313,112 @@ def test_a_milvus_lite_collection_is_a_source_with_its_own_fields(tmp_path):
     assert scores == sorted(scores, reverse=True) and max(scores) <= 0  # L2 distances, negated
     missing = _config(tmp_path / "b", f'kind = "milvus"\nuri = "{tmp_path / "other.db"}"\ncollection = "gone"\n')
     assert "collection 'gone' cannot be read" in missing.search("pasta", method="rrf", k=3).failures[0].detail
+
+
+# --- metadata, filters, malformed rows, and engines in a benchmark ------------------------------------------------
+
+SHELF = [{**r, "kind": kind, "year": year} for r, kind, year in
+         zip(PLANETS, ["rocky", "gas", "rocky", "gas"], [2019, 2020, 2021, 2022])]
+
+
+def test_metadata_fields_and_each_engines_own_filter_reach_the_passages(tmp_path):
+    pytest.importorskip("lancedb")
+    import lancedb
+    from pymilvus import MilvusClient
+    from qdrant_client import QdrantClient, models
+
+    vectors = _minilm().encode([r["text"] for r in SHELF])
+    lancedb.connect(str(tmp_path / "lance")).create_table(
+        "notes", [{**r, "vector": v.tolist()} for r, v in zip(SHELF, vectors)])
+    qdrant = QdrantClient(path=str(tmp_path / "qdrant"))
+    qdrant.create_collection("notes", vectors_config=models.VectorParams(size=len(vectors[0]),
+                                                                         distance=models.Distance.COSINE))
+    qdrant.upsert("notes", [models.PointStruct(id=i, vector=v.tolist(), payload=r)
+                            for i, (r, v) in enumerate(zip(SHELF, vectors))])
+    qdrant.close()
+    milvus = MilvusClient(str(tmp_path / "milvus.db"))
+    milvus.create_collection("notes", dimension=len(vectors[0]), metric_type="COSINE", id_type="string",
+                             max_length=64)
+    milvus.insert("notes", [{**r, "vector": v.tolist()} for r, v in zip(SHELF, vectors)])
+    milvus.close()
+    stores = {"lancedb": ('table = "notes"', 'filter = "kind = \'gas\'"', "-l2 distance"),
+              "qdrant": ('collection = "notes"\nid_field = "id"',
+                         'filter = { must = [{ key = "kind", match = { value = "gas" } }] }', "cosine"),
+              "milvus": ('collection = "notes"', 'filter = "kind == \\"gas\\""', "cosine")}
+    where = {"lancedb": "lance", "qdrant": "qdrant", "milvus": "milvus.db"}
+    for kind, (collection, only_gas, score_kind) in stores.items():
+        common = f'kind = "{kind}"\nuri = "URI"\n{collection}\nmetadata_fields = ["kind", "year"]\n'
+        ws = _config(tmp_path / kind, common.replace("URI", f"../{where[kind]}"))  # relative to gradfuse.toml
+        top = ws.search("icy rings", sources=["store"], method="single:store", k=4).candidates
+        assert (top[0].doc_id, top[0].metadata, top[0].score_kind) == ("saturn", {"kind": "gas", "year": 2022},
+                                                                       score_kind), kind
+        assert "title" not in top[0].metadata  # only the fields named
+        filtered = _config(tmp_path / f"{kind}-gas", common.replace("URI", str(tmp_path / where[kind])) + only_gas + "\n")
+        found = filtered.search("the hottest rocky planet", sources=["store"], method="single:store", k=4)
+        assert not found.failures and {c.metadata["kind"] for c in found.candidates} == {"gas"}, kind
+        assert {c.doc_id for c in found.candidates} == {"jupiter", "saturn"}, kind
+
+
+def test_a_filter_in_the_wrong_language_is_refused_when_the_file_is_read(tmp_path):
+    config = tmp_path / "gradfuse.toml"
+    config.write_text('[sources.store]\nkind = "lancedb"\nuri = "lance"\ntable = "t"\nfilter = { kind = "gas" }\n')
+    with pytest.raises(ConfigError, match="filter must be text"):
+        load_config(config)
+    config.write_text('[sources.store]\nkind = "qdrant"\nuri = "q"\ncollection = "t"\nfilter = "kind = 1"\n')
+    with pytest.raises(ConfigError, match="filter must be a table"):
+        load_config(config)
+
+
+def test_malformed_rows_fail_their_source_alone_with_the_reason(tmp_path):
+    pytest.importorskip("lancedb")
+    import lancedb
+
+    vectors = _minilm().encode([r["text"] for r in PLANETS])
+    lancedb.connect(str(tmp_path / "lance")).create_table(
+        "numbers", [{"id": r["id"], "text": len(r["text"]), "vector": v.tolist()} for r, v in zip(PLANETS, vectors)])
+    ws = _config(tmp_path / "a", f'kind = "lancedb"\nuri = "{tmp_path / "lance"}"\ntable = "numbers"\n')
+    result = ws.search("icy rings", method="rrf", k=3)
+    assert [f.source for f in result.failures] == ["store"] and "holds int, not text" in result.failures[0].detail
+    assert result.candidates and all(c.source == "cooking" for c in result.candidates)
+
+
+def test_a_benchmark_runs_with_a_source_an_engine_serves_and_without_it(tmp_path):
+    """`[engines.NAME]` in a benchmark file: gradfuse eval asks the engine; dropping the table gives the
+    all-embedded baseline over the same data."""
+    from dataclasses import replace
+
+    import lancedb
+
+    from gradfuse.eval.benchmark import load_benchmark
+    from gradfuse.eval.runner import run_benchmark
+
+    data = tmp_path / "data"
+    for name, records in (("astronomy", PLANETS), ("cooking", COOKING)):
+        write_jsonl(data / name / "corpus.jsonl", records)
+    write_jsonl(data / "astronomy" / "queries.jsonl", [{"id": "q1", "text": "icy rings"},
+                                                        {"id": "q2", "text": "moons Phobos and Deimos"},
+                                                        {"id": "q3", "text": "the largest gas giant"},
+                                                        {"id": "q4", "text": "the hottest planet's surface"}])
+    (data / "astronomy" / "qrels.tsv").write_text("q1\tsaturn\t1\nq2\tmars\t1\nq3\tjupiter\t1\nq4\tvenus\t1\n")
+    vectors = _minilm().encode([f"{r['title']}\n{r['text']}" for r in PLANETS])
+    lancedb.connect(str(tmp_path / "lance")).create_table(
+        "planets", [{**r, "vector": v.tolist()} for r, v in zip(PLANETS, vectors)])
+    file = tmp_path / "bench" / "b.toml"
+    file.parent.mkdir()
+    file.write_text(f'data = "{data}"\nworkspace = "../ws"\nretrieval = "dense"\ndepth = 5\nk = 5\n'
+                    'methods = ["single:*", "rrf", "concat", "select"]\n[split]\nsample = 2\ndev = 2\n'
+                    '[sources.astronomy]\nkind = "beir"\npath = "astronomy"\n'
+                    '[sources.cooking]\nkind = "jsonl"\npath = "cooking/corpus.jsonl"\n'
+                    '[engines.astronomy]\nkind = "lancedb"\nuri = "../lance"\ntable = "planets"\ntitle_field = "title"\n'
+                    '[queries.astronomy]\npath = "astronomy"\n')
+    bench = load_benchmark(file)
+    assert bench.source_names == ["astronomy", "cooking"] and bench.engines["astronomy"].uri == str(tmp_path / "lance")
+    in_engine = run_benchmark(bench, progress=False)
+    assert not in_engine.failures and [b["name"] for b in in_engine.builds] == ["cooking"]
+    first = {q: o.ranking[0][0] for q, o in in_engine.outcomes["select"].items()}
+    relevant = {q: next(iter(judged)) for q, judged in in_engine.qrels.items()}
+    assert len(first) == 4 and all(first[q] == relevant[q] for q in first)  # test and dev queries
+    assert in_engine.passages["astronomy/saturn"][2] == "Saturn"  # the title came from the engine's field
+    embedded = run_benchmark(replace(bench, engines={}, name="b-embedded"), progress=False)
+    assert {b["name"] for b in embedded.builds} == {"astronomy", "cooking"}
+    assert {q: o.ranking[0][0] for q, o in embedded.outcomes["select"].items()} == first

@@ -71,6 +71,10 @@ class Candidate:
     # Its rank in each of the rankings its source fused into `native_rank` (hybrid: {"bm25": r, "dense": r'}; a
     # ranking that missed it is absent); empty where the source ranks once. Federated RRF fuses these lists.
     retrieval_ranks: dict[str, int] = field(default_factory=dict)
+    # How an engine's `native_score` was made, higher always better: "cosine", "ip", "-l2" (a distance negated),
+    # "bm25", "rrf", "1/rank"; "" where the source is gradfuse's own (its retrieval's score).
+    score_kind: str = ""
+    metadata: dict[str, object] = field(default_factory=dict)  # an engine's fields named by `metadata_fields`
     scores: dict[str, float] = field(default_factory=dict)
     merged: list[Candidate] = field(default_factory=list)
 

@@ -102,6 +102,7 @@ from gradfuse.selection import SelectionSettings
 from gradfuse.server.settings import ServerSettings
 from gradfuse.sources.base import SourceSpec, check_source_name
 from gradfuse.sources.engines import ENGINE_KINDS
+from gradfuse.sources.stores import relative_to
 from gradfuse.sources.postgres import PostgresSettings, default_table
 
 DEFAULT_CONFIG_NAME = "gradfuse.toml"
@@ -246,6 +247,13 @@ def _checked(kind, values, where: str):
         raise ConfigError(f"{where}: {problems}") from None
 
 
+def engine_settings(table: dict[str, Any], base: Path, where: str):
+    """The settings of a source an engine serves (`kind` one of ENGINE_KINDS), with a folder, file or model named
+    by a relative path taken relative to the file that names it (`base`)."""
+    settings_type, _ = ENGINE_KINDS[table.pop("kind")]
+    return _checked(settings_type, relative_to(table, base), where)
+
+
 def _source_settings(name: str, table: dict[str, Any], base: Path, path: Path) -> SourceSettings:
     options = _checked(_SourceOptions, {k: table.pop(k) for k in _SOURCE_SETTINGS if k in table},
                        f"{path} [sources.{name}]")
@@ -259,8 +267,7 @@ def _source_settings(name: str, table: dict[str, Any], base: Path, path: Path) -
         except (TypeError, ValueError) as error:
             raise ConfigError(f"{path} [sources.{name}]: {error}") from error
     elif table.get("kind") in ENGINE_KINDS:
-        settings_type, _ = ENGINE_KINDS[table.pop("kind")]
-        settings.engine = _checked(settings_type, table, f"{path} [sources.{name}]")
+        settings.engine = engine_settings(table, base, f"{path} [sources.{name}]")
     elif "kind" in table or "path" in table:
         missing = _SOURCE_BUILD - set(table)
         if missing:

@@ -8,6 +8,7 @@ JSON has no infinity.
 from __future__ import annotations
 
 import math
+from typing import Any
 from dataclasses import asdict
 
 from pydantic import BaseModel, Field
@@ -67,6 +68,9 @@ class CandidateRecord(BaseModel):
     parent_id: str | None = None
     span: tuple[int, int] | None = None
     location: LocationRecord | None = Field(None, description="page, slide, sheet and rows, headings (files)")
+    score_kind: str = Field("", description='how an engine made native_score, higher better: "cosine", "-l2" '
+                                            '(a distance negated), "bm25", "rrf", "1/rank"; "" for a gradfuse index')
+    metadata: dict[str, Any] = Field(default_factory=dict, description="the engine's fields named by metadata_fields")
     scores: dict[str, float | None] = Field(description="every later score: fusion:<method>, prior, rerank:*")
     merged: list[CopyRecord] = Field(description="copies of the same text from other sources or ranks")
 
@@ -171,6 +175,7 @@ def candidate_record(candidate: Candidate) -> CandidateRecord:
         key=candidate.key, source=candidate.source, doc_id=candidate.doc_id, title=candidate.title,
         text=candidate.text, native_score=candidate.native_score, native_rank=candidate.native_rank,
         parent_id=candidate.parent_id, span=candidate.span, location=location_record(candidate.location),
+        score_kind=candidate.score_kind, metadata=candidate.metadata,
         scores={name: _finite(value) for name, value in candidate.scores.items()},
         merged=[CopyRecord(source=m.source, doc_id=m.doc_id, native_rank=m.native_rank, native_score=m.native_score)
                 for m in candidate.merged],

@@ -29,6 +29,10 @@ Example (see benchmarks/*.toml for the real ones)::
     [qa]                            # answer-level metrics for questions with answers (gradfuse.eval.qa)
     context_k = [3, 5]
     generate = ["rrf", "gro/draft"]
+    [engines.arguana]               # this source served in place by an engine (the data above, loaded there):
+    kind = "milvus"                 # any kind of gradfuse.sources.engines, with its keys; paths relative to
+    uri = "../.gradfuse/bench/engines/milvus.db"   # this file. The baseline drops these tables.
+    collection = "arguana"
     [quick]                         # `--quick`: overrides for a small, fast variant (checked in CI)
     sources = ["scifact"]
     split = { sample = 5, dev = 3 }
@@ -51,7 +55,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gradfuse.config import ConfigError
+from gradfuse.config import ConfigError, engine_settings
 from gradfuse.eval.qa import QASettings
 from gradfuse.methods import LM_METHODS, TARGET_METHODS, check_method
 from gradfuse.rerank import TARGETS
@@ -124,6 +128,13 @@ class Benchmark:
     set_tables: list[str] = field(default_factory=list)  # query sets with their own LM-subsample table
     # LM methods' failures on these metrics (value 0) are compared with UPR's (default: the headline metric)
     overlap_metrics: list[str] = field(default_factory=list)
+    # Sources an engine serves in place (`[engines.NAME]`: its settings, sources/engines.py); a source of the same
+    # name in `sources` says what was loaded there. Without them, every source is gradfuse's own index.
+    engines: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def source_names(self) -> list[str]:
+        return list(dict.fromkeys([*self.sources, *self.engines]))
 
     @property
     def headline_metric(self) -> str:
@@ -142,7 +153,7 @@ class Benchmark:
         methods: list[str] = []
         for method in self.methods:
             if method == "single:*":
-                methods += [f"single:{s}" for s in self.sources]
+                methods += [f"single:{s}" for s in self.source_names]
             else:
                 methods.append(method)
         return methods
@@ -190,7 +201,9 @@ def load_benchmark(path: Path, *, quick: bool = False) -> Benchmark:
                           "data lives)")
     split, lm = raw.pop("split", {}), raw.pop("lm", {})
     sources = {name: _source_spec(name, dict(table), data, path) for name, table in raw.pop("sources", {}).items()}
-    query_sets = {name: _query_set(name, dict(table), data, sources, path)
+    engines = {name: engine_settings(dict(table), base, f"{path} [engines.{name}]")
+               for name, table in raw.pop("engines", {}).items() if not quick or name in sources}
+    query_sets = {name: _query_set(name, dict(table), data, {*sources, *engines}, path)
                   for name, table in raw.pop("queries", {}).items()}
     bench = Benchmark(
         name=raw.pop("name", Path(path).stem) + ("-quick" if quick else ""),
@@ -221,6 +234,7 @@ def load_benchmark(path: Path, *, quick: bool = False) -> Benchmark:
         headline=raw.pop("headline", None),
         set_tables=list(raw.pop("set_tables", [])),
         overlap_metrics=list(raw.pop("overlap_metrics", [])),
+        engines=engines,
     )
     if "qa" in raw:
         try:
@@ -231,10 +245,10 @@ def load_benchmark(path: Path, *, quick: bool = False) -> Benchmark:
     for leftover, where in ((raw, ""), (split, " [split]")):
         if leftover:
             raise ConfigError(f"{path}{where}: unknown keys {sorted(leftover)}")
-    if not sources or not query_sets or not bench.methods:
+    if not bench.source_names or not query_sets or not bench.methods:
         raise ConfigError(f"{path}: a benchmark needs [sources.*], [queries.*] and a methods list")
     for method in bench.expand_methods():
-        _check_method(method, list(sources), path)
+        _check_method(method, bench.source_names, path)
     if unknown := [name for name in bench.set_tables if name not in query_sets]:
         raise ConfigError(f"{path}: set_tables names unknown query set(s) {unknown}")
     return bench
@@ -294,7 +308,7 @@ def _source_spec(name: str, table: dict, data: Path, path: Path) -> SourceSpec:
     return SourceSpec(name=name, kind=kind, path=str(data / source_path), options=table)
 
 
-def _query_set(name: str, table: dict, data: Path, sources: dict[str, SourceSpec], path: Path) -> QuerySet:
+def _query_set(name: str, table: dict, data: Path, sources: set[str], path: Path) -> QuerySet:
     origin = table.pop("origin", name if name in sources else {})  # none needed when sources share a collection
     origin = {"": origin} if isinstance(origin, str) else dict(origin)
     unknown = [s for s in origin.values() if s not in sources]

@@ -11,6 +11,7 @@ import numpy as np
 from gradfuse.eval.benchmark import EVALUATION_METHODS, base_method, is_lm_method
 from gradfuse.eval.runner import Evaluation
 from gradfuse.eval.stats import estimate, paired_p_value, per_query
+from gradfuse.sources.engines import ENGINE_KINDS
 from gradfuse.sources.run import trec_id
 
 # Every method is tested against each of these that ran, paired, on the headline metric.
@@ -49,6 +50,8 @@ def summarise(evaluation: Evaluation) -> dict:
         "machine": evaluation.machine,
         "wall_seconds": round(evaluation.wall_seconds, 1),
         "retrieval": "precomputed runs" if all(s.kind == "run" for s in bench.sources.values()) else bench.retrieval,
+        "engines": {name: next(kind for kind, (settings_type, _) in ENGINE_KINDS.items()
+                              if isinstance(settings, settings_type)) for name, settings in bench.engines.items()},
         "depth": bench.depth,
         "metrics": bench.metrics,
         "headline": bench.headline_metric,
@@ -162,7 +165,7 @@ def _source_choice(evaluation: Evaluation) -> dict:
             own = [q for q in queries if q.query_set == query_set]
             if own:
                 table[query_set] = {s: round(sum(s in evaluation.outcomes[method][q.query_id].chosen for q in own)
-                                             / len(own), 3) for s in evaluation.bench.sources}
+                                             / len(own), 3) for s in evaluation.bench.source_names}
         choice[method] = table
     return choice
 
@@ -221,7 +224,7 @@ def _plot(evaluation: Evaluation, summary: dict, out: Path) -> list[str]:
         made.append(name)
     choice = summary["source_choice"]
     if choice:
-        sources = list(evaluation.bench.sources)
+        sources = evaluation.bench.source_names
         height = 0.45 * len(evaluation.bench.query_sets) + 2
         fig, axes = plt.subplots(1, len(choice), figsize=(4.2 * len(choice), height), squeeze=False)
         for ax, (method, table) in zip(axes[0], choice.items()):

@@ -21,7 +21,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from gradfuse.candidate import Candidate
-from gradfuse.config import Config
+from gradfuse.config import Config, SourceSettings
 from gradfuse.eval import tuning
 from gradfuse.eval.outcome import Outcome
 from gradfuse.eval.qa import qa_metrics
@@ -73,9 +73,10 @@ def run_benchmark(bench: Benchmark, *, progress: bool = True, executor: Executor
     a Ray cluster); the samples, the outcomes cache and every number are the same either way. `dev_only`: the dev
     queries alone, for what they tune (gradfuse tune)."""
     started, commit = time.perf_counter(), commit_id()  # the code that runs is the code checked out now
+    engines = {name: SourceSettings(engine=settings) for name, settings in bench.engines.items()}
     ws = Workspace(Config(workspace=bench.workspace, depth=bench.depth, k=bench.k, retrieval=bench.retrieval,
-                          encoder=bench.encoder), executor=executor)
-    builds = [asdict(ws.index(spec, progress=progress)) for spec in bench.sources.values()]
+                          encoder=bench.encoder, sources=engines), executor=executor)
+    builds = [asdict(ws.index(spec, progress=progress)) for name, spec in bench.sources.items() if name not in engines]
     queries, qrels, origins = queries_and_qrels(bench)
     if dev_only:
         queries = [q for q in queries if q.split == "dev"]
@@ -86,7 +87,7 @@ def run_benchmark(bench: Benchmark, *, progress: bool = True, executor: Executor
     retrieved: dict[str, FederatedResult] = {}
     profiles: dict[str, tuple[dict, dict]] = {}  # stage 1's relevance and redundancy per query, for tuning
     for query in tqdm(queries, desc=f"{bench.name}: retrieve and rank", disable=not progress):
-        federated = ws.retrieve(query.text, sources=list(bench.sources), depth=bench.depth)
+        federated = ws.retrieve(query.text, sources=bench.source_names, depth=bench.depth)
         retrieved[query.query_id] = federated
         evaluation.retrieval_seconds[query.query_id] = federated.wall_seconds
         for candidates in federated.ranked_lists.values():
@@ -132,7 +133,7 @@ def queries_and_qrels(bench: Benchmark):
 def _judged_keys(bench: Benchmark, query_set, judged: dict[str, int]) -> tuple[dict[str, int], set[str]]:
     """One query's judgements keyed as candidates are judged, and the sources holding its relevant documents."""
     if bench.shared_collection:  # every source ranks the one collection: each can hold any document
-        return dict(judged), set(bench.sources)
+        return dict(judged), set(bench.source_names)
     keys, origin = {}, set()
     for doc_id, relevance in judged.items():
         source = query_set.source_of(doc_id)
@@ -205,7 +206,7 @@ def _run_evaluation_methods(evaluation, ws, retrieved, profiles, groups, methods
     """static-best, learned-fusion, oracle-origin and select: the ones whose settings come from dev queries.
     Returns stage 1's tuned settings per group (gro uses them too)."""
     bench = evaluation.bench
-    singles = {s: evaluation.outcomes.get(f"single:{s}") for s in bench.sources}
+    singles = {s: evaluation.outcomes.get(f"single:{s}") for s in bench.source_names}
     by_id = {q.query_id: q for q in evaluation.queries}
     if "static-best" in methods and any(v is None for v in singles.values()):
         raise ValueError("static-best needs every single source among the methods (add 'single:*')")

@@ -14,7 +14,17 @@ from contextlib import contextmanager
 
 from gradfuse.methods import LM_METHODS
 
-__all__ = ["LM_METHODS", "Busy", "LMAdmission"]
+__all__ = ["LM_METHODS", "Busy", "LMAdmission", "answer_needs_lm"]
+
+
+def answer_needs_lm(workspace, method: str | None) -> bool:
+    """Whether an answer by `method` holds the LM: a local generator that writes, a stage-2 method and an LM
+    evidence scorer do; quoting does not."""
+    from gradfuse.rerank.sentences import LM_SENTENCE_SCORERS
+
+    config = workspace.config
+    local_generator = not workspace.answers_extractively and not config.generator.startswith(("http://", "https://"))
+    return local_generator or (method or config.method) in LM_METHODS or config.evidence.scorer in LM_SENTENCE_SCORERS
 
 
 class Busy(RuntimeError):

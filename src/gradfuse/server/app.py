@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import json
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import asynccontextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,7 +24,6 @@ from gradfuse import __version__
 from gradfuse.methods import METHODS, options_read
 from gradfuse.redact import RedactingFilter, redact
 from gradfuse.rerank import ESTIMATORS, POOLS, SIGNALS, TARGETS
-from gradfuse.rerank.sentences import LM_SENTENCE_SCORERS
 from gradfuse.schemas import (
     AnswerRecord,
     SearchRecord,
@@ -34,11 +33,13 @@ from gradfuse.schemas import (
     source_record,
 )
 from gradfuse.execute import LOCAL
-from gradfuse.server.admission import LM_METHODS, Busy, LMAdmission
+from gradfuse.server.admission import LM_METHODS, Busy, LMAdmission, answer_needs_lm
 from gradfuse.server.cache import ResultCache
 from gradfuse.server.headers import SecurityHeaders
 from gradfuse.server.errors import BodyLimit, KeyRequired, install_error_handlers
 from gradfuse.server.requests import AskRequest, SearchRequest
+from gradfuse.server.openai_chat import add_chat_routes
+from gradfuse.server.streams import EventStream
 from gradfuse.server.settings import ServerSettings
 from gradfuse.sources.federated import SourceFailure
 from gradfuse.workspace import Answer, Workspace
@@ -120,7 +121,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
     app.add_middleware(SecurityHeaders)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["Content-Type", "X-API-Key"])
+                           allow_headers=["Content-Type", "X-API-Key", "Authorization"])
     # Checked by KeyRequired; declared here so that the API's schema and /docs show it.
     key_header = APIKeyHeader(name="X-API-Key", auto_error=False,
                               description="required when the server has a key (GRADFUSE_API_KEY)")
@@ -169,11 +170,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
                 return StreamingResponse(_replayed(searched_json, answer_json), media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", CACHE_HEADER: "hit"})
             return _kept_json(answer_json)
-        # A local generator that writes, a stage-2 method and an LM evidence scorer hold the LM; quoting does not.
-        local_generator = not workspace.answers_extractively and not config.generator.startswith(("http://", "https://"))
-        needs_lm = (local_generator or (request.method or config.method) in LM_METHODS
-                    or config.evidence.scorer in LM_SENTENCE_SCORERS)
-        release = admission.place(needs_lm)
+        release = admission.place(answer_needs_lm(workspace, request.method))
         try:
             events = workspace.ask_stream(request.query, context_k=request.k, max_new_tokens=request.max_new_tokens,
                                           **request.search_options())
@@ -201,6 +198,8 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
         finally:
             events.close()
             release()
+
+    add_chat_routes(app, workspace, settings, admission, health.record, guarded, posted)
 
     @app.get("/sources", dependencies=guarded, response_model=list[SourceHealthRecord])
     def sources_endpoint() -> list[SourceHealthRecord]:
@@ -261,25 +260,6 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
     return app
 
 
-class EventStream(StreamingResponse):
-    """Server-sent events of one answer, which hold a place in the LM line until the response ends, however it
-    ends. A client that left before the response started was never given back its place (the body iterator,
-    never started, never ran its `finally`): after lm_queue of them every LM request got 503."""
-
-    def __init__(self, body: Iterator[str], events: Iterator, release: Callable[[], None]):
-        super().__init__(_closed_when_abandoned(body), media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self._body, self._events, self._release = body, events, release
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:  # no step of the body is in flight here (a worker's step finishes before cancellation lands)
-            self._body.close()
-            self._events.close()
-            self._release()
-
-
 def _event_stream(searched_json: str, events: Iterator, keep: Callable[[str, str], None]) -> Iterator[str]:
     """Server-sent events; an error after the first event can only be reported as an event of its own."""
     try:
@@ -302,17 +282,6 @@ def _replayed(searched_json: str, answer_json: str) -> Iterator[str]:
     yield f"event: search\ndata: {searched_json}\n\n"
     yield _event("token", {"text": json.loads(answer_json)["answer"]})
     yield f"event: answer\ndata: {answer_json}\n\n"
-
-
-async def _closed_when_abandoned(events: Iterator[str]) -> AsyncIterator[str]:
-    """Starlette steps a sync iterator in a worker thread and, when the client leaves, abandons it suspended and
-    never closed, so generation ran on to max_new_tokens and held the LM. The step in flight finishes before the
-    cancellation arrives here, so the iterator can be closed at once: the generator stops at its next piece."""
-    try:
-        async for event in iterate_in_threadpool(events):
-            yield event
-    finally:
-        events.close()
 
 
 CACHE_HEADER = "X-Gradfuse-Cache"

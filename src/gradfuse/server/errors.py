@@ -1,4 +1,6 @@
-"""Every failure becomes a specific status and one readable message: {"detail": "..."} (plus fields that help)."""
+"""Every failure becomes a specific status and one readable message: {"detail": "..."} (plus fields that help),
+or on OpenAI's paths (/v1/...) OpenAI's shape, {"error": {"message", "type", "param", "code"}}, which its SDKs
+and chat front ends read."""
 
 from __future__ import annotations
 
@@ -23,6 +25,23 @@ log = logging.getLogger("gradfuse.server")
 RETRY_AFTER_S = 5
 
 
+OPENAI_PATHS = "/v1/"
+
+
+def error_response(path: str, status: int, detail: str, *, headers: dict[str, str] | None = None,
+                   **extra) -> JSONResponse:
+    """gradfuse's error body, or OpenAI's on its paths, where a request's invalid value is a 400 (OpenAI's SDK
+    raises BadRequestError for it) and a missing or wrong key an invalid_api_key."""
+    param = extra.pop("param", None)
+    if not path.startswith(OPENAI_PATHS):
+        return JSONResponse({"detail": detail, **extra}, status_code=status, headers=headers)
+    status = 400 if status == 422 else status
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    code = {401: "invalid_api_key", 404: "model_not_found", 413: "request_too_large", 503: "overloaded"}.get(status)
+    return JSONResponse({"error": {"message": detail, "type": kind, "param": param, "code": code}},
+                        status_code=status, headers=headers)
+
+
 def _message(error: dict) -> str:
     where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
     return f"{where}: {error['msg']}" if where else error["msg"]
@@ -33,14 +52,15 @@ async def _validation(request: Request, error: RequestValidationError) -> JSONRe
     malformed = [e for e in errors if e.get("type") == "json_invalid"]
     if malformed:
         context = malformed[0].get("ctx", {}).get("error", "")
-        return JSONResponse({"detail": f"malformed JSON body: {context}".rstrip(": ")}, status_code=400)
+        return error_response(request.url.path, 400, f"malformed JSON body: {context}".rstrip(": "))
     for e in errors:  # a validator's own error that would echo the value (a source name) says what is wrong instead
         if public := getattr(e.get("ctx", {}).get("error"), "public", None):
             e["msg"] = public
     readable = [{"field": ".".join(str(p) for p in e.get("loc", ()) if p != "body"), "message": e["msg"]}
                 for e in errors]
     detail = redact("; ".join(_message(e) for e in errors), environment=False)
-    return JSONResponse({"detail": detail, "errors": readable}, status_code=422)
+    return error_response(request.url.path, 422, detail, errors=readable,
+                          param=readable[0]["field"] if len(readable) == 1 else None)
 
 
 def _responder(status: int, *, headers: dict[str, str] | None = None, client_error: bool = False):
@@ -53,24 +73,29 @@ def _responder(status: int, *, headers: dict[str, str] | None = None, client_err
             detail = redact(getattr(error, "public", None) or str(error), environment=False)
         else:
             detail = redact(str(error))
-        return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+        return error_response(request.url.path, status, detail, headers=headers)
 
     return respond
 
 
 async def _all_failed(request: Request, error: AllSourcesFailed) -> JSONResponse:
     failures = [{"source": f.source, "reason": f.reason, "detail": f.detail} for f in error.failures]
-    return JSONResponse({"detail": redact(str(error)), "failures": failures}, status_code=503)
+    return error_response(request.url.path, 503, redact(str(error)), failures=failures)
 
 
 async def _unexpected(request: Request, error: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return JSONResponse({"detail": f"internal error ({type(error).__name__}); the server log has the traceback"},
-                        status_code=500)
+    return error_response(request.url.path, 500,
+                          f"internal error ({type(error).__name__}); the server log has the traceback")
+
+
+async def _http(request: Request, error: HTTPException) -> JSONResponse:
+    return error_response(request.url.path, error.status_code, str(error.detail), headers=error.headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation)
+    app.add_exception_handler(HTTPException, _http)
     # Order matters only for subclasses: Starlette looks up the most specific class first.
     app.add_exception_handler(UnknownSource, _responder(422, client_error=True))
     app.add_exception_handler(UnknownMethod, _responder(422, client_error=True))
@@ -98,7 +123,7 @@ class BodyLimit:
             return
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await JSONResponse(self._detail(int(declared)), status_code=413)(scope, receive, send)
+            await error_response(scope["path"], 413, self._detail(int(declared)))(scope, receive, send)
             return
         received, complete = 0, False
         deadline = asyncio.get_running_loop().time() + self.timeout_s
@@ -116,19 +141,20 @@ class BodyLimit:
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
                     # FastAPI passes HTTPExceptions raised while it reads the body through unchanged.
-                    raise HTTPException(413, self._detail(received)["detail"])
+                    raise HTTPException(413, self._detail(received))
             return message
 
         await self.app(scope, limited_receive, send)
 
-    def _detail(self, size: int) -> dict:
-        return {"detail": f"request body of {size} bytes is above this server's limit of {self.max_bytes} bytes"}
+    def _detail(self, size: int) -> str:
+        return f"request body of {size} bytes is above this server's limit of {self.max_bytes} bytes"
 
 
 class KeyRequired:
-    """ASGI middleware: with a key set, every path but the page, its files, /healthz and the API docs needs it,
-    and a request without it is refused with 401 before its body is read (a malformed body from a client without
-    the key learns nothing)."""
+    """ASGI middleware: with a key set, every path but the page, its files, /healthz and the API docs needs it, in
+    X-API-Key or as `Authorization: Bearer <key>` (what OpenAI's SDK and MCP clients send), and a request without
+    it is refused with 401 before its body is read (a malformed body from a client without the key learns
+    nothing)."""
 
     OPEN = ("/", "/healthz", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect")
     OPEN_PREFIXES = ("/static/", "/static-offline-docs/")
@@ -138,10 +164,13 @@ class KeyRequired:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and not self._open(scope["path"]):
-            given = dict(scope["headers"]).get(b"x-api-key", b"")
+            headers = dict(scope["headers"])
+            bearer = headers.get(b"authorization", b"")
+            given = headers.get(b"x-api-key") or (bearer[7:].strip() if bearer[:7].lower() == b"bearer " else b"")
             if not hmac.compare_digest(given, self.api_key):
-                await JSONResponse({"detail": "missing or wrong API key: send it in the X-API-Key header"},
-                                   status_code=401, headers={"WWW-Authenticate": "X-API-Key"})(scope, receive, send)
+                await error_response(scope["path"], 401, "missing or wrong API key: send it in the X-API-Key "
+                                     "header or as Authorization: Bearer <key>",
+                                     headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 

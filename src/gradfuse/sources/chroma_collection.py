@@ -7,6 +7,7 @@ cosine, ip) returns a distance, lower for closer: negated so that higher is bett
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 from urllib.parse import urlsplit
 
 from gradfuse.candidate import Candidate
@@ -18,6 +19,7 @@ from gradfuse.sources.stores import StoreSettings, engine_client
 @dataclass(frozen=True, kw_only=True)
 class ChromaSettings(StoreSettings):
     collection: Text
+    filter_type: ClassVar[type] = dict  # Chroma's `where`: {genre = "faq"}, {year = {"$gte" = 2021}}
 
     def __post_init__(self):
         super().__post_init__()
@@ -39,20 +41,29 @@ class ChromaCollection:
                                          headers={"Authorization": f"Bearer {key}"} if key else None,
                                          settings=chromadb.Settings(anonymized_telemetry=False))  # no calls out
             self._collection = client.get_collection(settings.collection, embedding_function=None)
+            space = (self._collection.metadata or {}).get("hnsw:space") or _space(self._collection)
         except Exception as error:  # the client raises its own errors, ValueError and connection errors
             raise SourceError(f"chroma {settings.uri}: collection {settings.collection!r} cannot be read "
                               f"({type(error).__name__}: {str(error)[:200]})") from None
+        self._score_kind = f"-{space} distance"
 
     def warm(self) -> None:
         self.settings.warm()
 
     def search(self, query: str, k: int) -> list[Candidate]:
         s = self.settings
-        found = self._collection.query(query_embeddings=[s.query_vector(query)], n_results=k,
+        found = self._collection.query(query_embeddings=[s.query_vector(query)], n_results=k, where=s.filter or None,
                                        include=["documents", "metadatas", "distances"])
         rows = zip(found["ids"][0], found["documents"][0], found["metadatas"][0], found["distances"][0])
-        return [s.candidate(self.name, rank, {**(metadata or {}), "id": doc_id, "text": document}, -distance)
+        return [s.candidate(self.name, rank, {**(metadata or {}), "id": doc_id, "text": document}, -distance,
+                            self._score_kind)
                 for rank, (doc_id, document, metadata, distance) in enumerate(rows, start=1)]
 
     def stats(self) -> SourceStats:
         return self.settings.stats(self, self.settings.collection, self._collection.count())
+
+
+def _space(collection) -> str:
+    """The collection's distance, from its configuration where its metadata does not name it (l2 by default)."""
+    hnsw = (getattr(collection, "configuration_json", None) or {}).get("hnsw") or {}
+    return hnsw.get("space") or "l2"

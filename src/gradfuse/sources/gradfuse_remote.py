@@ -111,5 +111,5 @@ def _candidate(name: str, rank: int, row: dict) -> Candidate:
         location = Location.from_dict({key: value for key, value in location.items() if key != "cited_as"})
     span = row.get("span")
     return Candidate(source=name, doc_id=f"{row['source']}/{row['doc_id']}", text=str(row["text"]),
-                     native_score=1.0 / rank, native_rank=rank, title=str(row.get("title") or ""),
+                     native_score=1.0 / rank, native_rank=rank, score_kind="1/rank", title=str(row.get("title") or ""),
                      parent_id=row.get("parent_id"), span=tuple(span) if span else None, location=location)

@@ -29,7 +29,11 @@ class LanceTable:
             self._table = lancedb.connect(settings.uri, api_key=settings.key()).open_table(settings.table)
         except (ValueError, FileNotFoundError, OSError) as error:
             raise SourceError(f"lancedb {settings.uri}: table {settings.table!r} cannot be opened ({error})") from None
-        self._text_index = any(index.index_type == "FTS" for index in self._table.list_indices())
+        indices = self._table.list_indices()
+        self._text_index = any(index.index_type == "FTS" for index in indices)
+        metric = next(((getattr(index, "index_details", None) or {}).get("metric_type") for index in indices
+                       if settings.vector_field in index.columns and index.index_type != "FTS"), None)
+        self._vector_kind = f"-{(metric or 'l2').lower()} distance"  # a table without a vector index: L2
 
     def warm(self) -> None:
         self.settings.warm()
@@ -37,24 +41,29 @@ class LanceTable:
     def search(self, query: str, k: int) -> list[Candidate]:
         s, lists = self.settings, {}
         if self.mode != "bm25" or not self._text_index:
-            rows = self._table.search(s.query_vector(query), vector_column_name=s.vector_field) \
-                .limit(hybrid_depth(k)).to_list()
+            search = self._table.search(s.query_vector(query), vector_column_name=s.vector_field)
+            rows = self._where(search).limit(hybrid_depth(k)).to_list()
             lists["dense"] = [(row, -row["_distance"]) for row in rows]
         if self.mode != "dense" and self._text_index:
-            rows = self._table.search(query, query_type="fts").limit(hybrid_depth(k)).to_list()
+            rows = self._where(self._table.search(query, query_type="fts")).limit(hybrid_depth(k)).to_list()
             lists["bm25"] = [(row, row["_score"]) for row in rows]
         if len(lists) == 1:
-            (ranked,) = lists.values()
-            return [s.candidate(self.name, rank, row, score) for rank, (row, score) in enumerate(ranked[:k], 1)]
+            ((name, ranked),) = lists.items()
+            kind = self._vector_kind if name == "dense" else "bm25"
+            return [s.candidate(self.name, rank, row, score, kind) for rank, (row, score) in enumerate(ranked[:k], 1)]
         rows = {str(s.field(row, s.id_field)): row for ranked in lists.values() for row, _ in ranked}
         fused = rrf_in_source({name: [str(s.field(row, s.id_field)) for row, _ in ranked]
                                for name, ranked in lists.items()}, k)
         candidates = []
         for rank, (key, score, ranks) in enumerate(fused, start=1):
-            candidate = s.candidate(self.name, rank, rows[key], score)
+            candidate = s.candidate(self.name, rank, rows[key], score, "rrf")
             candidate.retrieval_ranks = ranks
             candidates.append(candidate)
         return candidates
+
+    def _where(self, search):
+        """The search restricted to the rows `filter` (SQL) matches, filtered before the nearest are taken."""
+        return search.where(self.settings.filter, prefilter=True) if self.settings.filter else search
 
     def stats(self) -> SourceStats:
         return self.settings.stats(self, self.settings.table, self._table.count_rows())

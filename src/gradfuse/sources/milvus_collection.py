@@ -40,16 +40,18 @@ class MilvusCollection:
             raise SourceError(f"milvus collection {settings.collection!r} has no vector index on "
                               f"{settings.vector_field!r} (vector_field)")
         self._sign = 1.0 if str(metric).upper() in _SIMILARITIES else -1.0
+        self._score_kind = f"{'' if self._sign > 0 else '-'}{str(metric).lower()}"
 
     def warm(self) -> None:
         self.settings.warm()
 
     def search(self, query: str, k: int) -> list[Candidate]:
         s = self.settings
-        fields = [s.id_field, s.text_field, *([s.title_field] if s.title_field else [])]
+        fields = [s.id_field, s.text_field, *([s.title_field] if s.title_field else []), *s.metadata_fields]
         (hits,) = self._client.search(s.collection, data=[s.query_vector(query)], limit=k, anns_field=s.vector_field,
-                                      output_fields=fields, timeout=self._timeout)
-        return [s.candidate(self.name, rank, {s.id_field: hit["id"], **hit["entity"]}, self._sign * hit["distance"])
+                                      output_fields=fields, filter=s.filter, timeout=self._timeout)
+        return [s.candidate(self.name, rank, {s.id_field: hit["id"], **hit["entity"]}, self._sign * hit["distance"],
+                            self._score_kind)
                 for rank, hit in enumerate(hits, start=1)]
 
     def stats(self) -> SourceStats:

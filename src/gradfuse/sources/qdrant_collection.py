@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import threading
 from dataclasses import dataclass
+from typing import ClassVar
 
 from gradfuse.candidate import Candidate
 from gradfuse.checked import Text
@@ -22,6 +23,7 @@ _DISTANCES = ("Euclid", "Manhattan")  # lower is closer
 class QdrantSettings(StoreSettings):
     collection: Text
     vector_field: Text = ""  # a named vector of the collection ("": its one unnamed vector)
+    filter_type: ClassVar[type] = dict  # a Qdrant filter: {must = [{key = "lang", match = {value = "en"}}]}
 
 
 class QdrantCollection:
@@ -46,7 +48,15 @@ class QdrantCollection:
                 raise SourceError(f"qdrant collection {settings.collection!r} has no vector named "
                                   f"{settings.vector_field!r} (it has {', '.join(params)})")
             params = params[settings.vector_field]
-        self._sign = -1.0 if str(getattr(params.distance, "value", params.distance)) in _DISTANCES else 1.0
+        distance = str(getattr(params.distance, "value", params.distance))
+        self._sign = -1.0 if distance in _DISTANCES else 1.0
+        self._score_kind = f"{'-' if self._sign < 0 else ''}{distance.lower()}"
+        try:
+            self._filter = engine_client("qdrant_client.models", "Filter").model_validate(settings.filter) \
+                if settings.filter else None
+        except ValueError as error:  # pydantic's ValidationError: the table is no Qdrant filter
+            self.close()
+            raise SourceError(f"qdrant: filter is not a Qdrant filter ({str(error)[:300]})") from None
 
     def warm(self) -> None:
         self.settings.warm()
@@ -54,8 +64,9 @@ class QdrantCollection:
     def search(self, query: str, k: int) -> list[Candidate]:
         s = self.settings
         found = self._client.query_points(s.collection, query=s.query_vector(query), using=s.vector_field or None,
-                                          limit=k, with_payload=True).points
-        return [s.candidate(self.name, rank, {s.id_field: point.id, **(point.payload or {})}, self._sign * point.score)
+                                          limit=k, with_payload=True, query_filter=self._filter).points
+        return [s.candidate(self.name, rank, {s.id_field: point.id, **(point.payload or {})}, self._sign * point.score,
+                            self._score_kind)
                 for rank, point in enumerate(found, start=1)]
 
     def stats(self) -> SourceStats:

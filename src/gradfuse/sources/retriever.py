@@ -39,7 +39,7 @@ class RetrieverSource:
                                   f"{type(text).__name__}, not a string")
             candidates.append(Candidate(source=self.name, doc_id=str(doc_id if doc_id is not None else rank),
                                         text=text, native_score=1.0 / rank, native_rank=rank,
-                                        title=str((metadata or {}).get("title") or ""),
+                                        title=str((metadata or {}).get("title") or ""), score_kind="1/rank",
                                         parent_id=str(parent_id) if parent_id is not None else None))
         return candidates
 

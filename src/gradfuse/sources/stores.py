@@ -9,11 +9,15 @@ import importlib
 import os
 import re
 from dataclasses import dataclass
+from typing import ClassVar
+from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from gradfuse.candidate import Candidate
 from gradfuse.checked import FILE_SETTINGS, Text
 from gradfuse.sources.base import SourceError, SourceStats
+from gradfuse.sources.encoder import DEFAULT_ENCODER
 
 _VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -26,6 +30,19 @@ def check_address(address: str, field: str, key_env: str) -> None:
                          "environment variable and name it with key_env")
     if key_env and not _VARIABLE.fullmatch(key_env):
         raise ValueError(f"key_env {key_env!r} must be the name of an environment variable")
+
+
+def relative_to(table: dict[str, Any], base: Path) -> dict[str, Any]:
+    """A store's folder or file (`uri` without a scheme) and a model folder (`query_encoder` other than the
+    bundled one) named by a relative path are relative to the file that names them (`base` its folder)."""
+    table = dict(table)
+    uri, encoder = table.get("uri"), table.get("query_encoder")
+    if isinstance(uri, str) and uri and "://" not in uri and not Path(uri).expanduser().is_absolute():
+        table["uri"] = os.path.normpath(base / uri)
+    if isinstance(encoder, str) and encoder.partition("@")[0] != DEFAULT_ENCODER \
+            and not Path(encoder).expanduser().is_absolute():
+        table["query_encoder"] = os.path.normpath(base / encoder)
+    return table
 
 
 def key_from(key_env: str, what: str) -> str | None:
@@ -48,6 +65,15 @@ def engine_client(module: str, attribute: str | None = None):
     return getattr(imported, attribute) if attribute else imported
 
 
+def _plain(value):
+    """A metadata value as JSON holds it: text, numbers, booleans and lists of them; anything else as text."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return str(value)
+
+
 @dataclass(frozen=True, kw_only=True)
 class StoreSettings:
     __pydantic_config__ = FILE_SETTINGS
@@ -56,11 +82,19 @@ class StoreSettings:
     text_field: Text = "text"
     title_field: Text = ""  # "": no title
     vector_field: Text = "vector"
+    metadata_fields: tuple[Text, ...] = ()  # fields kept with each passage (Candidate.metadata)
+    # Only rows this matches, in the engine's own filter language: a LanceDB SQL `where`, a Milvus boolean
+    # expression, a Chroma `where` table, a Qdrant filter table ({must = [{key = ..., match = {value = ...}}]}).
+    filter: str | dict[str, Any] = ""
     query_encoder: Text = "all-MiniLM-L6-v2"  # the model that embedded the store: bundled by name, or a local folder
     key_env: Text = ""  # the variable holding the engine's key or token, if any
 
+    filter_type: ClassVar[type] = str  # what `filter` is in this engine's language: text, or a table (dict)
+
     def __post_init__(self):
         check_address(self.uri, "uri", self.key_env)
+        if self.filter and not isinstance(self.filter, self.filter_type):
+            raise ValueError(f"filter must be {'a table' if self.filter_type is dict else 'text'} for this kind")
 
     def key(self) -> str | None:
         return key_from(self.key_env, "the engine's key")
@@ -84,14 +118,18 @@ class StoreSettings:
             raise SourceError(f"a row has no field {name!r} (id_field {self.id_field!r}, text_field "
                               f"{self.text_field!r}; it holds {', '.join(sorted(map(str, row)))})") from None
 
-    def candidate(self, source: str, rank: int, row: dict, score: float) -> Candidate:
-        """A store's row as a passage; `score` higher is better (a distance is negated by the caller)."""
+    def candidate(self, source: str, rank: int, row: dict, score: float, score_kind: str) -> Candidate:
+        """A store's row as a passage; `score` higher is better (a distance is negated by the caller, and
+        `score_kind` says so: "-l2" is a negated L2 distance)."""
         doc_id, text = self.field(row, self.id_field), self.field(row, self.text_field)
         if not isinstance(text, str):
             raise SourceError(f"field {self.text_field!r} holds {type(text).__name__}, not text")
+        if doc_id is None or isinstance(doc_id, (dict, list)):
+            raise SourceError(f"field {self.id_field!r} holds {type(doc_id).__name__}, not an id")
         title = row.get(self.title_field) if self.title_field else ""
         return Candidate(source=source, doc_id=str(doc_id), text=text, native_score=float(score), native_rank=rank,
-                         title=str(title or ""))
+                         title=str(title or ""), score_kind=score_kind,
+                         metadata={name: _plain(row[name]) for name in self.metadata_fields if name in row})
 
     def stats(self, source, where: str, documents: int) -> SourceStats:
         """A store source's row in `gradfuse sources`: `where` is its table or collection."""

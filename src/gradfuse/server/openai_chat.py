@@ -1,0 +1,175 @@
+"""OpenAI's chat completions on `gradfuse serve`: `POST /v1/chat/completions` and `GET /v1/models`, so that chat
+front ends (Open WebUI, LibreChat) and code written against the `openai` SDK ask gradfuse.
+
+- `model` names a method: `gradfuse` is the server's default, `gradfuse-<method>` any other (`/v1/models` lists
+  them, each with what it costs).
+- The conversation becomes one question (gradfuse.conversation): the user's recent turns, joined.
+- The answer's text keeps its [n] markers; the message carries `citations` (number, source, doc id, title, location
+  with its `cited_as`, and the sentences quoted from it) and `evidence` (every quoted sentence with its span), and
+  the response a `gradfuse` object (failed sources, abstained, support, method). Streamed, these come once, with the
+  last chunk (finish_reason "stop"), and never change.
+- Every limit of /ask applies (query length, k, LM passes, max_new_tokens as `max_tokens`, the LM line, the body);
+  errors come in OpenAI's shape (server/errors.py). `temperature`, `top_p`, `stop`, `user`, `seed` and any other
+  field are accepted and ignored: answers are quoted or greedily decoded, the same for every caller.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+
+from gradfuse.conversation import ConversationError, question_of
+from gradfuse.methods import LM_METHODS, METHODS
+from gradfuse.redact import redact
+from gradfuse.schemas import AnswerRecord, answer_record
+from gradfuse.server.admission import Busy, LMAdmission, answer_needs_lm
+from gradfuse.server.requests import LARGEST, AskRequest
+from gradfuse.server.settings import ServerSettings
+from gradfuse.server.streams import EventStream
+from gradfuse.workspace import Answer, Workspace
+
+MODEL = "gradfuse"
+CREATED = 1767225600  # the models' "created" (OpenAI's field): 2026-01-01, the same on every server
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")  # name, tool_calls, ...: not read
+    role: str
+    content: str | list[dict] | None = None
+
+    def text(self) -> str:
+        """The message's text; OpenAI's list of parts may hold text parts only."""
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        if any(part.get("type") != "text" for part in self.content):
+            raise ConversationError("only text content is read (a part of another type was sent)")
+        return "\n".join(str(part.get("text", "")) for part in self.content)
+
+
+class ChatRequest(BaseModel):
+    # Clients send many of OpenAI's options (logprobs, seed, stream_options, ...): accepted and ignored.
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(description="gradfuse, or gradfuse-<method> (GET /v1/models)")
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    max_tokens: int | None = Field(None, ge=1, le=LARGEST, description="the answer's token budget")
+    max_completion_tokens: int | None = Field(None, ge=1, le=LARGEST, description="the same, OpenAI's newer name")
+    n: int = Field(1, ge=1, le=1, description="one answer per request")
+    temperature: float | None = None  # accepted, ignored (documented above)
+    top_p: float | None = None
+    stop: str | list[str] | None = None
+    user: str | None = None
+
+
+def method_of(model: str, default: str) -> str:
+    if model == MODEL:
+        return default
+    method = model.removeprefix(f"{MODEL}-")
+    if model.startswith(f"{MODEL}-") and method in METHODS and method != "single:<source>":
+        return method
+    raise HTTPException(404, f"the model {model!r} does not exist: GET /v1/models lists this server's")
+
+
+def model_records(default: str) -> list[dict]:
+    costs = {m: "a scoring-LM pass over the top candidates (seconds on a CPU)" if m in LM_METHODS
+             else "fusion or embedding only (milliseconds)" for m in METHODS}
+    records = [{"id": MODEL, "object": "model", "created": CREATED, "owned_by": "gradfuse",
+                "gradfuse": {"method": default, "cost": costs[default], "default": True}}]
+    records += [{"id": f"{MODEL}-{m}", "object": "model", "created": CREATED, "owned_by": "gradfuse",
+                 "gradfuse": {"method": m, "cost": costs[m], "default": False}}
+                for m in METHODS if m != "single:<source>"]
+    return records
+
+
+def message_extension(record: AnswerRecord) -> dict:
+    """The answer's citations (each with the sentences quoted from it) and evidence, as data."""
+    evidence = [e.model_dump(mode="json") for e in record.evidence]
+    citations = [{**c.model_dump(mode="json"), "quotes": [e for e in evidence if e["passage"] == c.number]}
+                 for c in record.citations]
+    return {"citations": citations, "evidence": evidence}
+
+
+def response_extension(record: AnswerRecord) -> dict:
+    return {"gradfuse": {"question": record.question, "method": record.method, "abstained": record.abstained,
+                         "support": record.support,
+                         "generator_note": record.generator_note, "invalid_citations": record.invalid_citations,
+                         "failures": [f.model_dump(mode="json") for f in record.failures]}}
+
+
+def add_chat_routes(app: FastAPI, workspace: Workspace, settings: ServerSettings, admission: LMAdmission,
+                    record_health, guarded: list, posted: list) -> None:
+    config = workspace.config
+
+    @app.get("/v1/models", dependencies=guarded, tags=["openai"])
+    def list_models() -> dict:
+        """The models this server answers as: one per gradfuse method, with its cost."""
+        return {"object": "list", "data": model_records(config.method)}
+
+    @app.post("/v1/chat/completions", dependencies=posted, tags=["openai"],
+              responses={400: {}, 401: {}, 404: {}, 413: {}, 502: {}, 503: {}})
+    async def chat_completions(request: ChatRequest, http: Request):
+        """OpenAI's chat completion, answered with gradfuse's citations and quoted evidence (`stream` for
+        chat.completion.chunk events)."""
+        method = method_of(request.model, config.method)
+        question = question_of([(m.role, m.text()) for m in request.messages], settings.max_query_chars)
+        ask = AskRequest(query=question, method=method,
+                         max_new_tokens=request.max_completion_tokens or request.max_tokens)
+        ask.check_limits(settings, config)
+        release = admission.place(answer_needs_lm(workspace, method))
+        try:
+            events = workspace.ask_stream(question, max_new_tokens=ask.max_new_tokens, method=method)
+            searched = await run_in_threadpool(next, events)
+            record_health(list(searched.ranked_lists), searched.failures)
+        except BaseException:
+            release()
+            raise
+        completion = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": request.model}
+        if request.stream:
+            return EventStream(_chunks(completion, events), events, release)
+        try:  # piece by piece, so that a client who left stops the generator
+            async for event in iterate_in_threadpool(events):
+                if isinstance(event, Answer):
+                    record = answer_record(event)
+                    message = {"role": "assistant", "content": record.answer, **message_extension(record)}
+                    body = {**completion, "object": "chat.completion", "usage": None,
+                            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                            **response_extension(record)}
+                    return Response(json.dumps(body), media_type="application/json")
+                if await http.is_disconnected():
+                    return Response(status_code=499)
+        finally:
+            events.close()
+            release()
+
+
+def _chunks(completion: dict, events: Iterator) -> Iterator[str]:
+    """chat.completion.chunk events: the role first, the text as it is decoded, then an empty delta with
+    finish_reason "stop" carrying the citations and evidence, and `data: [DONE]`."""
+
+    def chunk(delta: dict, finish: str | None = None, **extension) -> str:
+        body = {**completion, "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extension}
+        return f"data: {json.dumps(body)}\n\n"
+
+    try:
+        yield chunk({"role": "assistant", "content": ""})
+        for event in events:
+            if isinstance(event, Answer):
+                record = answer_record(event)
+                yield chunk(message_extension(record), "stop", **response_extension(record))
+            else:
+                yield chunk({"content": event})
+        yield "data: [DONE]\n\n"
+    except Exception as error:  # after the first chunk an error can only be a chunk of its own (the SDK raises it)
+        kind = "overloaded" if isinstance(error, Busy) else "server_error"
+        yield f"data: {json.dumps({'error': {'message': redact(f'{type(error).__name__}: {error}'), 'type': 'server_error', 'param': None, 'code': kind}})}\n\n"
+    finally:
+        events.close()
