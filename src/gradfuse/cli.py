@@ -489,8 +489,19 @@ def serve(
     if settings.ray:
         ws.executor = _run_guarded(lambda: make_executor(settings.ray, replicas=settings.ray_replicas or None))
     console.print(f"gradfuse serving {ws.root} on http://{settings.host}:{settings.port}/ ({key}; "
-                  f"API docs at /docs; stage 2 scores in {ws.executor.describe()})")
+                  f"API docs at /docs; OpenAI-compatible at /v1, MCP at /mcp; stage 2 scores in "
+                  f"{ws.executor.describe()})")
     run_server(ws, settings, preload_lm=preload_lm, log_level=log_level)
+
+
+@app.command()
+def mcp(config: ConfigOpt = None, workspace: WorkspaceOpt = None):
+    """An MCP server over stdio (tools search, ask, list_sources; passages as gradfuse:// resources), for an
+    agent or a desktop assistant to start. `gradfuse serve` has the same at /mcp over HTTP."""
+    from gradfuse.server.mcp_tools import build_mcp
+
+    ws = _workspace(config, workspace)
+    build_mcp(ws, ws.config.server).run("stdio")
 
 
 def _loopback(host: str) -> bool:

@@ -229,6 +229,15 @@ def answer_record(answer: Answer) -> AnswerRecord:
     )
 
 
+def citations_and_evidence(record: AnswerRecord) -> dict:
+    """An answer's citations, each with the sentences quoted from it, and all its evidence, as plain data (the
+    OpenAI-compatible message's and the MCP tool's extension)."""
+    evidence = [e.model_dump(mode="json") for e in record.evidence]
+    citations = [{**c.model_dump(mode="json"), "quotes": [e for e in evidence if e["passage"] == c.number]}
+                 for c in record.citations]
+    return {"citations": citations, "evidence": evidence}
+
+
 def source_record(name: str, stats: SourceStats | None, error: str | None = None) -> SourceRecord:
     if stats is None:
         return SourceRecord(name=name, status="error", error=redact(error or ""))

@@ -38,6 +38,7 @@ from gradfuse.server.cache import ResultCache
 from gradfuse.server.headers import SecurityHeaders
 from gradfuse.server.errors import BodyLimit, KeyRequired, install_error_handlers
 from gradfuse.server.requests import AskRequest, SearchRequest
+from gradfuse.server.mcp_tools import build_mcp
 from gradfuse.server.openai_chat import add_chat_routes
 from gradfuse.server.streams import EventStream
 from gradfuse.server.settings import ServerSettings
@@ -97,6 +98,8 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
     health = SourceHealth()
     config = workspace.config
 
+    mcp = build_mcp(workspace, settings, admission)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         workspace._encoder()  # load once before the first request, not during it
@@ -104,7 +107,8 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
             from gradfuse.rerank import load_scorer
 
             load_scorer(config.rerank.model, config.rerank.doc_tokens, config.rerank.dtype)
-        yield
+        async with mcp.session_manager.run():
+            yield
 
     app = FastAPIOffline(title="gradfuse", version=__version__, lifespan=lifespan,
                          description="Retrieval-augmented generation over many sources at once: federated search, "
@@ -200,6 +204,8 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
             release()
 
     add_chat_routes(app, workspace, settings, admission, health.record, guarded, posted)
+    # MCP's streamable HTTP at /mcp: its own route, behind the same middleware (the key, the body limit)
+    app.router.routes.extend(mcp.streamable_http_app(streamable_http_path="/mcp", host=settings.host).routes)
 
     @app.get("/sources", dependencies=guarded, response_model=list[SourceHealthRecord])
     def sources_endpoint() -> list[SourceHealthRecord]:

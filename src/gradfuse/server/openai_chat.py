@@ -28,7 +28,7 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from gradfuse.conversation import ConversationError, question_of
 from gradfuse.methods import LM_METHODS, METHODS
 from gradfuse.redact import redact
-from gradfuse.schemas import AnswerRecord, answer_record
+from gradfuse.schemas import AnswerRecord, answer_record, citations_and_evidence
 from gradfuse.server.admission import Busy, LMAdmission, answer_needs_lm
 from gradfuse.server.requests import LARGEST, AskRequest
 from gradfuse.server.settings import ServerSettings
@@ -89,14 +89,6 @@ def model_records(default: str) -> list[dict]:
     return records
 
 
-def message_extension(record: AnswerRecord) -> dict:
-    """The answer's citations (each with the sentences quoted from it) and evidence, as data."""
-    evidence = [e.model_dump(mode="json") for e in record.evidence]
-    citations = [{**c.model_dump(mode="json"), "quotes": [e for e in evidence if e["passage"] == c.number]}
-                 for c in record.citations]
-    return {"citations": citations, "evidence": evidence}
-
-
 def response_extension(record: AnswerRecord) -> dict:
     return {"gradfuse": {"question": record.question, "method": record.method, "abstained": record.abstained,
                          "support": record.support,
@@ -138,7 +130,7 @@ def add_chat_routes(app: FastAPI, workspace: Workspace, settings: ServerSettings
             async for event in iterate_in_threadpool(events):
                 if isinstance(event, Answer):
                     record = answer_record(event)
-                    message = {"role": "assistant", "content": record.answer, **message_extension(record)}
+                    message = {"role": "assistant", "content": record.answer, **citations_and_evidence(record)}
                     body = {**completion, "object": "chat.completion", "usage": None,
                             "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
                             **response_extension(record)}
@@ -164,7 +156,7 @@ def _chunks(completion: dict, events: Iterator) -> Iterator[str]:
         for event in events:
             if isinstance(event, Answer):
                 record = answer_record(event)
-                yield chunk(message_extension(record), "stop", **response_extension(record))
+                yield chunk(citations_and_evidence(record), "stop", **response_extension(record))
             else:
                 yield chunk({"content": event})
         yield "data: [DONE]\n\n"

@@ -138,6 +138,11 @@ class EmbeddedSource:
         if self.mode != "bm25" and len(self._vectors):
             load_encoder(self._manifest["encoder"])
 
+    def document(self, doc_id: str) -> Candidate | None:
+        """One passage by its id (a cited passage opened again), or None."""
+        row = self._docs.rows_for_ids([doc_id]).get(doc_id)
+        return None if row is None else self._docs.candidates(self.name, [row], [0.0])[0]
+
     def search(self, query: str, k: int, *, mode: str | None = None) -> list[Candidate]:
         mode, deeper = mode or self.mode, k + TIE_SLACK
         if mode == "hybrid":

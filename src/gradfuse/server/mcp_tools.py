@@ -1,0 +1,101 @@
+"""gradfuse as an MCP server, on the official `mcp` SDK: the tools `search`, `ask` and `list_sources`, and every
+passage of a gradfuse index as the resource `gradfuse://SOURCE/DOC_ID`, so that a client can open what an answer
+cites. `gradfuse mcp` serves it over stdio; `gradfuse serve` mounts its streamable-HTTP transport at /mcp, behind
+the server's key (X-API-Key or a bearer token) like every other path. A call is held to the JSON API's limits and,
+on a server, waits in the same LM line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import quote
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.resources.templates import ResourceSecurity
+
+from gradfuse import __version__
+from gradfuse.methods import LM_METHODS, METHOD_CHOICES
+from gradfuse.schemas import answer_record, candidate_record, citations_and_evidence, failure_record, source_record
+from gradfuse.server.admission import LMAdmission, answer_needs_lm
+from gradfuse.server.requests import AskRequest, SearchRequest
+from gradfuse.server.settings import ServerSettings
+from gradfuse.sources.base import SourceError, check_source_name
+from gradfuse.workspace import Workspace
+
+INSTRUCTIONS = ("Searches and answers over this gradfuse workspace's sources at once, choosing the sources per "
+                "question. Cite passages by their resource URI (gradfuse://SOURCE/DOC_ID) and read one to check it.")
+
+
+def resource_uri(source: str, doc_id: str) -> str:
+    return f"gradfuse://{source}/{quote(doc_id, safe='')}"
+
+
+def _passage(number: int, candidate) -> dict:
+    record = candidate_record(candidate).model_dump(mode="json")
+    return {"number": number, **record, "resource": resource_uri(candidate.source, candidate.doc_id)}
+
+
+def build_mcp(workspace: Workspace, settings: ServerSettings, admission: LMAdmission | None = None) -> MCPServer:
+    config = workspace.config
+    admission = admission or LMAdmission(settings.lm_queue)
+    server = MCPServer("gradfuse", version=__version__, instructions=INSTRUCTIONS)
+
+    @server.tool(description="Search every source (or those named) for passages on `query`; each passage comes with "
+                             "its source, document id, place in its file, scores and resource URI, and the sources "
+                             "that failed are listed. Cost: milliseconds with the default method "
+                             f"({config.method}); seconds on a CPU with a scoring-LM method ({', '.join(LM_METHODS)}). "
+                             f"method: {METHOD_CHOICES}.")
+    def search(query: str, sources: list[str] | None = None, method: str | None = None, k: int | None = None) -> dict:
+        request = SearchRequest(query=query, sources=sources, method=method, k=k)
+        request.check_limits(settings, config)
+        with admission.slot((method or config.method) in LM_METHODS):
+            result = workspace.search(query, k=request.k, **request.search_options())
+        return {"method": result.method, "passages": [_passage(n, c) for n, c in enumerate(result.candidates, 1)],
+                "failures": [failure_record(f).model_dump(mode="json") for f in result.failures]}
+
+    @server.tool(description="Answer `question` from the sources, citing passages by number [n]: the answer, its "
+                             "citations (source, document, place, resource URI, and the sentences quoted from each), "
+                             "the evidence sentences with their spans, whether it abstained (not found), and the "
+                             "sources that failed. Cost: about a second on a CPU when the answer is quoted (the "
+                             "bundled model); more when a generator writes it or the method runs the scoring LM.")
+    def ask(question: str, sources: list[str] | None = None, method: str | None = None, k: int | None = None) -> dict:
+        request = AskRequest(query=question, sources=sources, method=method, k=k)
+        request.check_limits(settings, config)
+        release = admission.place(answer_needs_lm(workspace, method))
+        try:
+            answer = workspace.ask(question, context_k=request.k, **request.search_options())
+        finally:
+            release()
+        record = answer_record(answer)
+        cited = citations_and_evidence(record)
+        for citation in cited["citations"]:
+            citation["resource"] = resource_uri(citation["source"], citation["doc_id"])
+        return {"answer": record.answer, **cited, "abstained": record.abstained, "support": record.support,
+                "generator_note": record.generator_note,
+                "failures": [f.model_dump(mode="json") for f in record.failures]}
+
+    @server.tool(description="The sources: name, kind, documents, size, encoder, last build, and whether each opens "
+                             "(its error if not). Cost: milliseconds.")
+    def list_sources() -> dict:
+        records = []
+        for name, stats, error in workspace.source_health():
+            record = source_record(name, stats, error)
+            if record.input and record.kind != "postgres":  # the file's name, not where it lies on the server
+                record.input = Path(record.input).name
+            records.append(record.model_dump(mode="json"))
+        return {"sources": records}
+
+    # A doc id is a key in the source's own store, never a path: the SDK's path checks do not apply to it.
+    @server.resource("gradfuse://{source}/{+doc_id}", name="passage", mime_type="text/plain",
+                     description="A passage of a gradfuse index by its source and document id (percent-encoded)",
+                     security=ResourceSecurity(exempt_params={"doc_id"}))
+    def passage(source: str, doc_id: str) -> str:
+        opened = workspace.source(check_source_name(source))
+        if not hasattr(opened, "document"):
+            raise SourceError(f"source {source!r} is served by {opened.kind}: open its passages there")
+        found = opened.document(doc_id)
+        if found is None:
+            raise SourceError(f"source {source!r} has no document {doc_id!r}")
+        where = found.location.describe() if found.location else ""
+        return "\n".join([*(line for line in (found.title, where) if line), "", found.text])
+
+    return server

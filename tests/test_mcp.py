@@ -1,0 +1,100 @@
+"""gradfuse's MCP server through the official `mcp` client: over stdio (`gradfuse mcp`, its own process) and over
+streamable HTTP on a live `gradfuse serve` (keyed): the tools listed and called, a cited passage read back as a
+resource, a wrong key refused, and a source that fails during a call named in the tool's result."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import ASTRONOMY, COOKING, write_jsonl
+from live_server import gradfuse_serve
+
+from gradfuse import SourceSpec, Workspace
+from gradfuse.server import API_KEY_ENV
+
+mcp = pytest.importorskip("mcp")
+from mcp import Client  # noqa: E402
+from mcp.client.stdio import StdioServerParameters  # noqa: E402
+from mcp.client.streamable_http import streamable_http_client  # noqa: E402
+from mcp.shared._httpx_utils import create_mcp_http_client  # noqa: E402
+
+KEY = "mcp-key-for-tests"
+QUESTION = "Which planet has the moons Phobos and Deimos?"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    """Two built sources and a third that is a gradfuse server nobody runs (it fails on every call)."""
+    root = tmp_path_factory.mktemp("mcp")
+    (root / "gradfuse.toml").write_text('workspace = "ws"\n\n[sources.team]\nkind = "gradfuse"\n'
+                                        'url = "http://127.0.0.1:9"\ntimeout_s = 2\n')
+    ws = Workspace.open(root / "gradfuse.toml")
+    ws.index(SourceSpec("astronomy", "jsonl", str(write_jsonl(root / "a.jsonl", ASTRONOMY))))
+    ws.index(SourceSpec("cooking", "jsonl", str(write_jsonl(root / "c.jsonl", COOKING))))
+    return root
+
+
+def _data(result) -> dict | list:
+    assert not result.is_error, result.content
+    return json.loads(result.content[0].text)
+
+
+async def _exercise(client) -> dict:
+    """Every tool and a resource, as an agent would use them."""
+    tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+    found = _data(await client.call_tool("search", {"query": QUESTION, "method": "select", "k": 3}))
+    answered = _data(await client.call_tool("ask", {"question": QUESTION}))
+    sources = _data(await client.call_tool("list_sources", {}))
+    opened = await client.read_resource(found["passages"][0]["resource"])
+    return {"tools": tools, "found": found, "answered": answered, "sources": sources,
+            "opened": opened.contents[0].text}
+
+
+def _check(seen: dict) -> None:
+    assert set(seen["tools"]) == {"search", "ask", "list_sources"}
+    assert "Cost" in seen["tools"]["search"].description and "Cost" in seen["tools"]["ask"].description
+    top = seen["found"]["passages"][0]
+    assert top["doc_id"] in ("mars", "mars-copy") and top["resource"].startswith("gradfuse://")
+    assert [f["source"] for f in seen["found"]["failures"]] == ["team"]  # failed during the call, named
+    assert "Phobos" in seen["opened"]
+    answered = seen["answered"]
+    assert "Phobos" in answered["answer"] and answered["citations"][0]["quotes"]
+    assert answered["citations"][0]["resource"].startswith("gradfuse://")
+    assert [f["source"] for f in answered["failures"]] == ["team"]
+    assert {s["name"] for s in seen["sources"]["sources"]} == {"astronomy", "cooking", "team"}
+
+
+def test_the_mcp_server_over_stdio(folder):
+    server = StdioServerParameters(command=str(Path(sys.executable).with_name("gradfuse")),
+                                   args=["mcp", "--config", str(folder / "gradfuse.toml")],
+                                   env={k: v for k, v in os.environ.items() if k.startswith(("HF_", "TRANSFORMERS_"))},
+                                   cwd=str(folder))
+
+    async def run():
+        async with Client(server, read_timeout_seconds=120) as client:
+            return await _exercise(client)
+
+    _check(asyncio.run(run()))
+
+
+def test_the_mcp_server_over_http_on_gradfuse_serve_with_its_key(folder):
+    with gradfuse_serve(folder / "ws", "--config", str(folder / "gradfuse.toml"), env={API_KEY_ENV: KEY}) as url:
+        async def run(key: str):
+            transport = streamable_http_client(f"{url}/mcp", http_client=create_mcp_http_client(
+                headers={"Authorization": f"Bearer {key}"}))
+            async with Client(transport, read_timeout_seconds=120) as client:
+                return await _exercise(client)
+
+        _check(asyncio.run(run(KEY)))
+        with pytest.raises(BaseException) as refused:  # the SDK raises its error inside its task groups
+            asyncio.run(run("not-the-key"))
+        assert "Server returned an error response" in repr(refused.value)
+        # what the client was told: 401 before its body was read, for the MCP path as for every other
+        assert httpx.post(f"{url}/mcp", json={}, headers={"Authorization": "Bearer not-the-key"}).status_code == 401
