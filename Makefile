@@ -51,8 +51,8 @@ clean:
 # Benchmarks report numbers into committed files under results/; they are not tests. Each benchmark file in
 # benchmarks/ also has a small --quick variant whose expected scores sit next to it (checked by the tests).
 BENCHMARKS := federated qa dl19
-.PHONY: bench bench-skeleton bench-serve bench-postgres bench-engines bench-stage2 bench-defaults bench-conditional bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-precision $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
-bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-defaults bench-stage2 bench-conditional bench-serve bench-postgres bench-engines bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-precision
+.PHONY: bench bench-skeleton bench-serve bench-postgres bench-engines bench-conversation bench-stage2 bench-defaults bench-conditional bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-precision $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
+bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-defaults bench-stage2 bench-conditional bench-serve bench-postgres bench-engines bench-conversation bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-precision
 
 bench-skeleton: install
 	$(BIN)/python bench/skeleton_scifact.py
@@ -62,6 +62,10 @@ bench-serve: install
 
 bench-postgres: install
 	$(BIN)/python bench/postgres_vs_embedded.py
+
+# A follow-up question alone vs the conversation joined (results/conversation/; the federated sources built first).
+bench-conversation: install
+	$(BIN)/python bench/conversation.py
 
 # Federation in place: four of the federated benchmark's sources in Chroma, Milvus Lite, Qdrant and LanceDB, two
 # embedding models (results/engines/). Model2Vec distils the second model; its distill extra pins an older

@@ -458,6 +458,9 @@ def demo(workspace: Annotated[Path, typer.Option("--workspace", "-w")] = Path(".
               else f"written by {describe_generator(ws.config.generator)}")
     console.print(escape(f"\nThe answers are {writer}. To ask your own questions over these sources: gradfuse ask "
                          f"\"...\" --workspace {workspace} (add --method gro --explain to see both stages)."))
+    console.print(escape(f"From other clients: gradfuse serve --workspace {workspace}, then an OpenAI client with "
+                         "base_url http://127.0.0.1:8321/v1 and model \"gradfuse\", or an MCP client at "
+                         f"http://127.0.0.1:8321/mcp (or over stdio: gradfuse mcp --workspace {workspace})."))
 
 
 @app.command()

@@ -5,7 +5,7 @@ instructions, not the question) are left out. Measured against the last turn alo
 
 from __future__ import annotations
 
-RECENT_TURNS = 3  # the user's last turns joined (results/conversation/: more added noise to short follow-ups)
+RECENT_TURNS = 3  # the user's last turns joined (two-turn cases were measured; three is not tuned)
 
 
 class ConversationError(ValueError):
