@@ -6,6 +6,7 @@ on a server, waits in the same LM line."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from urllib.parse import quote
 
@@ -37,7 +38,12 @@ def _passage(number: int, candidate) -> dict:
 def build_mcp(workspace: Workspace, settings: ServerSettings, admission: LMAdmission | None = None) -> MCPServer:
     config = workspace.config
     admission = admission or LMAdmission(settings.lm_queue)
+    # The SDK configures the root logger at INFO (logging.basicConfig), which would print every library's INFO
+    # lines, httpx's request URLs among them, past gradfuse's redaction: the root logger is put back as it was.
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
     server = MCPServer("gradfuse", version=__version__, instructions=INSTRUCTIONS)
+    root.handlers[:], root.level = handlers, level
 
     @server.tool(description="Search every source (or those named) for passages on `query`; each passage comes with "
                              "its source, document id, place in its file, scores and resource URI, and the sources "
