@@ -250,7 +250,10 @@ def _checked(kind, values, where: str):
 def engine_settings(table: dict[str, Any], base: Path, where: str):
     """The settings of a source an engine serves (`kind` one of ENGINE_KINDS), with a folder, file or model named
     by a relative path taken relative to the file that names it (`base`)."""
-    settings_type, _ = ENGINE_KINDS[table.pop("kind")]
+    kind = table.pop("kind", None)
+    if kind not in ENGINE_KINDS:
+        raise ConfigError(f"{where}: kind {kind!r} is not one of {', '.join(ENGINE_KINDS)}")
+    settings_type, _ = ENGINE_KINDS[kind]
     return _checked(settings_type, relative_to(table, base), where)
 
 

@@ -406,7 +406,8 @@ class _LMCache:
         folder = bench.workspace / "eval-cache" / bench.name
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / (method.replace("/", "-").replace(":", "-") + ".jsonl")
-        self.fingerprint = hashlib.sha256(json.dumps([settings, code_version()], sort_keys=True).encode()
+        engines = sorted((name, repr(engine)) for name, engine in bench.engines.items())  # what they hold
+        self.fingerprint = hashlib.sha256(json.dumps([settings, code_version(), *([engines] if engines else [])], sort_keys=True).encode()
                                           ).hexdigest()[:16]
         self.stored: dict[str, Outcome] = {}
         if self.path.exists():

@@ -39,6 +39,7 @@ from gradfuse.server.headers import SecurityHeaders
 from gradfuse.server.errors import BodyLimit, KeyRequired, install_error_handlers
 from gradfuse.server.requests import AskRequest, SearchRequest
 from gradfuse.server.mcp_tools import build_mcp
+from mcp.server.transport_security import TransportSecuritySettings
 from gradfuse.server.openai_chat import add_chat_routes
 from gradfuse.server.streams import EventStream
 from gradfuse.server.settings import ServerSettings
@@ -205,7 +206,10 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
 
     add_chat_routes(app, workspace, settings, admission, health.record, guarded, posted)
     # MCP's streamable HTTP at /mcp: its own route, behind the same middleware (the key, the body limit)
-    app.router.routes.extend(mcp.streamable_http_app(streamable_http_path="/mcp", host=settings.host).routes)
+    # (its own Host/Origin check is off: TrustedHost guards a keyless server and the key every other)
+    app.router.routes.extend(mcp.streamable_http_app(
+        streamable_http_path="/mcp", transport_security=TransportSecuritySettings(
+            enable_dns_rebinding_protection=False)).routes)
 
     @app.get("/sources", dependencies=guarded, response_model=list[SourceHealthRecord])
     def sources_endpoint() -> list[SourceHealthRecord]:

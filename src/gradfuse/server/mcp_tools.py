@@ -10,16 +10,22 @@ import logging
 from pathlib import Path
 from urllib.parse import quote
 
+import functools
+
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp.server.mcpserver.resources.templates import ResourceSecurity
 
 from gradfuse import __version__
 from gradfuse.methods import LM_METHODS, METHOD_CHOICES
 from gradfuse.schemas import answer_record, candidate_record, citations_and_evidence, failure_record, source_record
-from gradfuse.server.admission import LMAdmission, answer_needs_lm
+from gradfuse.generate.openai_http import EndpointError
+from gradfuse.redact import redact
+from gradfuse.server.admission import Busy, LMAdmission, answer_needs_lm
 from gradfuse.server.requests import AskRequest, SearchRequest
 from gradfuse.server.settings import ServerSettings
 from gradfuse.sources.base import SourceError, check_source_name
+from gradfuse.sources.federated import AllSourcesFailed
 from gradfuse.workspace import Workspace
 
 INSTRUCTIONS = ("Searches and answers over this gradfuse workspace's sources at once, choosing the sources per "
@@ -33,6 +39,20 @@ def resource_uri(source: str, doc_id: str) -> str:
 def _passage(number: int, candidate) -> dict:
     record = candidate_record(candidate).model_dump(mode="json")
     return {"number": number, **record, "resource": resource_uri(candidate.source, candidate.doc_id)}
+
+
+def _told(tool):
+    """A call's own failure (a limit, an unknown source or method, a full LM line, every source failed) told to the
+    client in words it can act on, redacted, instead of the SDK's bare "Error executing tool"."""
+
+    @functools.wraps(tool)
+    def call(*args, **kwargs):
+        try:
+            return tool(*args, **kwargs)
+        except (ValueError, SourceError, Busy, AllSourcesFailed, EndpointError) as error:
+            raise ToolError(redact(getattr(error, "public", None) or str(error), environment=False)) from None
+
+    return call
 
 
 def build_mcp(workspace: Workspace, settings: ServerSettings, admission: LMAdmission | None = None) -> MCPServer:
@@ -50,6 +70,7 @@ def build_mcp(workspace: Workspace, settings: ServerSettings, admission: LMAdmis
                              "that failed are listed. Cost: milliseconds with the default method "
                              f"({config.method}); seconds on a CPU with a scoring-LM method ({', '.join(LM_METHODS)}). "
                              f"method: {METHOD_CHOICES}.")
+    @_told
     def search(query: str, sources: list[str] | None = None, method: str | None = None, k: int | None = None) -> dict:
         request = SearchRequest(query=query, sources=sources, method=method, k=k)
         request.check_limits(settings, config)
@@ -63,6 +84,7 @@ def build_mcp(workspace: Workspace, settings: ServerSettings, admission: LMAdmis
                              "the evidence sentences with their spans, whether it abstained (not found), and the "
                              "sources that failed. Cost: about a second on a CPU when the answer is quoted (the "
                              "bundled model); more when a generator writes it or the method runs the scoring LM.")
+    @_told
     def ask(question: str, sources: list[str] | None = None, method: str | None = None, k: int | None = None) -> dict:
         request = AskRequest(query=question, sources=sources, method=method, k=k)
         request.check_limits(settings, config)
@@ -95,12 +117,14 @@ def build_mcp(workspace: Workspace, settings: ServerSettings, admission: LMAdmis
                      description="A passage of a gradfuse index by its source and document id (percent-encoded)",
                      security=ResourceSecurity(exempt_params={"doc_id"}))
     def passage(source: str, doc_id: str) -> str:
-        opened = workspace.source(check_source_name(source))
-        if not hasattr(opened, "document"):
-            raise SourceError(f"source {source!r} is served by {opened.kind}: open its passages there")
-        found = opened.document(doc_id)
+        if check_source_name(source) not in workspace.source_names():  # a disabled source stays closed
+            raise ResourceError(f"this workspace has no source {source!r}")
+        with workspace.holding(source) as opened:
+            if not hasattr(opened, "document"):
+                raise ResourceError(f"source {source!r} is served by {opened.kind}: open its passages there")
+            found = opened.document(doc_id)
         if found is None:
-            raise SourceError(f"source {source!r} has no document {doc_id!r}")
+            raise ResourceError(f"source {source!r} has no document {doc_id!r}")
         where = found.location.describe() if found.location else ""
         return "\n".join([*(line for line in (found.title, where) if line), "", found.text])
 

@@ -25,7 +25,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
-from gradfuse.conversation import ConversationError, question_of
+from gradfuse.conversation import question_of
 from gradfuse.methods import LM_METHODS, METHODS
 from gradfuse.redact import redact
 from gradfuse.schemas import AnswerRecord, answer_record, citations_and_evidence
@@ -45,12 +45,10 @@ class ChatMessage(BaseModel):
     content: str | list[dict] | None = None
 
     def text(self) -> str:
-        """The message's text; OpenAI's list of parts may hold text parts only."""
+        """The message's text: of OpenAI's list of parts, the text parts (an image is not read)."""
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
-        if any(part.get("type") != "text" for part in self.content):
-            raise ConversationError("only text content is read (a part of another type was sent)")
-        return "\n".join(str(part.get("text", "")) for part in self.content)
+        return "\n".join(str(part.get("text", "")) for part in self.content if part.get("type") == "text")
 
 
 class ChatRequest(BaseModel):
@@ -79,12 +77,14 @@ def method_of(model: str, default: str) -> str:
 
 
 def model_records(default: str) -> list[dict]:
-    costs = {m: "a scoring-LM pass over the top candidates (seconds on a CPU)" if m in LM_METHODS
-             else "fusion or embedding only (milliseconds)" for m in METHODS}
+    def cost(method: str) -> str:
+        return "a scoring-LM pass over the top candidates (seconds on a CPU)" if method in LM_METHODS \
+            else "fusion or embedding only (milliseconds)"
+
     records = [{"id": MODEL, "object": "model", "created": CREATED, "owned_by": "gradfuse",
-                "gradfuse": {"method": default, "cost": costs[default], "default": True}}]
+                "gradfuse": {"method": default, "cost": cost(default), "default": True}}]
     records += [{"id": f"{MODEL}-{m}", "object": "model", "created": CREATED, "owned_by": "gradfuse",
-                 "gradfuse": {"method": m, "cost": costs[m], "default": False}}
+                 "gradfuse": {"method": m, "cost": cost(m), "default": False}}
                 for m in METHODS if m != "single:<source>"]
     return records
 
