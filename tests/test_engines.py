@@ -382,7 +382,7 @@ def test_malformed_rows_fail_their_source_alone_with_the_reason(tmp_path):
     assert result.candidates and all(c.source == "cooking" for c in result.candidates)
 
 
-def test_a_benchmark_runs_with_a_source_an_engine_serves_and_without_it(tmp_path):
+def test_a_benchmark_runs_with_a_source_an_engine_serves_and_without_it(tmp_path, monkeypatch):
     """`[engines.NAME]` in a benchmark file: gradfuse eval asks the engine; dropping the table gives the
     all-embedded baseline over the same data."""
     from dataclasses import replace
@@ -392,6 +392,7 @@ def test_a_benchmark_runs_with_a_source_an_engine_serves_and_without_it(tmp_path
     from gradfuse.eval.benchmark import load_benchmark
     from gradfuse.eval.runner import run_benchmark
 
+    monkeypatch.delenv("GRADFUSE_DATA", raising=False)  # the file's own data folder, not the shared one
     data = tmp_path / "data"
     for name, records in (("astronomy", PLANETS), ("cooking", COOKING)):
         write_jsonl(data / name / "corpus.jsonl", records)
