@@ -101,6 +101,8 @@ def test_wrong_key_and_requests_over_the_limits_are_refused_in_openais_shape(ser
     with pytest.raises(openai.NotFoundError, match="does not exist") as missing:
         client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": QUESTION}])
     assert missing.value.code == "model_not_found"
+    other = httpx.get(f"{url}/v1/embeddings", headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+    assert other.status_code == 404 and other.json()["error"]["code"] is None  # not a model: no such path
     huge = httpx.post(f"{url}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
                       content=b"{" + b" " * 2_000_000 + b"}", timeout=30)
     assert huge.status_code == 413 and huge.json()["error"]["code"] == "request_too_large"

@@ -32,14 +32,22 @@ def error_response(path: str, status: int, detail: str, *, headers: dict[str, st
                    **extra) -> JSONResponse:
     """gradfuse's error body, or OpenAI's on its paths, where a request's invalid value is a 400 (OpenAI's SDK
     raises BadRequestError for it) and a missing or wrong key an invalid_api_key."""
-    param = extra.pop("param", None)
+    param, code = extra.pop("param", None), extra.pop("code", None)
     if not path.startswith(OPENAI_PATHS):
         return JSONResponse({"detail": detail, **extra}, status_code=status, headers=headers)
     status = 400 if status == 422 else status
     kind = "invalid_request_error" if status < 500 else "server_error"
-    code = {401: "invalid_api_key", 404: "model_not_found", 413: "request_too_large", 503: "overloaded"}.get(status)
+    code = code or {401: "invalid_api_key", 413: "request_too_large", 503: "overloaded"}.get(status)
     return JSONResponse({"error": {"message": detail, "type": kind, "param": param, "code": code}},
                         status_code=status, headers=headers)
+
+
+class UnknownModel(LookupError):
+    """An OpenAI-compatible request named a model this server does not answer as."""
+
+
+async def _unknown_model(request: Request, error: UnknownModel) -> JSONResponse:
+    return error_response(request.url.path, 404, str(error), code="model_not_found")
 
 
 def _message(error: dict) -> str:
@@ -96,6 +104,7 @@ async def _http(request: Request, error: HTTPException) -> JSONResponse:
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation)
     app.add_exception_handler(HTTPException, _http)
+    app.add_exception_handler(UnknownModel, _unknown_model)
     # Order matters only for subclasses: Starlette looks up the most specific class first.
     app.add_exception_handler(UnknownSource, _responder(422, client_error=True))
     app.add_exception_handler(UnknownMethod, _responder(422, client_error=True))

@@ -16,11 +16,12 @@ front ends (Open WebUI, LibreChat) and code written against the `openai` SDK ask
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from collections.abc import Iterator
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
@@ -30,6 +31,7 @@ from gradfuse.methods import LM_METHODS, METHODS
 from gradfuse.redact import redact
 from gradfuse.schemas import AnswerRecord, answer_record, citations_and_evidence
 from gradfuse.server.admission import Busy, LMAdmission, answer_needs_lm
+from gradfuse.server.errors import UnknownModel
 from gradfuse.server.requests import LARGEST, AskRequest
 from gradfuse.server.settings import ServerSettings
 from gradfuse.server.streams import EventStream
@@ -73,7 +75,7 @@ def method_of(model: str, default: str) -> str:
     method = model.removeprefix(f"{MODEL}-")
     if model.startswith(f"{MODEL}-") and method in METHODS and method != "single:<source>":
         return method
-    raise HTTPException(404, f"the model {model!r} does not exist: GET /v1/models lists this server's")
+    raise UnknownModel(f"the model {model!r} does not exist: GET /v1/models lists this server's")
 
 
 def model_records(default: str) -> list[dict]:
@@ -134,7 +136,7 @@ def add_chat_routes(app: FastAPI, workspace: Workspace, settings: ServerSettings
                     body = {**completion, "object": "chat.completion", "usage": None,
                             "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
                             **response_extension(record)}
-                    return Response(json.dumps(body), media_type="application/json")
+                    return Response(_dumps(body), media_type="application/json")
                 if await http.is_disconnected():
                     return Response(status_code=499)
         finally:
@@ -149,7 +151,7 @@ def _chunks(completion: dict, events: Iterator) -> Iterator[str]:
     def chunk(delta: dict, finish: str | None = None, **extension) -> str:
         body = {**completion, "object": "chat.completion.chunk",
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extension}
-        return f"data: {json.dumps(body)}\n\n"
+        return f"data: {_dumps(body)}\n\n"
 
     try:
         yield chunk({"role": "assistant", "content": ""})
@@ -165,3 +167,15 @@ def _chunks(completion: dict, events: Iterator) -> Iterator[str]:
         yield f"data: {json.dumps({'error': {'message': redact(f'{type(error).__name__}: {error}'), 'type': 'server_error', 'param': None, 'code': kind}})}\n\n"
     finally:
         events.close()
+
+
+def _dumps(body: dict) -> str:
+    """JSON as browsers parse it: a non-finite score (NaN) is null, as in gradfuse's own records."""
+    def finite(value):
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {key: finite(item) for key, item in value.items()}
+        return [finite(item) for item in value] if isinstance(value, list) else value
+
+    return json.dumps(finite(body), allow_nan=False)
