@@ -303,6 +303,7 @@ def test_a_milvus_lite_collection_is_a_source_with_its_own_fields(tmp_path):
                              max_length=64, vector_field_name="emb")
     client.insert("planets", [{"id": r["id"], "emb": v.tolist(), "body": r["text"], "heading": r["title"]}
                               for r, v in zip(PLANETS, vectors)])
+    client.release_collection("planets")  # as a reopened Lite file or a restarted server has it: not loaded
     client.close()
     ws = _config(tmp_path / "a", f'kind = "milvus"\nuri = "{path}"\ncollection = "planets"\ntext_field = "body"\n'
                                  'title_field = "heading"\nvector_field = "emb"\n')

@@ -2,7 +2,8 @@
 "http://host:19530"`, a token from `key_env`) or a Milvus Lite file (`uri = "/path/milvus.db"`: the real engine,
 embedded). The query is embedded by `query_encoder` and searched on `vector_field`; the id, text and title are the
 fields named. COSINE and IP scores are similarities; an L2 (or other distance) score is negated so that higher is
-better, as the index on `vector_field` says its metric."""
+better, as the index on `vector_field` says its metric. A released collection is loaded when the source opens:
+Milvus searches loaded collections only."""
 
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ class MilvusCollection:
             self._client = MilvusClient(settings.uri, **({"token": key} if key else {}), timeout=timeout_s)
             indexes = [self._client.describe_index(settings.collection, index)
                        for index in self._client.list_indexes(settings.collection)]
+            # Milvus searches only a loaded collection, and one reopened (a Lite file, a restarted server) or
+            # released by its owner is not: load it, as any reader must.
+            if str(self._client.get_load_state(settings.collection)["state"]) != "Loaded":
+                self._client.load_collection(settings.collection, timeout=timeout_s)
         except Exception as error:  # pymilvus raises its own exceptions for a missing collection or server
             raise SourceError(f"milvus {settings.uri}: collection {settings.collection!r} cannot be read "
                               f"({type(error).__name__}: {str(error)[:200]})") from None
