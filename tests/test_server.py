@@ -554,3 +554,18 @@ def test_a_read_only_workspace_is_the_servers_503_and_healthz_says_so(tmp_path):
             assert httpx.get(url + "/healthz", timeout=30).json()["status"] == "ok"
     finally:
         subprocess.run(["umount", "--lazy", str(frozen)], check=True)
+
+
+def test_an_empty_key_is_no_key_and_keeps_the_host_check(workspace, monkeypatch):
+    """`api_key = ""` once installed a key check that an absent header passed, and dropped the Host check."""
+    from gradfuse.server import API_KEY_ENV
+    from gradfuse.server.app import create_app
+
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    settings = replace(workspace.config.server, api_key="")
+    assert settings.resolved_api_key() is None
+    with serving(create_app(workspace, settings)) as url:
+        rebound = httpx.post(url + "/search", json={"query": "moons", "method": "rrf"},
+                             headers={"Host": "attacker.example"}, timeout=30)
+        assert rebound.status_code == 400  # a page on another name cannot reach it
+        assert httpx.post(url + "/search", json={"query": "moons", "method": "rrf"}, timeout=30).status_code == 200

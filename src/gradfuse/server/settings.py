@@ -72,4 +72,4 @@ class ServerSettings:
         return sorted({"localhost", "127.0.0.1", "::1", "[::1]", self.host, *self.allowed_hosts})
 
     def resolved_api_key(self) -> str | None:
-        return os.environ.get(API_KEY_ENV) or self.api_key
+        return os.environ.get(API_KEY_ENV) or self.api_key or None  # "" is no key: the Host check stays
