@@ -197,6 +197,12 @@ def test_bad_input_is_a_specific_4xx_and_the_server_keeps_serving(server, body, 
     assert post(server, "/search", {"query": "moons", "method": "rrf"}).status_code == 200
 
 
+def test_a_body_without_a_content_type_is_refused(server):
+    """A cross-site page can send a typeless body without a preflight: it must not start any work."""
+    answer = httpx.post(server + "/search", content=b'{"query": "moons", "method": "rrf"}', timeout=30)
+    assert answer.status_code == 415 and "application/json" in answer.json()["detail"]
+
+
 def test_an_oversized_body_without_a_length_header_is_refused_while_it_streams(server):
     chunks = (b'{"query": "' + b"x" * 8192 for _ in range(10))
     answer = httpx.post(server + "/search", content=chunks, headers={"Content-Type": "application/json"})

@@ -135,7 +135,8 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
         pass
 
     def json_body(request: Request) -> None:
-        kind = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+        # required: a cross-site page may send a body without a type, and no preflight asks first
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if kind != "application/json":
             raise HTTPException(415, f"send the body as application/json, not {kind or 'an empty type'}")
 
