@@ -11,10 +11,12 @@ from pathlib import Path
 from urllib.parse import quote
 
 import functools
+import inspect
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp.server.mcpserver.resources.templates import ResourceSecurity
+from starlette.concurrency import iterate_in_threadpool
 
 from gradfuse import __version__
 from gradfuse.methods import LM_METHODS, METHOD_CHOICES
@@ -41,16 +43,32 @@ def _passage(number: int, candidate) -> dict:
     return {"number": number, **record, "resource": resource_uri(candidate.source, candidate.doc_id)}
 
 
+_TOLD = (ValueError, SourceError, Busy, AllSourcesFailed, EndpointError)
+
+
+def _told_as(error: Exception) -> ToolError:
+    return ToolError(redact(getattr(error, "public", None) or str(error), environment=False))
+
+
 def _told(tool):
     """A call's own failure (a limit, an unknown source or method, a full LM line, every source failed) told to the
     client in words it can act on, redacted, instead of the SDK's bare "Error executing tool"."""
+    if inspect.iscoroutinefunction(tool):
+        @functools.wraps(tool)
+        async def waited(*args, **kwargs):
+            try:
+                return await tool(*args, **kwargs)
+            except _TOLD as error:
+                raise _told_as(error) from None
+
+        return waited
 
     @functools.wraps(tool)
     def call(*args, **kwargs):
         try:
             return tool(*args, **kwargs)
-        except (ValueError, SourceError, Busy, AllSourcesFailed, EndpointError) as error:
-            raise ToolError(redact(getattr(error, "public", None) or str(error), environment=False)) from None
+        except _TOLD as error:
+            raise _told_as(error) from None
 
     return call
 
@@ -85,13 +103,19 @@ def build_mcp(workspace: Workspace, settings: ServerSettings, admission: LMAdmis
                              "sources that failed. Cost: about a second on a CPU when the answer is quoted (the "
                              "bundled model); more when a generator writes it or the method runs the scoring LM.")
     @_told
-    def ask(question: str, sources: list[str] | None = None, method: str | None = None, k: int | None = None) -> dict:
+    async def ask(question: str, sources: list[str] | None = None, method: str | None = None,
+                  k: int | None = None) -> dict:
         request = AskRequest(query=question, sources=sources, method=method, k=k)
         request.check_limits(settings, config)
         release = admission.place(answer_needs_lm(workspace, method))
+        # Step by step in a worker thread: a call the client cancels (or leaves) stops at the next piece and gives
+        # its place in the LM line back, instead of generating on to its end.
+        events = workspace.ask_stream(question, context_k=request.k, **request.search_options())
         try:
-            answer = workspace.ask(question, context_k=request.k, **request.search_options())
+            async for event in iterate_in_threadpool(events):
+                answer = event
         finally:
+            events.close()
             release()
         record = answer_record(answer)
         cited = citations_and_evidence(record)
