@@ -62,7 +62,8 @@ def write(rows) -> None:
              f"Command: `make bench-conversation` (`python bench/conversation.py`), commit {commit_id()}, "
              f"{machine_description()}. {len(rows)} two-turn cases written from HotpotQA questions "
              "(bench/conversation_cases.json), searched over the federated benchmark's nine sources with the "
-             f"defaults (select, hybrid); a hit is a relevant document of the case's HotpotQA question in the top {K}.\n",
+             "defaults (select, hybrid); a hit is a relevant document of the case's HotpotQA question in the top "
+             f"{K}.\n",
              f"| question searched | hit@{K} | MRR@{K} |", "|---|---|---|"]
     lines += [f"| {label} | {hits[label]:.2f} | {mrr[label]:.2f} |" for label in labels]
     lines += ["", "| follow-up | last turn alone: first relevant rank | joined: first relevant rank |", "|---|---|---|"]

@@ -24,15 +24,13 @@ from urllib.parse import urlsplit
 import httpx
 import numpy as np
 
-from gradfuse import Workspace
-from gradfuse.config import Config, SourceSettings
 from gradfuse.eval.benchmark import is_lm_method, load_benchmark
 from gradfuse.eval.report import write_results
-from gradfuse.eval.runner import commit_id, machine_description, run_benchmark
+from gradfuse.eval.runner import benchmark_workspace, commit_id, machine_description, run_benchmark
 from gradfuse.eval.stats import paired_p_value, per_query
 from gradfuse.sources.documents import IngestReport, read_beir_corpus
 from gradfuse.sources.encoder import DEFAULT_ENCODER, EmbeddingCache, embedding_text, load_encoder
-from gradfuse.sources.engines import ENGINE_KINDS
+from gradfuse.sources.engines import engine_kind
 
 ROOT = Path(__file__).resolve().parents[1]
 FILE = ROOT / "benchmarks" / "engines.toml"
@@ -40,10 +38,6 @@ OUT = ROOT / "results" / "engines"
 COMPARED = ("concat", "rrf", "combsum-z", "dense", "select", "gro/query")
 LATENCY_QUERIES = 200  # per engine source: the first of the benchmark's queries, all sets mixed
 BATCH = 1000  # rows written to an engine at a time
-
-
-def kind_of(settings) -> str:
-    return next(kind for kind, (settings_type, _) in ENGINE_KINDS.items() if isinstance(settings, settings_type))
 
 
 def static_model(folder: Path) -> None:
@@ -177,8 +171,8 @@ def load_engines(bench) -> dict[str, dict]:
         rows = [{"id": d.doc_id, "title": d.title, "text": d.text} for d in documents]
         cache = EmbeddingCache(bench.workspace / "cache" / "embeddings.sqlite", load_encoder(settings.query_encoder))
         vectors = cache.embed([embedding_text(d.title, d.text) for d in documents], progress=True)
-        LOADERS[kind_of(settings)](settings, rows, vectors)
-        loads[name] = {"kind": kind_of(settings), "documents": len(rows), "dimensions": int(vectors.shape[1]),
+        LOADERS[engine_kind(settings)](settings, rows, vectors)
+        loads[name] = {"kind": engine_kind(settings), "documents": len(rows), "dimensions": int(vectors.shape[1]),
                        "model": model_label(settings.query_encoder), "seconds": round(time.perf_counter() - started, 1)}
         print(f"{name} in {loads[name]['kind']}: {len(rows)} documents", flush=True)
     return loads
@@ -191,11 +185,10 @@ def model_label(encoder: str) -> str:
 def latency(bench, queries) -> dict[str, dict]:
     """Per engine source: its client called directly and gradfuse's source around it, on the same queries, the
     query vector made beforehand for both (the store's model embeds a query once either way)."""
-    ws = Workspace(Config(workspace=bench.workspace, depth=bench.depth, retrieval=bench.retrieval,
-                          sources={n: SourceSettings(engine=s) for n, s in bench.engines.items()}))
+    ws = benchmark_workspace(bench)
     table = {}
     for name, settings in bench.engines.items():
-        source, direct = ws.source(name), DIRECT[kind_of(settings)]
+        source, direct = ws.source(name), DIRECT[engine_kind(settings)]
         encoder = load_encoder(settings.query_encoder)
         times = {"direct": [], "gradfuse": [], "embed": []}
         for query in queries[:LATENCY_QUERIES]:
@@ -212,7 +205,7 @@ def latency(bench, queries) -> dict[str, dict]:
         added = np.array(times["gradfuse"]) - np.array(times["direct"])
         table[name] = {what: [round(float(np.percentile(v, p)) * 1000, 2) for p in (50, 90)]
                        for what, v in {**times, "added": added}.items()}
-        table[name]["kind"] = kind_of(settings)
+        table[name]["kind"] = engine_kind(settings)
         print(name, json.dumps(table[name]), flush=True)
     return table
 

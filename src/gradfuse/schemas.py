@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 from dataclasses import asdict
+from pathlib import Path
 
 from pydantic import BaseModel, Field
 
@@ -236,6 +237,24 @@ def citations_and_evidence(record: AnswerRecord) -> dict:
     citations = [{**c.model_dump(mode="json"), "quotes": [e for e in evidence if e["passage"] == c.number]}
                  for c in record.citations]
     return {"citations": citations, "evidence": evidence}
+
+
+def served_source_record(name: str, stats: SourceStats | None, error: str | None = None) -> SourceRecord:
+    """A source's record as a server shows it: a file's name, not where it lies on the server."""
+    record = source_record(name, stats, error)
+    if record.input and record.kind != "postgres":
+        record.input = Path(record.input).name
+    return record
+
+
+def answer_outcome(record: AnswerRecord) -> dict:
+    """What an answer came to besides its text, citations and evidence (the OpenAI-compatible response's and the MCP
+    tool's): the question asked, the method, whether it abstained, its support, who wrote it, numbers cited that
+    match no passage, and the sources that failed."""
+    return {"question": record.question, "method": record.method, "abstained": record.abstained,
+            "support": record.support, "generator_note": record.generator_note,
+            "invalid_citations": record.invalid_citations,
+            "failures": [f.model_dump(mode="json") for f in record.failures]}
 
 
 def source_record(name: str, stats: SourceStats | None, error: str | None = None) -> SourceRecord:

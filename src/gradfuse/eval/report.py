@@ -11,7 +11,7 @@ import numpy as np
 from gradfuse.eval.benchmark import EVALUATION_METHODS, base_method, is_lm_method
 from gradfuse.eval.runner import Evaluation
 from gradfuse.eval.stats import estimate, paired_p_value, per_query
-from gradfuse.sources.engines import ENGINE_KINDS
+from gradfuse.sources.engines import engine_kind
 from gradfuse.sources.run import trec_id
 
 # Every method is tested against each of these that ran, paired, on the headline metric.
@@ -50,8 +50,7 @@ def summarise(evaluation: Evaluation) -> dict:
         "machine": evaluation.machine,
         "wall_seconds": round(evaluation.wall_seconds, 1),
         "retrieval": "precomputed runs" if all(s.kind == "run" for s in bench.sources.values()) else bench.retrieval,
-        "engines": {name: next(kind for kind, (settings_type, _) in ENGINE_KINDS.items()
-                              if isinstance(settings, settings_type)) for name, settings in bench.engines.items()},
+        "engines": {name: engine_kind(settings) for name, settings in bench.engines.items()},
         "depth": bench.depth,
         "metrics": bench.metrics,
         "headline": bench.headline_metric,

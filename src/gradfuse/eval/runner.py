@@ -73,10 +73,9 @@ def run_benchmark(bench: Benchmark, *, progress: bool = True, executor: Executor
     a Ray cluster); the samples, the outcomes cache and every number are the same either way. `dev_only`: the dev
     queries alone, for what they tune (gradfuse tune)."""
     started, commit = time.perf_counter(), commit_id()  # the code that runs is the code checked out now
-    engines = {name: SourceSettings(engine=settings) for name, settings in bench.engines.items()}
-    ws = Workspace(Config(workspace=bench.workspace, depth=bench.depth, k=bench.k, retrieval=bench.retrieval,
-                          encoder=bench.encoder, sources=engines), executor=executor)
-    builds = [asdict(ws.index(spec, progress=progress)) for name, spec in bench.sources.items() if name not in engines]
+    ws = benchmark_workspace(bench, executor)
+    builds = [asdict(ws.index(spec, progress=progress)) for name, spec in bench.sources.items()
+              if name not in bench.engines]
     queries, qrels, origins = queries_and_qrels(bench)
     if dev_only:
         queries = [q for q in queries if q.split == "dev"]
@@ -111,6 +110,13 @@ def run_benchmark(bench: Benchmark, *, progress: bool = True, executor: Executor
     evaluation.machine = machine_description()
     evaluation.commit = commit
     return evaluation
+
+
+def benchmark_workspace(bench: Benchmark, executor: Executor | None = None) -> Workspace:
+    """The workspace a benchmark runs in: its indexes, and the sources its engines serve."""
+    engines = {name: SourceSettings(engine=settings) for name, settings in bench.engines.items()}
+    return Workspace(Config(workspace=bench.workspace, depth=bench.depth, k=bench.k, retrieval=bench.retrieval,
+                            encoder=bench.encoder, sources=engines), executor=executor)
 
 
 def queries_and_qrels(bench: Benchmark):

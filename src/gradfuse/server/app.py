@@ -17,7 +17,7 @@ from fastapi.responses import FileResponse, Response, StreamingResponse
 from fastapi.security import APIKeyHeader
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
-from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import BaseModel
 
 from gradfuse import __version__
@@ -30,18 +30,17 @@ from gradfuse.schemas import (
     SourceRecord,
     answer_record,
     search_record,
-    source_record,
+    served_source_record,
 )
 from gradfuse.execute import LOCAL
-from gradfuse.server.admission import LM_METHODS, Busy, LMAdmission, answer_needs_lm
+from gradfuse.server.admission import LM_METHODS, Busy, LMAdmission
 from gradfuse.server.cache import ResultCache
 from gradfuse.server.headers import SecurityHeaders
 from gradfuse.server.errors import BodyLimit, KeyRequired, install_error_handlers
 from gradfuse.server.requests import AskRequest, SearchRequest
 from gradfuse.server.mcp_tools import build_mcp
-from mcp.server.transport_security import TransportSecuritySettings
 from gradfuse.server.openai_chat import add_chat_routes
-from gradfuse.server.streams import EventStream
+from gradfuse.server.streams import EventStream, finished_answer, start_answer
 from gradfuse.server.settings import ServerSettings
 from gradfuse.sources.federated import SourceFailure
 from gradfuse.workspace import Answer, Workspace
@@ -176,16 +175,8 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
                 return StreamingResponse(_replayed(searched_json, answer_json), media_type="text/event-stream",
                                          headers={"Cache-Control": "no-cache", CACHE_HEADER: "hit"})
             return _kept_json(answer_json)
-        release = admission.place(answer_needs_lm(workspace, request.method))
-        try:
-            events = workspace.ask_stream(request.query, context_k=request.k, max_new_tokens=request.max_new_tokens,
-                                          **request.search_options())
-            # retrieval and ranking errors become plain HTTP errors, before any event
-            searched = await run_in_threadpool(next, events)
-            health.record(list(searched.ranked_lists), searched.failures)
-        except BaseException:
-            release()
-            raise
+        # retrieval and ranking errors become plain HTTP errors, before any event
+        events, searched, release = await start_answer(workspace, admission, health.record, request)
 
         def keep(searched_json: str, answer_json: str) -> None:  # each record serialised once, for both
             cache.put(key, (searched_json, answer_json), failed=bool(searched.failures))
@@ -193,17 +184,12 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
         if request.stream:
             return EventStream(_event_stream(search_record(searched).model_dump_json(), events, keep), events,
                                release)
-        try:  # piece by piece, so that a client who left stops the generator (it ran to max_new_tokens)
-            async for event in iterate_in_threadpool(events):
-                if isinstance(event, Answer):
-                    answer_json = answer_record(event).model_dump_json()
-                    keep(search_record(searched).model_dump_json(), answer_json)
-                    return _json(answer_json)
-                if await http.is_disconnected():
-                    return Response(status_code=499)  # nobody reads it: the client is gone
-        finally:
-            events.close()
-            release()
+        answer = await finished_answer(events, release, http)
+        if answer is None:
+            return Response(status_code=499)  # nobody reads it: the client is gone
+        answer_json = answer_record(answer).model_dump_json()
+        keep(search_record(searched).model_dump_json(), answer_json)
+        return _json(answer_json)
 
     add_chat_routes(app, workspace, settings, admission, health.record, guarded, posted)
     # MCP's streamable HTTP at /mcp: its own route, behind the same middleware (the key, the body limit)
@@ -219,9 +205,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
         records = []
         for name, stats, error in workspace.source_health():
             failure = health.last_failure.get(name)
-            record = source_record(name, stats, error)
-            if record.input and record.kind != "postgres":  # the file's name, not where it lies on the server
-                record.input = Path(record.input).name
+            record = served_source_record(name, stats, error)
             records.append(SourceHealthRecord(
                 **record.model_dump(), last_answered_at=health.last_ok.get(name),
                 last_failure_at=failure[0] if failure else None,

@@ -6,26 +6,25 @@ on a server, waits in the same LM line."""
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
-from urllib.parse import quote
-
 import functools
 import inspect
+import logging
+from urllib.parse import quote
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp.server.mcpserver.resources.templates import ResourceSecurity
-from starlette.concurrency import iterate_in_threadpool
 
 from gradfuse import __version__
-from gradfuse.methods import LM_METHODS, METHOD_CHOICES
-from gradfuse.schemas import answer_record, candidate_record, citations_and_evidence, failure_record, source_record
 from gradfuse.generate.openai_http import EndpointError
+from gradfuse.methods import LM_METHODS, METHOD_CHOICES
 from gradfuse.redact import redact
-from gradfuse.server.admission import Busy, LMAdmission, answer_needs_lm
+from gradfuse.schemas import (answer_outcome, answer_record, candidate_record, citations_and_evidence,
+                              failure_record, served_source_record)
+from gradfuse.server.admission import Busy, LMAdmission
 from gradfuse.server.requests import AskRequest, SearchRequest
 from gradfuse.server.settings import ServerSettings
+from gradfuse.server.streams import finished_answer, start_answer
 from gradfuse.sources.base import SourceError, check_source_name
 from gradfuse.sources.federated import AllSourcesFailed
 from gradfuse.workspace import Workspace
@@ -107,34 +106,20 @@ def build_mcp(workspace: Workspace, settings: ServerSettings, admission: LMAdmis
                   k: int | None = None) -> dict:
         request = AskRequest(query=question, sources=sources, method=method, k=k)
         request.check_limits(settings, config)
-        release = admission.place(answer_needs_lm(workspace, method))
-        # Step by step in a worker thread: a call the client cancels (or leaves) stops at the next piece and gives
-        # its place in the LM line back, instead of generating on to its end.
-        events = workspace.ask_stream(question, context_k=request.k, **request.search_options())
-        try:
-            async for event in iterate_in_threadpool(events):
-                answer = event
-        finally:
-            events.close()
-            release()
-        record = answer_record(answer)
+        # Stepped in a worker thread: a call the client cancels stops at the next piece and gives its place in
+        # the LM line back, instead of generating on to its end.
+        events, _, release = await start_answer(workspace, admission, lambda *_: None, request)
+        record = answer_record(await finished_answer(events, release))
         cited = citations_and_evidence(record)
         for citation in cited["citations"]:
             citation["resource"] = resource_uri(citation["source"], citation["doc_id"])
-        return {"answer": record.answer, **cited, "abstained": record.abstained, "support": record.support,
-                "generator_note": record.generator_note,
-                "failures": [f.model_dump(mode="json") for f in record.failures]}
+        return {"answer": record.answer, **cited, **answer_outcome(record)}
 
     @server.tool(description="The sources: name, kind, documents, size, encoder, last build, and whether each opens "
                              "(its error if not). Cost: milliseconds.")
     def list_sources() -> dict:
-        records = []
-        for name, stats, error in workspace.source_health():
-            record = source_record(name, stats, error)
-            if record.input and record.kind != "postgres":  # the file's name, not where it lies on the server
-                record.input = Path(record.input).name
-            records.append(record.model_dump(mode="json"))
-        return {"sources": records}
+        return {"sources": [served_source_record(name, stats, error).model_dump(mode="json")
+                            for name, stats, error in workspace.source_health()]}
 
     # A doc id is a key in the source's own store, never a path: the SDK's path checks do not apply to it.
     @server.resource("gradfuse://{source}/{+doc_id}", name="passage", mime_type="text/plain",

@@ -24,17 +24,16 @@ from collections.abc import Iterator
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from gradfuse.conversation import question_of
 from gradfuse.methods import LM_METHODS, METHODS
 from gradfuse.redact import redact
-from gradfuse.schemas import AnswerRecord, answer_record, citations_and_evidence
-from gradfuse.server.admission import Busy, LMAdmission, answer_needs_lm
+from gradfuse.schemas import answer_outcome, answer_record, citations_and_evidence
+from gradfuse.server.admission import Busy, LMAdmission
 from gradfuse.server.errors import UnknownModel
 from gradfuse.server.requests import LARGEST, AskRequest
 from gradfuse.server.settings import ServerSettings
-from gradfuse.server.streams import EventStream
+from gradfuse.server.streams import EventStream, finished_answer, start_answer
 from gradfuse.workspace import Answer, Workspace
 
 MODEL = "gradfuse"
@@ -91,13 +90,6 @@ def model_records(default: str) -> list[dict]:
     return records
 
 
-def response_extension(record: AnswerRecord) -> dict:
-    return {"gradfuse": {"question": record.question, "method": record.method, "abstained": record.abstained,
-                         "support": record.support,
-                         "generator_note": record.generator_note, "invalid_citations": record.invalid_citations,
-                         "failures": [f.model_dump(mode="json") for f in record.failures]}}
-
-
 def add_chat_routes(app: FastAPI, workspace: Workspace, settings: ServerSettings, admission: LMAdmission,
                     record_health, guarded: list, posted: list) -> None:
     config = workspace.config
@@ -117,31 +109,19 @@ def add_chat_routes(app: FastAPI, workspace: Workspace, settings: ServerSettings
         ask = AskRequest(query=question, method=method,
                          max_new_tokens=request.max_completion_tokens or request.max_tokens)
         ask.check_limits(settings, config)
-        release = admission.place(answer_needs_lm(workspace, method))
-        try:
-            events = workspace.ask_stream(question, max_new_tokens=ask.max_new_tokens, method=method)
-            searched = await run_in_threadpool(next, events)
-            record_health(list(searched.ranked_lists), searched.failures)
-        except BaseException:
-            release()
-            raise
+        events, _, release = await start_answer(workspace, admission, record_health, ask)
         completion = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": request.model}
         if request.stream:
             return EventStream(_chunks(completion, events), events, release)
-        try:  # piece by piece, so that a client who left stops the generator
-            async for event in iterate_in_threadpool(events):
-                if isinstance(event, Answer):
-                    record = answer_record(event)
-                    message = {"role": "assistant", "content": record.answer, **citations_and_evidence(record)}
-                    body = {**completion, "object": "chat.completion", "usage": None,
-                            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-                            **response_extension(record)}
-                    return Response(_dumps(body), media_type="application/json")
-                if await http.is_disconnected():
-                    return Response(status_code=499)
-        finally:
-            events.close()
-            release()
+        answer = await finished_answer(events, release, http)
+        if answer is None:
+            return Response(status_code=499)
+        record = answer_record(answer)
+        message = {"role": "assistant", "content": record.answer, **citations_and_evidence(record)}
+        body = {**completion, "object": "chat.completion", "usage": None,
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                "gradfuse": answer_outcome(record)}
+        return Response(_dumps(body), media_type="application/json")
 
 
 def _chunks(completion: dict, events: Iterator) -> Iterator[str]:
@@ -158,13 +138,14 @@ def _chunks(completion: dict, events: Iterator) -> Iterator[str]:
         for event in events:
             if isinstance(event, Answer):
                 record = answer_record(event)
-                yield chunk(citations_and_evidence(record), "stop", **response_extension(record))
+                yield chunk(citations_and_evidence(record), "stop", gradfuse=answer_outcome(record))
             else:
                 yield chunk({"content": event})
         yield "data: [DONE]\n\n"
     except Exception as error:  # after the first chunk an error can only be a chunk of its own (the SDK raises it)
-        kind = "overloaded" if isinstance(error, Busy) else "server_error"
-        yield f"data: {json.dumps({'error': {'message': redact(f'{type(error).__name__}: {error}'), 'type': 'server_error', 'param': None, 'code': kind}})}\n\n"
+        failure = {"message": redact(f"{type(error).__name__}: {error}"), "type": "server_error", "param": None,
+                   "code": "overloaded" if isinstance(error, Busy) else "server_error"}
+        yield f"data: {json.dumps({'error': failure})}\n\n"
     finally:
         events.close()
 

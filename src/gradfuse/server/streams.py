@@ -1,12 +1,48 @@
-"""A streamed response that holds a place in the LM line until it ends, however it ends (/ask's events and the
-OpenAI-compatible chunks alike)."""
+"""An answer's steps as the server takes them (/ask, OpenAI's chat completions, MCP's ask): a place in the LM line
+taken before retrieval and given back however the answer ends, the answer stepped piece by piece so that a client
+who leaves stops the generator, and a streamed response that holds the place until it ends."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator
 
 from fastapi.responses import StreamingResponse
-from starlette.concurrency import iterate_in_threadpool
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+
+from gradfuse.server.admission import LMAdmission, answer_needs_lm
+from gradfuse.server.requests import AskRequest
+from gradfuse.workspace import Answer, SearchResult, Workspace
+
+
+async def start_answer(workspace: Workspace, admission: LMAdmission, record_health: Callable,
+                       request: AskRequest) -> tuple[Iterator, SearchResult, Callable[[], None]]:
+    """A place in the LM line, then retrieval and ranking, whose errors are raised here, before anything is sent;
+    the answer's remaining steps, the search, and the one way to give the place back."""
+    release = admission.place(answer_needs_lm(workspace, request.method))
+    try:
+        events = workspace.ask_stream(request.query, context_k=request.k, max_new_tokens=request.max_new_tokens,
+                                      **request.search_options())
+        searched = await run_in_threadpool(next, events)
+        record_health(list(searched.ranked_lists), searched.failures)
+    except BaseException:
+        release()
+        raise
+    return events, searched, release
+
+
+async def finished_answer(events: Iterator, release: Callable[[], None], http=None) -> Answer | None:
+    """The answer, stepped piece by piece in a worker thread (a call cancelled, or an `http` client that left,
+    stops the generator at its next piece instead of letting it run to max_new_tokens); None when the client left.
+    The place in the LM line is given back either way."""
+    try:
+        async for event in iterate_in_threadpool(events):
+            if isinstance(event, Answer):
+                return event
+            if http is not None and await http.is_disconnected():
+                return None
+    finally:
+        events.close()
+        release()
 
 
 class EventStream(StreamingResponse):

@@ -16,8 +16,13 @@ ENGINE_KINDS = {"gradfuse": (RemoteSettings, RemoteGradfuse), "lancedb": (LanceS
                 "milvus": (MilvusSettings, MilvusCollection)}
 
 
+def engine_kind(settings) -> str:
+    """The kind (a key of ENGINE_KINDS) whose settings type `settings` is."""
+    return next(kind for kind, (settings_type, _) in ENGINE_KINDS.items() if isinstance(settings, settings_type))
+
+
 def open_engine(name: str, settings, timeout_s: float, mode: str) -> Source:
     """The source for `settings` (one of ENGINE_KINDS' settings types), with `mode` its retrieval (bm25, dense or
     hybrid) where the engine has more than one."""
-    source_type = next(source for settings_type, source in ENGINE_KINDS.values() if isinstance(settings, settings_type))
+    _, source_type = ENGINE_KINDS[engine_kind(settings)]
     return source_type(name, settings, timeout_s, mode)
