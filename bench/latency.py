@@ -37,6 +37,8 @@ import httpx
 import numpy as np
 from scipy.stats import spearmanr
 
+from gradfuse.hardware import cpu_description
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "latency"
 WORKSPACE = ROOT / ".gradfuse" / "bench" / "latency"
@@ -221,15 +223,6 @@ def build_workspace() -> None:
         ws.index(spec)
 
 
-def cpu_model() -> str:
-    from gradfuse.rerank.precision import BF16_CPU_FLAGS, cpu_flags
-
-    names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-             if line.startswith("model name")]
-    bf16 = ", ".join(sorted(cpu_flags() & BF16_CPU_FLAGS)) or "none"
-    return f"{names[0] if names else platform.processor()}, {os.cpu_count()} cores, bf16 instructions: {bf16}"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="runs of each cold command and server start")
@@ -239,7 +232,7 @@ def main() -> None:
     build_workspace()
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
-    results = {"machine": cpu_model(), "baseline": BASELINE, "commit": commit, "codes": {}}
+    results = {"machine": cpu_description(), "baseline": BASELINE, "commit": commit, "codes": {}}
     rankings = {}
     for label, code in (("before", BASELINE), ("after", None)):
         with code_of(code) as env:

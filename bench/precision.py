@@ -25,7 +25,8 @@ from scipy.stats import spearmanr
 from gradfuse.eval import load_benchmark
 from gradfuse.eval.runner import commit_id, machine_description, run_benchmark
 from gradfuse.eval.stats import paired_p_value, per_query
-from gradfuse.rerank.precision import cpu_flags, resolve_dtype
+from gradfuse.hardware import cpu_description
+from gradfuse.rerank.precision import resolve_dtype
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "latency"
@@ -89,8 +90,7 @@ def compare(name: str, method: str, by_precision: dict) -> dict:
 
 
 def this_machine() -> str:
-    return (f"{machine_description()}; bf16 instructions: "
-            f"{', '.join(sorted(cpu_flags() & {'avx512_bf16', 'amx_bf16'})) or 'none'} (auto → {resolve_dtype('auto')})")
+    return f"{machine_description()}; {cpu_description()} (auto → {resolve_dtype('auto')})"
 
 
 def write(rows: list[dict], argv: list[str]) -> None:

@@ -103,7 +103,10 @@ def _print_build(report: BuildReport) -> None:
     else:
         console.print(
             f"[green]{report.name}[/]: built {report.documents} documents in {report.seconds:.1f} s "
-            f"({report.docs_per_second:.0f} docs/s; {report.embedded_now} embedded now, the rest from cache)")
+            f"({report.docs_per_second:.0f} docs/s; {report.embedded_now} embedded now"
+            + (f" by {report.encoder}" if report.encoder else "") + ", the rest from cache)")
+    for note in report.notes:
+        console.print(f"  [yellow]note:[/] {escape(note)}")
     if report.formats:
         console.print("  read: " + ", ".join(f"{count} {kind}" for kind, count in sorted(report.formats.items())))
     problems = {k: v for k, v in report.ingest.items() if v}

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from gradfuse.candidate import Candidate
+from gradfuse.sources.encoder_names import recorded_encoder
 
 SourceKind = Literal["beir", "jsonl", "files", "run"]
 SOURCE_KINDS: tuple[str, ...] = ("beir", "jsonl", "files", "run")
@@ -189,7 +190,7 @@ def stats_from_manifest(name: str, version: Path, manifest: dict[str, Any], retr
         kind=manifest["kind"],
         documents=manifest["documents"],
         index_bytes=folder_bytes(version),
-        encoder=manifest.get("encoder"),
+        encoder=recorded_encoder(manifest["encoder"]) if manifest.get("encoder") else None,
         built_at=manifest["built_at"],
         input=manifest["input"],
         retrieval=retrieval,

@@ -36,6 +36,7 @@ from gradfuse.sources.embedded import write_embedded_index
 from gradfuse.sources.files import read_files
 from gradfuse.sources.readers import LIMIT_OPTIONS, ReaderLimits
 from gradfuse.sources.encoder import EmbeddingCache, load_encoder
+from gradfuse.sources.encoder_names import encoder_name, recorded_encoder
 from gradfuse.sources.lock import source_lock
 from gradfuse.sources.run import run_doc_ids, write_run_tables
 
@@ -58,6 +59,8 @@ class BuildReport:
     cut: list[str] = field(default_factory=list)  # what was read only in part, to a limit ("file: what (option)")
     written: int | None = None  # rows inserted or updated (sources in a database)
     deleted: int | None = None  # rows removed because their document left the input
+    encoder: str = ""  # what embedded the passages: the encoder's name and backend
+    notes: list[str] = field(default_factory=list)  # why it was rebuilt whole, or ran slower than it could
 
     @property
     def skipped_by_reason(self) -> dict[str, int]:
@@ -149,6 +152,7 @@ def build_source(workspace: Path, spec: SourceSpec, *, encoder: str, progress: b
 
 def _build(workspace: Path, spec: SourceSpec, encoder: str, progress: bool) -> BuildReport:
     started = time.perf_counter()
+    encoder = encoder_name(encoder)
     if spec.kind == "run":
         corpus, queries = _run_inputs(spec)
     source_dir = workspace / "sources" / spec.name
@@ -188,12 +192,18 @@ def _build(workspace: Path, spec: SourceSpec, encoder: str, progress: bool) -> B
             "ingest": report.summary(),
             "encoder": None,
         }
-        embedded_now = 0
+        embedded_now, described, notes = 0, "", []
+        before = read_manifest(previous).get("encoder") if previous is not None else None
+        if spec.kind != "run" and before and recorded_encoder(before) != encoder:
+            before = recorded_encoder(before)
+            notes.append(f"its encoder changed from {before} to {encoder}: every passage is embedded again")
         if spec.kind == "run":
             manifest.update(write_run_tables(building, Path(spec.path), queries, report))
             manifest["corpus"] = str(corpus.resolve())
         else:
-            cache = EmbeddingCache(workspace / "cache" / "embeddings.sqlite", load_encoder(encoder))
+            model = load_encoder(encoder)
+            described, notes = model.describe(), [*notes, *filter(None, [model.note])]
+            cache = EmbeddingCache(workspace / "cache" / "embeddings.sqlite", model)
             try:
                 embedded_now = write_embedded_index(building, documents, cache, progress)
             finally:
@@ -209,4 +219,5 @@ def _build(workspace: Path, spec: SourceSpec, encoder: str, progress: bool) -> B
             raise IngestError(f"source {spec.name!r}: the disk is full (building in {source_dir}): free some "
                               "space and index again; the published version is unchanged") from None
         raise
-    return BuildReport(spec.name, "built", count, time.perf_counter() - started, embedded_now, **report.details())
+    return BuildReport(spec.name, "built", count, time.perf_counter() - started, embedded_now, **report.details(),
+                       encoder=described, notes=notes)

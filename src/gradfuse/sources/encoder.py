@@ -12,42 +12,54 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from gradfuse.hardware import native_bf16
 from gradfuse.loading import LOADING, loaded_once, quiet_transformers
 from gradfuse.sources.base import private_folder
-from gradfuse.sources.query_onnx import OnnxQueryEncoder, export
+from gradfuse.sources.encoder_names import encoder_name
+from gradfuse.sources.onnx_encoder import OnnxEncoder, export
 
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
-PRECISIONS = ("bfloat16", "float32")
 DIMENSION = 384
 SHORT_CACHE_SIZE = 4096  # queries and sentences kept (1.5 KB each)
-CACHE_BATCH = 128  # passages embedded, then stored, at a time (about 1.5 s here: a killed build loses little)
+CACHE_BATCH = 128  # passages embedded, then stored, at a time (a few seconds: a killed build loses little)
 
 
 class Encoder:
     """Sentence embeddings, L2-normalised so that a dot product is a cosine.
 
-    `name` is a model with an optional precision, `all-MiniLM-L6-v2@float32`. The default, bfloat16, was measured
-    here 1.9x faster than fp32 with cosine 0.99995 to it (dynamic int8 was faster still but lossy, mean cosine 0.92,
-    so it is not used); but bf16 kernels differ between CPUs of one kind (AVX-512/AMX or not), so what must give the
-    same numbers on any machine (the quick benchmarks checked in CI) runs in float32. The whole name keys the
-    embedding cache and the index, so vectors of two precisions never mix.
+    `name` is a model with an optional precision, `all-MiniLM-L6-v2@bfloat16`; float32 is the default, embedded by
+    the model's ONNX copy (onnx_encoder.py), about as fast as torch in bf16 on a CPU with bf16 instructions, twice
+    torch in float32, several times torch's emulated bf16 elsewhere (results/indexing); and its numbers are the
+    same on every CPU (bf16 kernels differ between CPUs of one kind), as the tests and stored scores need.
+    bfloat16 (torch) stays for indexes built with it; where the CPU emulates it the encoder says so (`note`).
     """
 
     def __init__(self, name: str = DEFAULT_ENCODER):
-        model, _, precision = name.partition("@")
-        precision = precision or "bfloat16"
-        if precision not in PRECISIONS:
-            raise ValueError(f"encoder {name!r}: unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
-        self.name, self._precision, self._path = name, precision, _model_path(model)
-        # Passages are embedded by sentence-transformers, loaded on the first passage (torch: seconds); queries by
-        # the model's ONNX copy where it has one (query_onnx.py), so a search never loads torch.
-        self._model = None
-        self._onnx = OnnxQueryEncoder.open(self._path)
+        self.name = encoder_name(name)
+        model, _, self.precision = self.name.partition("@")
+        self._path = _model_path(model)
+        self._model = None  # sentence-transformers, loaded only where there is no ONNX copy or for bf16 (seconds)
+        self._onnx = OnnxEncoder.open(self._path)
         self._lock = threading.Lock()  # one forward pass at a time: the model is shared between threads
         self._short: OrderedDict[str, np.ndarray] = OrderedDict()
         self._short_lock = threading.Lock()
+        self.note = ""  # what a build says of this encoder's speed here, when it is slower than it could be
+        if self.precision == "bfloat16" and not native_bf16():
+            self.note = (f"{self.name}: bf16 is not native on this CPU (no AVX512-BF16 or AMX, or kernels capped), so "
+                         f"torch emulates it, several times slower than {model}@float32 (results/indexing)")
         if self._onnx is None:  # ready to embed a query when loaded: the sources' timeouts start after this
             self._passage_model()
+
+    @property
+    def backend(self) -> str:
+        """What embeds passages: onnxruntime for float32 where the model has an ONNX copy, else torch."""
+        return "onnxruntime" if self._passages_by_onnx() else "torch"
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.backend})"
+
+    def _passages_by_onnx(self) -> bool:
+        return self.precision == "float32" and self._onnx is not None
 
     def _passage_model(self):
         with LOADING:  # one model load at a time in the process (gradfuse.loading)
@@ -60,13 +72,19 @@ class Encoder:
                 model = SentenceTransformer(str(self._path), device="cpu")
                 if self._onnx is None:  # exported from the float32 weights, before the cast below
                     export(model, self._path)
-                    self._onnx = OnnxQueryEncoder.open(self._path)
-                self._model = model.to(getattr(torch, self._precision))
+                    self._onnx = OnnxEncoder.open(self._path)
+                self._model = model.to(getattr(torch, self.precision))
         return self._model
 
     def encode(self, texts: list[str], *, progress: bool = False, batch_size: int = 64) -> np.ndarray:
+        """Passages' vectors, by the ONNX copy in float32 (exported first if it is missing), by torch otherwise."""
         if not texts:
             return np.zeros((0, DIMENSION), dtype=np.float32)
+        if self.precision == "float32" and self._onnx is None and self._model is None:
+            self._passage_model()  # exports the copy where the model has one
+        if self._passages_by_onnx():
+            with self._lock:
+                return self._onnx.encode(texts)
         model = self._passage_model()
         with self._lock:
             vectors = model.encode(
@@ -83,8 +101,9 @@ class Encoder:
         return self.encode_short([text])[0]
 
     def encode_short(self, texts: list[str]) -> np.ndarray:
-        """Vectors of queries and an answer's sentences: by the ONNX copy where there is one (no torch), and kept
-        for the next request (the evidence and its support read the same sentences; questions repeat)."""
+        """Vectors of queries and an answer's sentences: by the ONNX copy where there is one (no torch, also for a
+        bf16 index: cosine 0.998 to its passages), and kept for the next request (the evidence and its support read
+        the same sentences; questions repeat)."""
         with self._short_lock:
             missing = list(dict.fromkeys(t for t in texts if t not in self._short))
             if missing:
@@ -114,9 +133,14 @@ def _model_path(name: str) -> Path:
     return path
 
 
-@loaded_once(maxsize=4, transformers=False)
 def load_encoder(name: str = DEFAULT_ENCODER) -> Encoder:
-    """Loaded once per process and shared, whichever thread asks first (gradfuse.loading)."""
+    """Loaded once per process and shared, whichever thread asks first (gradfuse.loading); `name` and its
+    spelled-out form are one encoder."""
+    return _load_encoder(encoder_name(name))
+
+
+@loaded_once(maxsize=4, transformers=False)
+def _load_encoder(name: str) -> Encoder:
     return Encoder(name)
 
 

@@ -22,6 +22,7 @@ from gradfuse.candidate import Candidate, Location
 from gradfuse.redact import driver_message, has_url_password, redact
 from gradfuse.sources.base import TIE_SLACK, SourceError, SourceStats, rank_by_score
 from gradfuse.sources.embedded import RETRIEVAL_MODES, hybrid_depth, rrf_in_source
+from gradfuse.sources.encoder_names import recorded_encoder
 
 DISTANCES = {"ip": ("<#>", "vector_ip_ops"), "cosine": ("<=>", "vector_cosine_ops")}
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -181,7 +182,8 @@ class PostgresSource:
             raise PostgresError(f"postgres source {self.name!r}: table {s.table!r} has no {s.embedding_column!r} "
                                 "column for dense retrieval")
         built_with = table.metadata.get("encoder")
-        if built_with and built_with != self._encoder:
+        # Queries are embedded in float32 whatever the passages' precision: the model must match, not the precision.
+        if built_with and built_with.partition("@")[0] != self._encoder.partition("@")[0]:
             raise PostgresError(f"postgres source {self.name!r}: its vectors come from {built_with!r}, the "
                                 f"workspace encoder is {self._encoder!r}")
 
@@ -272,7 +274,7 @@ class PostgresSource:
             size = conn.execute("SELECT pg_total_relation_size(%s::regclass)", (s.table,)).fetchone()[0]
         built = metadata.get("built_at")
         return SourceStats(name=self.name, kind="postgres", documents=documents, index_bytes=size,
-                           encoder=metadata.get("encoder"), built_at=built.isoformat(timespec="seconds")
+                           encoder=recorded_encoder(metadata["encoder"]) if metadata.get("encoder") else None, built_at=built.isoformat(timespec="seconds")
                            if built else "-", input=self._table.where, retrieval=self.mode)
 
 

@@ -20,6 +20,7 @@ from gradfuse.sources.base import SourceSpec
 from gradfuse.sources.build import BuildReport, read_documents
 from gradfuse.sources.documents import Document, IngestError, IngestReport
 from gradfuse.sources.encoder import DIMENSION, EmbeddingCache, embedding_text, load_encoder
+from gradfuse.sources.encoder_names import encoder_name, recorded_encoder
 from gradfuse.sources.postgres import DISTANCES, PostgresError, PostgresSettings, safe_url, vector_literal
 
 COPY_BATCH = 1000
@@ -77,6 +78,7 @@ def _check_compatible(conn, settings: PostgresSettings, encoder: str) -> None:
                        (settings.table,)).fetchone()
     if row is None:
         return
+    row = (recorded_encoder(row[0]), *row[1:])
     wanted = (encoder, settings.language, settings.distance)
     for name, had, want in zip(("encoder", "language", "distance"), row, wanted):
         if had != want:
@@ -91,6 +93,7 @@ def load_into_postgres(
     import psycopg
 
     started = time.perf_counter()
+    encoder = encoder_name(encoder)
     report = IngestReport()
     documents = read_documents(spec, report)
     if not documents:
