@@ -37,12 +37,12 @@ import httpx
 import numpy as np
 from scipy.stats import spearmanr
 
-from gradfuse.hardware import cpu_description
+from gradfuse.hardware import AVX2_ONLY, cpu_description
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "latency"
-WORKSPACE = ROOT / ".gradfuse" / "bench" / "latency"
-BASELINE = "99404da"  # main before issue 29
+WORKSPACES = ROOT / ".gradfuse" / "bench" / "latency"  # one workspace per code, each built by that code
+BASELINE = "a67476e"  # main before issue 38 (the encoder in bf16 on every CPU)
 GRADFUSE = Path(sys.executable).with_name("gradfuse")
 WARM_UP = "What does the json module do?"
 QUESTIONS = [  # questions the demo's sources answer, none asked twice (each embeds and ranks from scratch)
@@ -67,7 +67,8 @@ def percentiles(values: list[float]) -> dict:
 def code_of(commit: str | None):
     """An environment whose `gradfuse` runs `commit`'s code (a temporary checkout first on PYTHONPATH), or the code
     checked out now (None)."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "GRADFUSE_API_KEY": ""}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "GRADFUSE_API_KEY": "",
+           "BENCH_WORKSPACE": str(WORKSPACES / (commit or "now"))}
     if commit is None:
         yield env
         return
@@ -93,7 +94,7 @@ def timed_command(args: list[str], env: dict) -> tuple[float, float]:
 
 
 def cold_cli(env: dict, repeats: int) -> dict:
-    ws = ["--workspace", str(WORKSPACE)]
+    ws = ["--workspace", env["BENCH_WORKSPACE"]]
     commands = {
         "gradfuse --help": ["--help"],
         "gradfuse sources": ["sources", *ws],
@@ -124,7 +125,7 @@ def server(env: dict, *extra: str):
     """`gradfuse serve` on a free port; yields (url, process, seconds until /healthz answered)."""
     port = free_port()
     started = time.perf_counter()
-    process = subprocess.Popen([str(GRADFUSE), "serve", "--port", str(port), "--workspace", str(WORKSPACE),
+    process = subprocess.Popen([str(GRADFUSE), "serve", "--port", str(port), "--workspace", env["BENCH_WORKSPACE"],
                                 "--log-level", "warning", *extra], env=env, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -202,40 +203,55 @@ def agreement(before: list[list], after: list[list]) -> dict:
 
 
 def query_vectors() -> dict:
-    """The ONNX copy's query vectors against sentence-transformers' (float32 and the bf16 default)."""
+    """The ONNX copy's query vectors against sentence-transformers' (float32, and bf16: the passages' precision
+    before issue 38)."""
     from gradfuse.sources.encoder import Encoder
 
     onnx = Encoder("all-MiniLM-L6-v2@float32")
-    torch32 = onnx.encode(QUESTIONS)
-    bf16 = Encoder("all-MiniLM-L6-v2").encode(QUESTIONS)
+    torch32 = onnx._passage_model().encode(QUESTIONS, normalize_embeddings=True, convert_to_numpy=True)
+    bf16 = Encoder("all-MiniLM-L6-v2@bfloat16").encode(QUESTIONS)
     vectors = onnx.encode_short(QUESTIONS)
     return {"max_abs_vs_float32": float(np.abs(vectors - torch32).max()),
             "min_cosine_vs_bfloat16": float((vectors * bf16).sum(axis=1).min())}
 
 
-def build_workspace() -> None:
-    from gradfuse import Workspace
-    from gradfuse.config import Config
-    from gradfuse.demo import demo_specs
+BUILD = """
+import os, sys
+from pathlib import Path
+from gradfuse import Workspace
+from gradfuse.config import Config
+from gradfuse.demo import demo_specs
+workspace = Path(os.environ["BENCH_WORKSPACE"])
+ws = Workspace(Config(workspace=workspace))
+for spec in demo_specs(workspace / "inputs"):
+    ws.index(spec)
+"""
 
-    ws = Workspace(Config(workspace=WORKSPACE))
-    for spec in demo_specs(WORKSPACE / "inputs"):
-        ws.index(spec)
+
+def build_workspace(env: dict) -> None:
+    """The demo's four sources, built by the code `env` runs (so each code reads an index it made)."""
+    done = subprocess.run([sys.executable, "-c", BUILD], env=env, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"building the workspace failed: {done.stderr[-2000:]}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="runs of each cold command and server start")
     parser.add_argument("--questions", type=int, default=len(QUESTIONS), help="warm questions (fewer: a smoke test)")
+    parser.add_argument("--kernels", choices=("native", "avx2"), default="native",
+                        help="avx2: an AVX2-only machine's kernels (gradfuse.hardware.AVX2_ONLY) in every process")
     args = parser.parse_args()
     questions = QUESTIONS[: args.questions]
-    build_workspace()
+    if args.kernels == "avx2":
+        os.environ.update(AVX2_ONLY)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     results = {"machine": cpu_description(), "baseline": BASELINE, "commit": commit, "codes": {}}
     rankings = {}
     for label, code in (("before", BASELINE), ("after", None)):
         with code_of(code) as env:
+            build_workspace(env)
             warm, rankings[label] = warm_server(env, questions)
             results["codes"][label] = {"cold": cold_cli(env, args.repeats),
                                        "server_start": server_start(env, max(3, args.repeats // 2)), "warm": warm}
@@ -243,9 +259,14 @@ def main() -> None:
     results["agreement"] = {name: agreement(rankings["before"][name], rankings["after"][name])
                             for name in ("gro", "gro (gradient)", "select")}
     results["query_vectors"] = query_vectors()
+    results["command"] = " ".join(["python bench/latency.py", *sys.argv[1:]])
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (OUT / "results.md").write_text(report(results, ["bench/latency.py", *sys.argv[1:]]))
+    stored = OUT / "results.json"
+    by_kernels = json.loads(stored.read_text()) if stored.is_file() else {}
+    by_kernels = by_kernels if "native" in by_kernels or "avx2" in by_kernels else {}  # the one-class file before
+    by_kernels[args.kernels] = results
+    stored.write_text(json.dumps(by_kernels, indent=2) + "\n")
+    (OUT / "results.md").write_text(report(by_kernels))
 
 
 def report(results: dict, argv: list[str]) -> str:

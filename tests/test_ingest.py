@@ -26,7 +26,7 @@ def test_beir_folder_becomes_a_searchable_source(workspace):
     dense = workspace.source("astronomy", "dense").search("which planet is the hottest", 1)
     assert dense[0].doc_id == "venus" and 0 < dense[0].native_score <= 1
     stats = source.stats()
-    assert (stats.kind, stats.documents, stats.encoder) == ("beir", 3, "all-MiniLM-L6-v2") and stats.index_bytes > 0
+    assert (stats.kind, stats.documents, stats.encoder) == ("beir", 3, "all-MiniLM-L6-v2@float32") and stats.index_bytes > 0
 
 
 def test_files_are_chunked_with_overlap_and_keep_their_span(ws, tmp_path):

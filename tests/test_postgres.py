@@ -50,7 +50,7 @@ def test_load_then_reload_unchanged_input_writes_nothing(pg, loaded):
     assert row_versions(pg, table) == before  # not one row rewritten
     assert ws.source_names() == ["astro", "local"]
     stats = ws.source("astro").stats()
-    assert (stats.kind, stats.documents, stats.encoder) == ("postgres", 5, "all-MiniLM-L6-v2")
+    assert (stats.kind, stats.documents, stats.encoder) == ("postgres", 5, "all-MiniLM-L6-v2@float32")
 
 
 def test_a_changed_document_is_updated_and_a_removed_one_deleted(pg, loaded):

@@ -136,7 +136,7 @@ def test_sources_health_and_the_openapi_schema(server):
     sources = httpx.get(server + "/sources").json()
     assert {s["input"] for s in sources} == {"astronomy", "cooking.jsonl"}  # names, not the server's paths
     assert {(s["name"], s["status"], s["documents"]) for s in sources} == {("astronomy", "ok", 3), ("cooking", "ok", 3)}
-    assert all(s["encoder"] == "all-MiniLM-L6-v2" and s["built_at"] for s in sources)
+    assert all(s["encoder"] == "all-MiniLM-L6-v2@float32" and s["built_at"] for s in sources)
     assert httpx.get(server + "/healthz").json()["sources"] == 2
     schema = httpx.get(server + "/openapi.json").json()
     assert {"/search", "/ask", "/sources", "/healthz"} <= set(schema["paths"])
