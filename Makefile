@@ -51,8 +51,8 @@ clean:
 # Benchmarks report numbers into committed files under results/; they are not tests. Each benchmark file in
 # benchmarks/ also has a small --quick variant whose expected scores sit next to it (checked by the tests).
 BENCHMARKS := federated qa dl19
-.PHONY: bench bench-skeleton bench-serve bench-postgres bench-engines bench-conversation bench-stage2 bench-defaults bench-conditional bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-precision $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
-bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-defaults bench-stage2 bench-conditional bench-serve bench-postgres bench-engines bench-conversation bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-precision
+.PHONY: bench bench-skeleton bench-serve bench-postgres bench-engines bench-conversation bench-stage2 bench-defaults bench-conditional bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-indexing bench-precision $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
+bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-defaults bench-stage2 bench-conditional bench-serve bench-postgres bench-engines bench-conversation bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-indexing bench-precision
 
 bench-skeleton: install
 	$(BIN)/python bench/skeleton_scifact.py
@@ -110,10 +110,16 @@ bench-fusion: install
 bench-default: install
 	$(BIN)/python bench/default_method.py
 
-# What a user waits on two cores (cold CLI, server start, warm requests), today's code against the commit before
-# the speed-ups, in one run (about 10 min; run it alone). bench-precision: the LM rows in bf16 against fp32.
+# What a user waits on two cores (cold CLI, server start, warm requests), today's code against main before issue
+# 38, on both CPU classes (about 10 min each; run it alone). bench-precision: the LM rows in bf16 against fp32.
 bench-latency: install
-	$(BIN)/python bench/latency.py
+	$(BIN)/python bench/latency.py --kernels native
+	$(BIN)/python bench/latency.py --kernels avx2
+
+# Documents and passages per CPU-second of a build against the encoder's own forward rate, and `gradfuse demo`
+# from an empty cache, with the CPU's own kernels and an AVX2-only machine's (results/indexing/).
+bench-indexing: install
+	$(BIN)/python bench/indexing.py
 
 bench-precision: install
 	$(BIN)/python bench/precision.py

@@ -1,20 +1,21 @@
-"""How long a user waits, before and after issue 29's speed-ups, measured in one run on this machine.
+"""How long a user waits, before and after issue 38 (passages in float32 by the ONNX copy), on this machine.
 
-Each step runs twice: with the code of BASELINE (the commit before the speed-ups: sentence-transformers for every
-query, ranx compiled at server start, the scoring LM in float32, no result cache) and with the code checked out
-now, both over the same workspace (the demo's four sources, built once). Measured:
+Each step runs twice: with the code of BASELINE (main before issue 38: passages embedded by torch in bf16 on every
+CPU) and with the code checked out now, each over a workspace of the demo's four sources that it built itself.
+`--kernels avx2` runs every process with an AVX2-only machine's kernels (gradfuse.hardware.AVX2_ONLY); each class
+keeps its own section of the results. Measured:
 
 - a cold CLI: `gradfuse --help`, `sources`, `search` and `ask` with the default method, each in a new process;
 - `gradfuse serve` (without --preload-lm) until /healthz answers;
 - a warm server (--preload-lm): /search and /ask for rrf, select, gro (UPR, its default signal) and gro with the
   gradient, on questions it has not seen (the warm-up question aside), and a repeated question;
-- how far each speed-up changes what is ranked: gro's order now against the baseline's float32 order, and the
-  query vector of the ONNX copy against sentence-transformers'.
+- how far the change moves what is ranked (now against the baseline), and the query vector of the ONNX copy
+  against sentence-transformers'.
 
 Wall time p50/p90 over the questions, and CPU-seconds (user + system) of the process that did the work. Writes
 results/latency/results.md and results.json. Run alone: two busy cores make every number larger.
 
-    python bench/latency.py [--repeats 5]
+    python bench/latency.py [--repeats 5] [--kernels native|avx2]
 """
 
 from __future__ import annotations
@@ -269,23 +270,39 @@ def main() -> None:
     (OUT / "results.md").write_text(report(by_kernels))
 
 
-def report(results: dict, argv: list[str]) -> str:
+KERNELS = {"native": "the CPU's own kernels", "avx2": "an AVX2-only machine's kernels (ATEN_CPU_CAPABILITY=avx2, "
+           "ONEDNN_MAX_CPU_ISA=AVX2; ONNX Runtime has no such switch and keeps the CPU's own)"}
+
+
+def report(by_kernels: dict) -> str:
+    lines = [
+        "# Latency on two cores: before and after issue 38, on both CPU classes",
+        "",
+        "Wall seconds p50 / p90 · CPU-seconds p50 of the process that did the work. Cold: a new process per "
+        "command, over the demo's four sources (each code over a workspace it built itself). Warm: a server "
+        "started with --preload-lm, each method first asked once, then questions it has not seen. *before*: main "
+        "before issue 38 (passages embedded by torch in bf16 on every CPU); *after*: today's defaults (passages "
+        "by the encoder's ONNX copy in float32).",
+        "",
+    ]
+    for kernels in ("native", "avx2"):
+        if kernels in by_kernels:
+            lines += section(by_kernels[kernels], KERNELS[kernels])
+    return "\n".join(lines)
+
+
+def section(results: dict, kernels: str) -> list[str]:
     before, after = results["codes"]["before"], results["codes"]["after"]
 
     def cell(row: dict) -> str:
         return f"{row['wall']['p50']:.2f} / {row['wall']['p90']:.2f} · {row['cpu']['p50']:.2f}"
 
     lines = [
-        "# Latency on two cores: before and after issue 29",
+        f"## {kernels[0].upper() + kernels[1:]}",
         "",
-        f"Command: `python {' '.join(argv)}` (make bench-latency) · baseline {results['baseline']} · code "
-        f"{results['commit']} · {results['machine']} · Python {platform.python_version()}.",
-        "",
-        "Wall seconds p50 / p90 · CPU-seconds p50 of the process that did the work. Cold: a new process per "
-        "command, over the demo's four sources. Warm: a server started with --preload-lm, each method first asked "
-        f"once, then {results['questions']} questions it has not seen. *before*: the baseline's code (sentence-transformers "
-        "for every query, ranx compiled at server start, the scoring LM in float32, no result cache); *after*: "
-        "today's defaults.",
+        f"Command: `{results.get('command', 'python bench/latency.py')}` (make bench-latency) · baseline "
+        f"{results['baseline']} · code {results['commit']} · {results['machine']} · Python "
+        f"{platform.python_version()} · {results['questions']} warm questions.",
         "",
         "| step | before | after |",
         "|---|---|---|",
@@ -303,14 +320,11 @@ def report(results: dict, argv: list[str]) -> str:
         f"A repeated question (after), p50: {repeated['wall']['p50'] * 1000:.1f} ms on a new connection per request, "
         f"{kept_alive['wall']['p50'] * 1000:.1f} ms on a kept-alive one (server CPU "
         f"{kept_alive['cpu']['p50'] * 1000:.1f} ms), "
-        f"{'served from the cache' if repeated['cached'] and kept_alive['cached'] else 'NOT served from the cache'}; "
-        f"before: {before['warm']['/ask repeated question']['wall']['p50'] * 1000:.0f} ms.",
+        f"{'served from the cache' if repeated['cached'] and kept_alive['cached'] else 'NOT served from the cache'}.",
         "",
         "Evidence (what /ask adds over /search, the extractive answer's quoting), p50 seconds: "
         + ", ".join(f"{name} {before['warm'][f'/ask {name}']['evidence']['p50']:.3f} → "
                     f"{after['warm'][f'/ask {name}']['evidence']['p50']:.3f}" for name in METHODS) + ".",
-        "",
-        "## What the speed-ups change in the rankings",
         "",
         "| ranking | questions | Spearman mean · min | same first |",
         "|---|---:|---|---:|",
@@ -322,11 +336,11 @@ def report(results: dict, argv: list[str]) -> str:
     lines += [
         "",
         f"Query vectors of the ONNX copy: at most {vectors['max_abs_vs_float32']:.1e} from sentence-transformers' "
-        f"float32 vectors, cosine at least {vectors['min_cosine_vs_bfloat16']:.5f} to its bf16 vectors (the "
-        "passages' precision). The scoring LM's bf16 against float32 on the benchmarks' LM rows: precision.md.",
+        f"float32 vectors, cosine at least {vectors['min_cosine_vs_bfloat16']:.5f} to its bf16 vectors. The "
+        "scoring LM's bf16 against float32 on the benchmarks' LM rows: precision.md.",
         "",
     ]
-    return "\n".join(lines)
+    return lines
 
 
 if __name__ == "__main__":

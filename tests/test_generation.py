@@ -115,19 +115,34 @@ def test_llama_cpp_stops_generating_when_the_reader_stops(smollm2):
 
 
 @pytest.mark.slow
-def test_a_gguf_is_converted_once_and_the_saved_copy_gives_the_same_model(tmp_path, monkeypatch):
+def test_a_gguf_is_converted_once_in_a_child_and_the_saved_copy_gives_the_same_model(tmp_path, monkeypatch):
     import torch
 
-    from gradfuse.generate.local import _load_gguf, bundled_gguf, converted_folder, load_tokenizer
+    from gradfuse.generate.gguf_copy import converted_folder, dequantise
+    from gradfuse.generate.local import _load_gguf, bundled_gguf, load_tokenizer
 
     monkeypatch.setenv("GRADFUSE_CACHE", str(tmp_path))
-    _, converted = _load_gguf(bundled_gguf())
-    assert (converted_folder(bundled_gguf()) / "config.json").is_file()
-    tokenizer, reloaded = _load_gguf(bundled_gguf())  # from the saved copy this time
+    _, converted = dequantise(bundled_gguf())  # in this process, as transformers reads the file
+    tokenizer, reloaded = _load_gguf(bundled_gguf())  # converted by a child, opened from the saved copy
+    saved = converted_folder(bundled_gguf())
+    assert (saved / "config.json").is_file() and [p.name for p in saved.parent.iterdir()] == [saved.name]
     first, second = converted.state_dict(), reloaded.state_dict()
     assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
     assert reloaded.lm_head.weight.data_ptr() == reloaded.get_input_embeddings().weight.data_ptr()  # still tied
     assert tokenizer.encode("Canberra, 1913") == load_tokenizer("smollm2").encode("Canberra, 1913")
+
+
+@pytest.mark.slow
+def test_a_gguf_whose_copy_cannot_be_saved_is_read_in_this_process_and_says_why(tmp_path, monkeypatch, caplog):
+    from gradfuse.generate.local import _load_gguf, bundled_gguf
+
+    unwritable = tmp_path / "a-file"
+    unwritable.write_text("not a folder")
+    monkeypatch.setenv("GRADFUSE_CACHE", str(unwritable))
+    tokenizer, model = _load_gguf(bundled_gguf())
+    assert model.config.model_type == "llama" and tokenizer.encode("Canberra")
+    assert "could not be converted in a child process (converting it here instead)" in caplog.text
+    assert unwritable.read_text() == "not a folder"
 
 
 @pytest.mark.slow
@@ -170,7 +185,8 @@ def test_an_answer_through_an_endpoint_reports_the_passages_its_window_could_not
 def test_concurrent_cold_loads_give_one_model_and_one_lock_for_the_scorer_and_the_generator():
     from concurrent.futures import ThreadPoolExecutor
 
-    from gradfuse.generate.local import bundled_gguf, converted_folder, load_local_generator, load_transformers
+    from gradfuse.generate.gguf_copy import converted_folder
+    from gradfuse.generate.local import bundled_gguf, load_local_generator, load_transformers
     from gradfuse.rerank import load_scorer
 
     load_transformers("smollm2")  # makes the de-quantised folder a transformers generator can load

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import re
@@ -12,7 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from gradfuse.generate.llamacpp import LlamaCppUnavailable, load_llamacpp
-from gradfuse.loading import LOADING, check_materialised, loaded_once, user_cache
+from gradfuse.generate.gguf_copy import dequantise, ensure_converted, save
+from gradfuse.loading import LOADING, check_materialised, loaded_once
 
 BUNDLED_GENERATOR = "smollm2"
 _BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -69,54 +69,22 @@ def load_tokenizer(spec: str):
     return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name) if gguf else AutoTokenizer.from_pretrained(spec)
 
 
-def converted_folder(path: Path) -> Path:
-    """Where the de-quantised copy of a GGUF file is kept: transformers takes about 17 s to de-quantise SmolLM2's
-    GGUF on this project's CPU, and about a second to open the saved safetensors. Keyed by the file's name, size
-    and modification time; GRADFUSE_CACHE (default ~/.cache/gradfuse) sets the folder."""
-    stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    return user_cache() / "models" / f"{path.stem}-{key}"
-
-
 def _load_gguf(path: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = converted_folder(path)
-    if (folder / "config.json").is_file():
+    folder = ensure_converted(path)
+    if folder is not None:
         try:
             return AutoTokenizer.from_pretrained(folder), check_materialised(
                 AutoModelForCausalLM.from_pretrained(folder), str(path))
         except (OSError, ValueError):
             pass  # a damaged copy: convert again below
-    tokenizer, model = _dequantise_gguf(path)
+    tokenizer, model = dequantise(path)
     try:
-        staging = folder.with_name(f"{folder.name}.{os.getpid()}.tmp")
-        # The weights are plain float32 tensors once loaded; the GGUF marker only stops save_pretrained.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        os.replace(staging, folder)  # published whole, so a crash mid-save leaves no half copy in use
+        save(path, tokenizer, model)
     except OSError:
-        pass  # a read-only home: the next load converts again
+        pass  # a read-only cache: the next load converts again
     return tokenizer, model
-
-
-def _dequantise_gguf(path: Path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging
-
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    quiet = logging.get_verbosity()
-    logging.set_verbosity_error()  # its load report flags the tied lm_head as missing, which is repaired below
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
-    finally:
-        logging.set_verbosity(quiet)
-    # Once sentence-transformers has been imported in the process, the GGUF loader reports the tied lm_head as
-    # missing and leaves it on the meta device (seen with transformers 5.24); tying again restores it.
-    return tokenizer, check_materialised(model, str(path))
 
 
 class LocalGenerator:

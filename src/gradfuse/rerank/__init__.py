@@ -75,6 +75,11 @@ def load_scorer(spec: str = "smollm2", doc_tokens: int = 128, dtype: str = "auto
     if spec.startswith(("http://", "https://")):
         raise ValueError("the re-ranking LM must run locally (gradients are needed): set [rerank] model to "
                          "'smollm2', a transformers folder or a .gguf file")
+    from gradfuse.generate.gguf_copy import ensure_converted
+    from gradfuse.generate.local import gguf_file
+
+    if (gguf := gguf_file(spec)) is not None:
+        ensure_converted(gguf)  # before the loading lock: a first conversion takes half a minute, in a child
     return _cached_scorer(spec, doc_tokens, resolve_dtype(dtype, device), device)
 
 
