@@ -1,6 +1,6 @@
 """A real package: `python -m build` makes a wheel and an sdist, and the wheel, installed (not editable) into a
-fresh virtual environment outside the checkout, runs `gradfuse demo` to the end (with an AVX2-only machine's kernels): the page's files and the demo's
-inputs are inside it."""
+fresh virtual environment outside the checkout, runs `gradfuse demo` to the end (with an AVX2-only machine's
+kernels): the page's files and the demo's inputs are inside it."""
 
 from __future__ import annotations
 
