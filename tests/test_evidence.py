@@ -14,7 +14,7 @@ from gradfuse import SourceSpec, Workspace
 from gradfuse.candidate import Candidate
 from gradfuse.cli import app
 from gradfuse.config import Config
-from gradfuse.evidence import Evidence, sentence_spans
+from gradfuse.evidence import Evidence, extractive_answer, not_found, sentence_spans
 from gradfuse.rerank import load_scorer
 from gradfuse.rerank.sentences import Passage, passages_that_fit, score_sentences
 
@@ -129,6 +129,18 @@ def test_an_answer_quotes_its_evidence_in_the_library_the_json_and_the_cli(tmp_p
     printed = CliRunner().invoke(app, ["ask", "Which planet has two moons?", "--method", "rrf", "-k", "2",
                                        "--max-new-tokens", "8", "--workspace", str(ws_root)], terminal_width=200)
     assert "Evidence" in printed.output and "characters" in printed.output
+
+
+def test_a_sentence_in_two_passages_is_quoted_once_and_the_next_one_takes_its_place():
+    def evidence(number: int, text: str, score: float) -> Evidence:
+        return Evidence(number, "manuals", f"d{number}", (0, len(text)), text, score)
+
+    twice = "The default value is twenty\nmillion bytes."
+    ranked = [evidence(1, twice, 0.9), evidence(2, " ".join(twice.split()), 0.8),
+              evidence(2, "It can be changed with --size.", 0.5)]
+    assert extractive_answer(ranked) == ("The default value is twenty million bytes. [1] "
+                                         "It can be changed with --size. [2]")
+    assert not_found(ranked).count("twenty million") == 1
 
 
 @pytest.mark.slow

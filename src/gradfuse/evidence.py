@@ -174,10 +174,24 @@ def passage_sentences(passage: Candidate, shown: str) -> list[tuple[int, int]]:
 EXTRACTIVE_SENTENCES = 2  # sentences an extractive answer quotes
 
 
+def quoted_first(evidence: list[Evidence], sentences: int = EXTRACTIVE_SENTENCES) -> list[Evidence]:
+    """The best `sentences` of the evidence with distinct words: the same sentence in two passages (a page
+    copied into two manuals) is quoted once, cited to the better-scored passage."""
+    chosen, seen = [], set()
+    for e in evidence:
+        words = e.quoted().casefold()
+        if words not in seen:
+            chosen.append(e)
+            seen.add(words)
+        if len(chosen) == sentences:
+            break
+    return chosen
+
+
 def extractive_answer(evidence: list[Evidence], sentences: int = EXTRACTIVE_SENTENCES) -> str:
     """The best evidence sentences themselves as the answer, each with its passage's number: nothing generated,
     so nothing is made up (`Evidence.quoted`: line breaks as spaces, a table row with its columns' names)."""
-    return " ".join(f"{e.quoted()} [{e.passage}]" for e in evidence[:sentences]) or \
+    return " ".join(f"{e.quoted()} [{e.passage}]" for e in quoted_first(evidence, sentences)) or \
         "The passages hold no sentence to answer from."
 
 
@@ -186,7 +200,7 @@ NOT_FOUND = "Not found in these sources."
 
 def not_found(evidence: list[Evidence], sentences: int = EXTRACTIVE_SENTENCES) -> str:
     """What an answer says when its evidence is too weak: that, and the sentences that came closest, cited."""
-    closest = "; ".join(f"“{e.quoted()}” [{e.passage}]" for e in evidence[:sentences])
+    closest = "; ".join(f"“{e.quoted()}” [{e.passage}]" for e in quoted_first(evidence, sentences))
     return f"{NOT_FOUND} The closest: {closest}" if closest else NOT_FOUND
 
 
