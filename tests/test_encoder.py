@@ -12,7 +12,7 @@ from conftest import ASTRONOMY, COOKING, write_jsonl
 
 from gradfuse import SourceSpec, Workspace
 from gradfuse.config import Config
-from gradfuse.hardware import AVX2_ONLY, BF16_CPU_FLAGS, cpu_flags
+from gradfuse.hardware import AVX2_ONLY, BF16_CPU_FLAGS, KERNEL_CAPS, cpu_flags
 from gradfuse.sources.encoder import EmbeddingCache, Encoder, load_encoder
 from gradfuse.sources.encoder_names import encoder_name, recorded_encoder
 from gradfuse.sources.onnx_encoder import onnx_file
@@ -86,7 +86,7 @@ def test_bf16_on_a_cpu_that_emulates_it_says_so(monkeypatch):
 
 @pytest.mark.skipif(not cpu_flags() & BF16_CPU_FLAGS, reason="this CPU has no bf16 instructions")
 def test_bf16_where_it_is_native_says_nothing(monkeypatch):
-    for name in AVX2_ONLY:
+    for name in KERNEL_CAPS:
         monkeypatch.delenv(name, raising=False)
     assert Encoder("all-MiniLM-L6-v2@bfloat16").note == ""
 

@@ -115,7 +115,8 @@ def test_llama_cpp_stops_generating_when_the_reader_stops(smollm2):
 
 
 @pytest.mark.slow
-def test_a_gguf_is_converted_once_in_a_child_and_the_saved_copy_gives_the_same_model(tmp_path, monkeypatch):
+def test_a_gguf_is_converted_once_in_a_child_and_the_saved_copy_gives_the_same_model(tmp_path, monkeypatch,
+                                                                                    caplog):
     import torch
 
     from gradfuse.generate.gguf_copy import converted_folder, dequantise
@@ -124,6 +125,7 @@ def test_a_gguf_is_converted_once_in_a_child_and_the_saved_copy_gives_the_same_m
     monkeypatch.setenv("GRADFUSE_CACHE", str(tmp_path))
     _, converted = dequantise(bundled_gguf())  # in this process, as transformers reads the file
     tokenizer, reloaded = _load_gguf(bundled_gguf())  # converted by a child, opened from the saved copy
+    assert "instead of a child" not in caplog.text  # the child made it, not this process's fallback
     saved = converted_folder(bundled_gguf())
     assert (saved / "config.json").is_file() and [p.name for p in saved.parent.iterdir()] == [saved.name]
     first, second = converted.state_dict(), reloaded.state_dict()
@@ -141,7 +143,10 @@ def test_a_gguf_whose_copy_cannot_be_saved_is_read_in_this_process_and_says_why(
     monkeypatch.setenv("GRADFUSE_CACHE", str(unwritable))
     tokenizer, model = _load_gguf(bundled_gguf())
     assert model.config.model_type == "llama" and tokenizer.encode("Canberra")
-    assert "could not be converted in a child process (converting it here instead)" in caplog.text
+    assert "is de-quantised in this process instead of a child: its copy cannot be kept in" in caplog.text
+    caplog.clear()
+    _load_gguf(bundled_gguf())  # the next load does not try the child again, nor say it again
+    assert "instead of a child" not in caplog.text
     assert unwritable.read_text() == "not a folder"
 
 

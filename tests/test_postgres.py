@@ -53,6 +53,18 @@ def test_load_then_reload_unchanged_input_writes_nothing(pg, loaded):
     assert (stats.kind, stats.documents, stats.encoder) == ("postgres", 5, "all-MiniLM-L6-v2@float32")
 
 
+def test_a_table_loaded_before_encoders_named_their_precision_says_how_to_keep_it(pg, loaded):
+    from gradfuse.sources.postgres import PostgresError
+
+    ws, corpus, table, _ = loaded
+    with psycopg.connect(pg.url) as conn:  # what gradfuse recorded before issue 38: a bare name, bf16 vectors
+        conn.execute("UPDATE gradfuse_sources SET encoder = 'all-MiniLM-L6-v2' WHERE table_name = %s", (table,))
+    with pytest.raises(PostgresError, match=r"built with encoder 'all-MiniLM-L6-v2@bfloat16', not "
+                                            r"'all-MiniLM-L6-v2@float32'.*set \[encoder\] model = "
+                                            r"'all-MiniLM-L6-v2@bfloat16' to keep it"):
+        ws.index(SourceSpec("astro", "jsonl", str(corpus)), into=pg.url, table=table)
+
+
 def test_a_changed_document_is_updated_and_a_removed_one_deleted(pg, loaded):
     ws, corpus, table, _ = loaded
     before = row_versions(pg, table)

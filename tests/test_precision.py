@@ -3,7 +3,7 @@
 import pytest
 
 from gradfuse.rerank import RerankSettings, load_scorer
-from gradfuse.hardware import AVX2_ONLY, BF16_CPU_FLAGS, native_bf16
+from gradfuse.hardware import AVX2_ONLY, BF16_CPU_FLAGS, KERNEL_CAPS, native_bf16
 from gradfuse.rerank.precision import resolve_dtype
 
 
@@ -14,7 +14,7 @@ from gradfuse.rerank.precision import resolve_dtype
     (set(), "float32"),  # no /proc/cpuinfo (not Linux)
 ])
 def test_auto_is_bfloat16_only_with_the_cpus_bf16_instructions(flags, expected, monkeypatch):
-    for name in AVX2_ONLY:
+    for name in KERNEL_CAPS:
         monkeypatch.delenv(name, raising=False)
     assert resolve_dtype("auto", "cpu", frozenset(flags)) == expected
 
@@ -47,7 +47,7 @@ def test_kernels_capped_below_bf16_make_auto_float32_on_a_bf16_cpu(variable, val
 @pytest.mark.parametrize("variable, value", [("ATEN_CPU_CAPABILITY", "avx512"), ("ONEDNN_MAX_CPU_ISA", "ALL"),
                                              ("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")])
 def test_caps_that_keep_bf16_kernels_keep_auto_bfloat16(variable, value, monkeypatch):
-    for name in AVX2_ONLY:
+    for name in KERNEL_CAPS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(variable, value)
     assert resolve_dtype("auto", "cpu", frozenset(BF16_CPU_FLAGS)) == "bfloat16"

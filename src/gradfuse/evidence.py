@@ -179,12 +179,11 @@ def quoted_first(evidence: list[Evidence], sentences: int = EXTRACTIVE_SENTENCES
     copied into two manuals) is quoted once, cited to the better-scored passage."""
     chosen, seen = [], set()
     for e in evidence:
-        words = e.quoted().casefold()
-        if words not in seen:
+        if len(chosen) >= sentences:
+            break
+        if (words := e.quoted().casefold()) not in seen:
             chosen.append(e)
             seen.add(words)
-        if len(chosen) == sentences:
-            break
     return chosen
 
 

@@ -2,9 +2,10 @@
 
 transformers takes about 28 CPU-seconds to de-quantise SmolLM2's GGUF here (it parses the file three times, in
 Python) and about a second to open the saved safetensors. Made in this process, that Python held the GIL and the
-one model-loading lock, so the demo's builds waited for it (56 s for the demo from an empty cache, against 29 s for
-its builds alone); made in a child, it takes a core of its own. Where the child cannot save the copy (a read-only
-cache), the caller de-quantises in its own process as before.
+one model-loading lock, so the demo's builds waited for it (measured by hand here: 56 s for the demo from an empty
+cache, against 29 s for its builds alone; 31.5 s now, results/indexing); made in a child, it takes a core of its
+own. Where the copy cannot be kept (a read-only cache) or the child fails, the caller de-quantises in its own
+process as before, and the log says why once.
 
     python -m gradfuse.generate.gguf_copy FILE.gguf
 """
@@ -17,10 +18,12 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
 from gradfuse.loading import check_materialised, user_cache
+from gradfuse.redact import redact
 
 log = logging.getLogger(__name__)
 _converting: dict[Path, threading.Lock] = {}
@@ -35,22 +38,52 @@ def converted_folder(path: Path) -> Path:
     return user_cache() / "models" / f"{path.stem}-{key}"
 
 
+# What the child needs of the environment: where the cache is, the offline switches, locale and temporary files.
+# Nothing else (keys and database URLs included) is passed.
+_ENVIRONMENT = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "GRADFUSE_CACHE", "HF_HOME",
+                "TRANSFORMERS_OFFLINE", "OMP_NUM_THREADS")
+CHILD_TIMEOUT_S = 3600  # SmolLM2 takes half a minute; a model of several billion parameters, many minutes
+_failed: set[Path] = set()  # files this process could not convert in a child: not tried again per request
+
+
 def ensure_converted(path: Path) -> Path | None:
-    """The saved copy's folder, converting in a child process first if there is none; None where it could not be
-    made (the reason is logged). Threads asking for the same file wait for one conversion."""
+    """The saved copy's folder, converting in a child process first if there is none; None where it cannot be
+    made (a cache that cannot be written, a failed or timed-out child: said once in the log). Threads asking for
+    the same file wait for one conversion."""
     folder = converted_folder(path)
     if (folder / "config.json").is_file():
         return folder
+    key = path.resolve()
     with _guard:
-        lock = _converting.setdefault(path.resolve(), threading.Lock())
+        lock = _converting.setdefault(key, threading.Lock())
     with lock:
-        if not (folder / "config.json").is_file():
-            done = subprocess.run([sys.executable, "-m", "gradfuse.generate.gguf_copy", str(path)],
-                                  capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-            if done.returncode != 0:
-                log.warning("the GGUF file %s could not be converted in a child process (converting it here "
-                            "instead): %s", path.name, done.stderr.strip()[-600:])
+        if key not in _failed and not (folder / "config.json").is_file():
+            why = _unwritable(folder.parent) or _convert_in_child(path)
+            if why and not (folder / "config.json").is_file():  # another process may have won the race
+                _failed.add(key)
+                log.warning("the GGUF file %s is de-quantised in this process instead of a child: %s", path.name,
+                            redact(why))
     return folder if (folder / "config.json").is_file() else None
+
+
+def _unwritable(cache: Path) -> str:
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=cache):
+            return ""
+    except OSError as error:
+        return f"its copy cannot be kept in {cache} ({error.strerror or error})"
+
+
+def _convert_in_child(path: Path) -> str:
+    """'' once the child saved the copy; else why not."""
+    env = {name: os.environ[name] for name in _ENVIRONMENT if name in os.environ} | {"HF_HUB_OFFLINE": "1"}
+    try:  # -I: the working folder (which may hold a `gradfuse/` of its own) is not on the child's path
+        done = subprocess.run([sys.executable, "-I", "-m", "gradfuse.generate.gguf_copy", str(path)],
+                              capture_output=True, text=True, env=env, timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return f"the conversion took over {CHILD_TIMEOUT_S} s"
+    return "" if done.returncode == 0 else f"the conversion failed: {done.stderr.strip()[-600:]}"
 
 
 def dequantise(path: Path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import re
 import threading
@@ -14,6 +15,7 @@ from gradfuse.generate.llamacpp import LlamaCppUnavailable, load_llamacpp
 from gradfuse.generate.gguf_copy import dequantise, ensure_converted, save
 from gradfuse.loading import LOADING, check_materialised, loaded_once
 
+log = logging.getLogger(__name__)
 BUNDLED_GENERATOR = "smollm2"
 _BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -77,8 +79,9 @@ def _load_gguf(path: Path):
         try:
             return AutoTokenizer.from_pretrained(folder), check_materialised(
                 AutoModelForCausalLM.from_pretrained(folder), str(path))
-        except (OSError, ValueError):
-            pass  # a damaged copy: convert again below
+        except (OSError, ValueError) as error:  # a damaged copy: read the GGUF file again below
+            log.warning("the saved copy of %s in %s cannot be read (%s); delete that folder to have it made again",
+                        path.name, folder, error)
     tokenizer, model = dequantise(path)
     try:
         save(path, tokenizer, model)

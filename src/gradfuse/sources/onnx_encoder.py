@@ -2,13 +2,13 @@
 
 A cold `gradfuse search` spent 6 s importing sentence-transformers (torch, transformers, scikit-learn) and 1-3 s
 loading the model, to embed one query; onnxruntime and tokenizers take about 0.5 s for the same. Passages too: on
-128 SciFact abstracts ONNX Runtime embedded 23 passages per CPU-second in float32, torch 10.9 in float32 and 24.4 in
-bf16 where the CPU has bf16 instructions, 3.6 where it emulates them (make bench-indexing). The copy is exported
-from the same weights (torch.onnx) the first time the torch model loads (the first build, or a query before any
-build), and kept under GRADFUSE_CACHE (default ~/.cache/gradfuse) by the weights' path, size and time. It runs in
-float32: its vectors are within 2e-7 of the torch float32 model's, so the two are one encoder (`model@float32`)
-and an index never holds vectors of two precisions. Models other than a transformer with mean or CLS pooling
-have no copy and embed with sentence-transformers.
+128 SciFact abstracts ONNX Runtime embedded 23–29 passages per CPU-second in float32, torch 11 in float32 and
+22.5–25.5 in bf16 where the CPU has bf16 instructions, 3.7 where it emulates them (make bench-indexing). The copy
+is exported from the same weights (torch.onnx) the first time the torch model loads (the first build, or a query
+before any build), and kept under GRADFUSE_CACHE (default ~/.cache/gradfuse) by the weights' path, size and time.
+It runs in float32: its vectors are within 2e-7 of the torch float32 model's, so the two are one encoder
+(`model@float32`) and an index never holds vectors of two precisions. Models other than a transformer with mean
+or CLS pooling have no copy and embed with sentence-transformers.
 """
 
 from __future__ import annotations

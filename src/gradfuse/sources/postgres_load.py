@@ -82,8 +82,9 @@ def _check_compatible(conn, settings: PostgresSettings, encoder: str) -> None:
     wanted = (encoder, settings.language, settings.distance)
     for name, had, want in zip(("encoder", "language", "distance"), row, wanted):
         if had != want:
+            keep = f" (or set [encoder] model = {had!r} to keep it)" if name == "encoder" else ""
             raise PostgresError(f"table {settings.table!r} was built with {name} {had!r}, not {want!r}: drop the "
-                                "table (or load into another) to change it")
+                                f"table (or load into another) to change it{keep}")
 
 
 def load_into_postgres(
