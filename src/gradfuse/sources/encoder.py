@@ -77,11 +77,10 @@ class Encoder:
         return self._model
 
     def encode(self, texts: list[str], *, progress: bool = False, batch_size: int = 64) -> np.ndarray:
-        """Passages' vectors, by the ONNX copy in float32 (exported first if it is missing), by torch otherwise."""
+        """Passages' vectors, by the ONNX copy in float32 (exported when the encoder was made, if it was
+        missing), by torch otherwise."""
         if not texts:
             return np.zeros((0, DIMENSION), dtype=np.float32)
-        if self.precision == "float32" and self._onnx is None and self._model is None:
-            self._passage_model()  # exports the copy where the model has one
         if self._passages_by_onnx():
             with self._lock:
                 return self._onnx.encode(texts)
