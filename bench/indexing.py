@@ -40,7 +40,6 @@ FORWARD_PASSAGES = 128
 ENCODERS = {"onnx float32 (default)": "all-MiniLM-L6-v2", "torch bf16": "all-MiniLM-L6-v2@bfloat16"}
 
 
-
 def cpu_seconds() -> float:
     """CPU of this process and of the children it waited for (a files build parses in a worker)."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -82,8 +81,7 @@ def build_rates(records: list[dict], folder: Path) -> dict[str, dict]:
     from gradfuse import SourceSpec, Workspace
     from gradfuse.config import Config
 
-    corpus = folder / "scifact.jsonl"
-    corpus.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    corpus = _write(folder / "scifact.jsonl", records)
     rows = {}
     for name, encoder in ENCODERS.items():
         ws = Workspace(Config(workspace=folder / f"ws-{len(rows)}", encoder=encoder))

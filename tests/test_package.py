@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from gradfuse import Workspace
-from gradfuse.hardware import AVX2_ONLY
 from gradfuse.demo import QUESTIONS
+from gradfuse.hardware import AVX2_ONLY
 
 ROOT = Path(__file__).resolve().parents[1]
 

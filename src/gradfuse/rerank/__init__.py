@@ -19,6 +19,7 @@ with the prior (base.combine) and writes every value into `Candidate.scores`, so
 
 from __future__ import annotations
 
+import functools
 import importlib
 import time
 
@@ -75,12 +76,20 @@ def load_scorer(spec: str = "smollm2", doc_tokens: int = 128, dtype: str = "auto
     if spec.startswith(("http://", "https://")):
         raise ValueError("the re-ranking LM must run locally (gradients are needed): set [rerank] model to "
                          "'smollm2', a transformers folder or a .gguf file")
+    _converted_before_loading(spec)
+    return _cached_scorer(spec, doc_tokens, resolve_dtype(dtype, device), device)
+
+
+@functools.cache
+def _converted_before_loading(spec: str) -> None:
+    """A GGUF spec's de-quantised copy, made in a child before the loading lock is taken (a first conversion
+    takes half a minute). Once per spec: load_scorer runs on every re-rank, and the file need not be looked at
+    again once the scorer is loaded."""
     from gradfuse.generate.gguf_copy import ensure_converted
     from gradfuse.generate.local import gguf_file
 
     if (gguf := gguf_file(spec)) is not None:
-        ensure_converted(gguf)  # before the loading lock: a first conversion takes half a minute, in a child
-    return _cached_scorer(spec, doc_tokens, resolve_dtype(dtype, device), device)
+        ensure_converted(gguf)
 
 
 @loaded_once(maxsize=4)
