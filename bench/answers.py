@@ -49,6 +49,7 @@ from gradfuse.candidate import Candidate
 from gradfuse.config import Config
 from gradfuse.eval.qa import answer_in_context, checkable
 from gradfuse.evidence import extractive_answer
+from gradfuse.rerank import support
 from gradfuse.generate.prompt import PASSAGE_CHARS
 from gradfuse.sources.build import FILE_CHUNK_OVERLAP, FILE_CHUNK_WORDS
 from gradfuse.sources.documents import IngestReport
@@ -86,6 +87,7 @@ class Question:
     place: dict = field(default_factory=dict)  # page, row, slide or heading (document questions)
     judged: frozenset = frozenset()  # source/doc id keys of the judged paragraphs (hotpotqa, tatqa)
     held: tuple[str, ...] = ()  # a held-out QA question's own answers: they must stand in no source
+    near_miss: bool = False  # a written no-answer question the sources come close to (answer_questions.json)
     split: str = "test"
 
     @property
@@ -157,7 +159,7 @@ def written_questions() -> list[Question]:
         kind = "valgrind" if q.get("file", "").endswith(".html") else "man"
         answers = (q["answer"],) if q["kind"] == "answerable" else ()
         questions.append(Question(f"written:{number}", kind if answers else "written-none", q["question"], answers,
-                                  file=q.get("file")))
+                                  file=q.get("file"), near_miss=q.get("near_miss", False)))
     return questions
 
 
@@ -204,7 +206,7 @@ def build() -> tuple[Workspace, list[Question], dict]:
     kept, dropped = [], []
     for q in questions:
         (kept if _checked(q, passages) else dropped).append(q)
-    _split(kept, rng)
+    _split(kept)
     return ws, kept, {"builds": builds, "dropped": [q.text for q in dropped], "man_pages": len(man)}
 
 
@@ -241,13 +243,14 @@ def holds_answer(q: Question, candidate) -> bool:
     return q.kind == "document" or answer_in_context(q.answers, [candidate.text]) == 1.0
 
 
-def _split(questions: list[Question], rng: random.Random) -> None:
-    """A seeded third of each kind (answerable and not apart) is dev."""
+def _split(questions: list[Question]) -> None:
+    """A seeded third of each kind (answerable and not apart) is dev, each drawn with its own seed: questions added
+    to one kind leave the others' splits as they were."""
     groups: dict[tuple[str, bool], list[Question]] = {}
     for q in questions:
         groups.setdefault((q.kind, q.answerable), []).append(q)
-    for group in groups.values():
-        for q in rng.sample(group, len(group) // 3):
+    for (kind, answerable), group in groups.items():
+        for q in random.Random(f"{SEED}:{kind}:{answerable}").sample(group, len(group) // 3):
             q.split = "dev"
 
 
@@ -260,8 +263,8 @@ def ask(ws: Workspace, q: Question, method: str) -> dict:
     answer = ws.ask(q.text, method=method, context_k=K)
     seconds = time.perf_counter() - started
     hits = [holds_answer(q, c) for c in answer.passages]
-    row = {"id": q.id, "kind": q.kind, "answerable": q.answerable, "seconds": seconds, "support": answer.support,
-           "declined": answer.abstained}
+    row = {"id": q.id, "kind": q.kind, "answerable": q.answerable, "near_miss": q.near_miss, "seconds": seconds,
+           "support": answer.support, "declined": answer.abstained, "answer": answer.text}
     if q.answerable:
         row.update({"hit@1": float(any(hits[:1])), "hit@5": float(any(hits[:5])),
                     "quoted": 0.0 if answer.abstained else quoted_correct(q, answer.text)})
@@ -281,7 +284,11 @@ def scorer_rows(ws: Workspace, q: Question, method: str) -> dict:
         settings = replace(ws.config.evidence, scorer=scorer.split(",")[0])
         evidence = ws.evidence(q.text, passages, settings=settings, chars=chars)
         row[f"{scorer} seconds"] = time.perf_counter() - started
-        row[scorer] = quoted_correct(q, extractive_answer(evidence)) if evidence else 0.0
+        within = support.model().second_within if settings.scorer == "support" else None
+        row[scorer] = quoted_correct(q, extractive_answer(evidence, within=within)) if evidence else 0.0
+    cpu = time.process_time()  # the evidence step of an answer: its sentences scored, and "not found" or not
+    ws.support(q.text, ws.evidence(q.text, passages))
+    row["evidence CPU seconds"] = time.process_time() - cpu
     return row
 
 
@@ -303,7 +310,11 @@ def main() -> None:
                              sorted({x["kind"] for x in r})} for m, r in rows.items()},
                "scorers": {s: {"quoted": mean([r[s] for r in scorers]),
                                "seconds": mean([r[f"{s} seconds"] for r in scorers])} for s in (*SCORERS, BEFORE)},
+               "evidence CPU seconds": {"p50": float(np.median([r["evidence CPU seconds"] for r in scorers])),
+                                        "p90": float(np.percentile([r["evidence CPU seconds"] for r in scorers], 90))},
                "curve": curve(rows[default]), "default": default,
+               "kind curves": {kind: curve([r for r in rows[default] if r["kind"] == kind])
+                               for kind in sorted({r["kind"] for r in rows[default]})},
                "abstain_below": ws.config.evidence.abstain_below, "rows": rows,
                "questions": {"test": len(test), "dev": len(questions) - len(test),
                              "no answer": sum(not q.answerable for q in questions),
@@ -321,15 +332,29 @@ def mean(values) -> float:
     return float(np.mean(values)) if values else float("nan")
 
 
+def wilson(values: list[float]) -> tuple[float, float] | None:
+    """The 95% Wilson interval of a share of successes."""
+    if not values:
+        return None
+    n, share, z = len(values), float(np.mean(values)), 1.96
+    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return round(float(centre - half), 3), round(float(centre + half), 3)
+
+
 def summarise(rows: list[dict]) -> dict:
     answerable = [r for r in rows if r["answerable"]]
     unanswerable = [r for r in rows if not r["answerable"]]
-    return {"hit@1": mean([r["hit@1"] for r in answerable]), "hit@5": mean([r["hit@5"] for r in answerable]),
-            "quoted": mean([r["quoted"] for r in answerable]),
-            "declined": mean([float(r["declined"]) for r in unanswerable]),
-            "declined wrongly": mean([float(r["declined"]) for r in answerable]),
+    shares = {"hit@1": [r["hit@1"] for r in answerable], "hit@5": [r["hit@5"] for r in answerable],
+              "quoted": [r["quoted"] for r in answerable],
+              "declined": [float(r["declined"]) for r in unanswerable],
+              "declined wrongly": [float(r["declined"]) for r in answerable],
+              "near misses declined": [float(r["declined"]) for r in unanswerable if r.get("near_miss")]}
+    return {**{name: mean(values) for name, values in shares.items()},
+            "ci": {name: wilson(values) for name, values in shares.items()},
             "seconds p50": float(np.median([r["seconds"] for r in rows])) if rows else float("nan"),
-            "questions": len(rows)}
+            "questions": len(rows), "answerable": len(answerable), "no answer": len(unanswerable),
+            "near misses": len(shares["near misses declined"])}
 
 
 def curve(rows: list[dict]) -> list[dict]:
@@ -400,7 +425,18 @@ def report(summary: dict) -> str:
         name = f"`{method}`" + (" (the default)" if method == summary["default"] else "")
         lines.append(f"| {name} | {row['hit@1']:.2f} | {row['hit@5']:.2f} | {row['quoted']:.2f} | {row['declined']:.2f} "
                      f"| {row['declined wrongly']:.2f} | {row['seconds p50']:.2f} |")
-    lines += ["", f"By kind of test question (`{summary['default']}`; hit@1 · quoted · declined):", "",
+    best = summary["methods"][summary["default"]]
+    lines += ["", f"`{summary['default']}` with 95% intervals (Wilson):", "", "| measure | value | 95% interval | questions |",
+              "|---|---:|---:|---:|"]
+    for measure, count in (("quoted", "answerable"), ("declined", "no answer"), ("declined wrongly", "answerable"),
+                           ("near misses declined", "near misses")):
+        low, high = best["ci"][measure] or (float("nan"), float("nan"))
+        label = {"quoted": "quoted answer correct", "declined": "no-answer questions declined",
+                 "declined wrongly": "answerable declined wrongly",
+                 "near misses declined": "near misses declined (written, the sources come close)"}[measure]
+        lines.append(f"| {label} | {best[measure]:.2f} | {low:.2f}–{high:.2f} | {best[count]} |")
+    lines += ["", f"By kind of test question (`{summary['default']}`; hit@1 · quoted · declined; hotpotqa's no-answer "
+              "questions are those whose paragraphs were held out):", "",
               "| kind | answerable | no answer | hit@1 | quoted | declined (no answer) | declined wrongly |",
               "|---|---:|---:|---:|---:|---:|---:|"]
     for kind, row in summary["kinds"][summary["default"]].items():
@@ -414,6 +450,9 @@ def report(summary: dict) -> str:
               "|---|---:|---:|"]
     for scorer, row in summary["scorers"].items():
         lines.append(f"| {scorer} | {row['quoted']:.2f} | {row['seconds']:.3f} |")
+    cpu = summary["evidence CPU seconds"]
+    lines += ["", f"The evidence step of an answer (its sentences scored by `support`, then \"not found\" or not), CPU "
+              f"seconds of this process on {summary['machine']}: p50 {cpu['p50']:.3f}, p90 {cpu['p90']:.3f}."]
     lines += ["", "Extractive answers on the QA benchmark's test questions (the dense prior's top 5 passages, as in "
               "results/evidence/budget.md, whose gate answers held the gold answer for 0.446 of HotpotQA's and 0.583 of "
               "TAT-QA's):", "", "| set | scorer | contains gold | questions | s / answer |", "|---|---|---:|---:|---:|"]
@@ -425,6 +464,15 @@ def report(summary: dict) -> str:
               "| threshold | no-answer questions declined | answerable declined wrongly |", "|---:|---:|---:|"]
     for point in summary["curve"]:
         lines.append(f"| {point['threshold']:.2f} | {point['declined']:.2f} | {point['declined wrongly']:.2f} |")
+    columns = [(kind, measure) for kind, points in summary["kind curves"].items()
+               for measure in ("declined", "declined wrongly") if not np.isnan(points[-1][measure])]
+    lines += ["", "The same curve by kind of test question: its no-answer questions declined, or its answerable ones "
+              "declined wrongly:", "", "| threshold | " + " | ".join(f"{k} ({'wrongly' if m != 'declined' else 'no answer'})"
+                                                               for k, m in columns) + " |",
+              "|---:|" + "---:|" * len(columns)]
+    for i, point in enumerate(summary["curve"]):
+        lines.append(f"| {point['threshold']:.2f} | "
+                     + " | ".join(f"{summary['kind curves'][k][i][m]:.2f}" for k, m in columns) + " |")
     if summary["dropped"]:
         lines += ["", f"Dropped before measuring (answer not found at its place): {len(summary['dropped'])}: "
                   + "; ".join(summary["dropped"])]

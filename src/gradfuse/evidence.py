@@ -40,10 +40,23 @@ class Evidence:
                    location, columns)
 
     def quoted(self) -> str:
-        """The sentence as an answer quotes it: its line breaks as spaces; a table row with its columns' names."""
+        """The sentence as an answer quotes it: its line breaks as spaces; a table row with its columns' names; a
+        PDF's footnote marks left out (its span still points at the text as read)."""
         if self.columns:
             return ", ".join(f"{name}: {value}" for name, value in zip(self.columns, self.text.split(" | ")) if value)
-        return " ".join(self.text.split())
+        text = " ".join(self.text.split())
+        if text.endswith("::"):  # reStructuredText's mark of a literal block after it, not a word
+            text = text[:-1]
+        if self.location is not None and self.location.page is not None and _FOOTNOTE.search(text):
+            text = _FOOTNOTE_MARK.sub("", _FOOTNOTE.sub("", text))
+        return text
+
+
+# A PDF's text layer glues superscripts to words: "Andrew Kadatch1 and Bob Jenkins2 1Google Inc.". Only where a
+# footnote itself starts in the sentence (a digit on a capitalised word) are digits after a word's lower-case
+# letters taken for marks: "Libtasn1" alone stays.
+_FOOTNOTE = re.compile(r"(?<![\w.])\d(?=[A-Z][a-z])")
+_FOOTNOTE_MARK = re.compile(r"(?<=[a-z]{2})\d(?=[\s,;.)]|$)")
 
 
 def is_table(passage: Candidate) -> bool:
@@ -172,34 +185,54 @@ def passage_sentences(passage: Candidate, shown: str) -> list[tuple[int, int]]:
 
 
 EXTRACTIVE_SENTENCES = 2  # sentences an extractive answer quotes
+_INTRODUCES = re.compile(r":\s*$")  # "Encoding basic Python object hierarchies::": a label for what follows
 
 
-def quoted_first(evidence: list[Evidence], sentences: int = EXTRACTIVE_SENTENCES) -> list[Evidence]:
-    """The best `sentences` of the evidence with distinct words: the same sentence in two passages (a page
-    copied into two manuals) is quoted once, cited to the better-scored passage."""
-    chosen, seen = [], set()
+def quoted_first(evidence: list[Evidence], sentences: int = EXTRACTIVE_SENTENCES,
+                 within: float | None = None) -> list[tuple[Evidence, ...]]:
+    """The quotes of an answer, best first, up to `sentences`: each the sentence itself, or a line that introduces
+    what follows it (ends with a colon: "Encoding basic Python object hierarchies::") with the sentence after it
+    in its passage (its example), never the label alone. The same sentence in two passages (a page copied into two
+    manuals) is quoted once, cited to the better-scored passage; after the first, only sentences whose value is
+    `within` of the first's (a second far below it is more often noise than answer: results/answers/fit.md)."""
+    quotes: list[tuple[Evidence, ...]] = []
+    seen: set[str] = set()
     for e in evidence:
-        if len(chosen) >= sentences:
+        if len(quotes) >= sentences or (quotes and within is not None and quotes[0][0].score - e.score > within):
             break
-        if (words := e.quoted().casefold()) not in seen:
-            chosen.append(e)
-            seen.add(words)
-    return chosen
+        quote = (e, following) if _INTRODUCES.search(e.text) and (following := _following(e, evidence)) else (e,)
+        words = [q.quoted().casefold() for q in quote]
+        if _INTRODUCES.search(quote[-1].text) or any(w in seen for w in words):
+            continue
+        quotes.append(quote)
+        seen.update(words)
+    return quotes
 
 
-def extractive_answer(evidence: list[Evidence], sentences: int = EXTRACTIVE_SENTENCES) -> str:
+def _following(sentence: Evidence, evidence: list[Evidence]) -> Evidence | None:
+    """The sentence after `sentence` in its passage, if it was scored."""
+    after = [e for e in evidence if e.passage == sentence.passage and e.span[0] >= sentence.span[1]]
+    return min(after, key=lambda e: e.span[0], default=None)
+
+
+def _quote(quote: tuple[Evidence, ...]) -> str:
+    return " ".join(e.quoted() for e in quote)
+
+
+def extractive_answer(evidence: list[Evidence], sentences: int = EXTRACTIVE_SENTENCES,
+                      within: float | None = None) -> str:
     """The best evidence sentences themselves as the answer, each with its passage's number: nothing generated,
     so nothing is made up (`Evidence.quoted`: line breaks as spaces, a table row with its columns' names)."""
-    return " ".join(f"{e.quoted()} [{e.passage}]" for e in quoted_first(evidence, sentences)) or \
+    return " ".join(f"{_quote(q)} [{q[0].passage}]" for q in quoted_first(evidence, sentences, within)) or \
         "The passages hold no sentence to answer from."
 
 
 NOT_FOUND = "Not found in these sources."
 
 
-def not_found(evidence: list[Evidence], sentences: int = EXTRACTIVE_SENTENCES) -> str:
+def not_found(evidence: list[Evidence], sentences: int = EXTRACTIVE_SENTENCES, within: float | None = None) -> str:
     """What an answer says when its evidence is too weak: that, and the sentences that came closest, cited."""
-    closest = "; ".join(f"“{e.quoted()}” [{e.passage}]" for e in quoted_first(evidence, sentences))
+    closest = "; ".join(f"“{_quote(q)}” [{q[0].passage}]" for q in quoted_first(evidence, sentences, within))
     return f"{NOT_FOUND} The closest: {closest}" if closest else NOT_FOUND
 
 

@@ -80,9 +80,11 @@ class _Prepared:
     options: dict
     support: float | None  # the chance that the passages hold the answer (`Workspace.support`)
     abstained: bool  # below `[evidence] abstain_below`: the answer says "not found" and nothing is generated
+    within: float | None = None  # a second quoted sentence's value is this close to the first's (support only)
 
     def extract(self) -> str:
-        return not_found(self.evidence) if self.abstained else extractive_answer(self.evidence)
+        quote = not_found if self.abstained else extractive_answer
+        return quote(self.evidence, within=self.within)
 
 
 @dataclass
@@ -486,7 +488,7 @@ class Workspace:
         if settings.scorer not in LM_SENTENCE_SCORERS:  # read as quoted: a table row with its column names
             encoder = self._encoder()
             values = score_texts(settings.scorer, question, [e.quoted() for e in scored], embed=encoder.encode_short,
-                                 query_vector=encoder.encode_query(question))
+                                 query_vector=encoder.encode_query(question), passages=[e.passage for e in scored])
         return sorted((replace(e, score=float(value)) for e, value in zip(scored, values, strict=True)),
                       key=lambda e: -e.score)
 
@@ -495,7 +497,7 @@ class Workspace:
         (rerank/support.py); None without sentences scored."""
         if not evidence:
             return None
-        return support.answered(support.quoted_signals(question, evidence, self._encoder()), support.model().answered)
+        return support.answered(support.quoted_signals(question, evidence, self._encoder()), support.model())
 
     def _prepare_answer(self, question, generator, context_k, max_new_tokens, search_options) -> _Prepared:
         result = self.search(question, k=context_k or self.config.context_k, **search_options)
@@ -515,7 +517,8 @@ class Workspace:
                                  chars=None if model is None else PASSAGE_CHARS)
         chance = self.support(question, evidence)
         result.timings["evidence"] = time.perf_counter() - started
-        abstained = support.too_weak(chance, self.config.evidence.abstain_below)
+        abstained = support.too_weak(chance, self.config.evidence.abstain_below) and not support.looked_up(question,
+                                                                                                          evidence)
         if abstained:  # nothing to answer from: no generator writes one
             model = None
         if model is not None and self.config.context == "evidence" and evidence:
@@ -524,7 +527,8 @@ class Workspace:
                             self.config.evidence_tokens)
             messages = build_messages(question, shown, excerpts=kept)
         options = {"max_new_tokens": max_new_tokens, "passages": len(shown) if self.config.cite_first else 0}
-        return _Prepared(result, model, messages, dropped, evidence, options, chance, abstained)
+        within = support.model().second_within if self.config.evidence.scorer == "support" else None
+        return _Prepared(result, model, messages, dropped, evidence, options, chance, abstained, within)
 
     def _answer(self, question: str, text: str, prepared: _Prepared, seconds: float) -> Answer:
         result = prepared.result

@@ -100,16 +100,16 @@ def score_sentences(scorer: str, question: str, passages: list[Passage], *, lm: 
 
 
 def score_texts(scorer: str, question: str, texts: list[str], *, embed: Callable[[list[str]], np.ndarray],
-                query_vector: np.ndarray) -> np.ndarray:
+                query_vector: np.ndarray, passages: list[int] | None = None) -> np.ndarray:
     """The LM-free scorers' values of sentences given as text (an answer scores a table row as it quotes it, with
-    its column names)."""
+    its column names), in their passages' order (`passages`: each one's passage number)."""
     if not texts:
         return np.zeros(0)
     if scorer == "cosine":
         return embed(texts) @ query_vector
     weights = support.model().weights
     cosines = embed(texts) @ query_vector if "cosine" in weights else np.zeros(len(texts))  # encoded if weighed
-    return support.sentence_values(support.signals(question, texts, cosines), weights)
+    return support.sentence_values(support.signals(question, texts, cosines, passages), weights)
 
 
 def _packed(lm: LMScorer, question: str, passages: list[Passage], target: str | None):

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-SIGNALS = ("overlap", "typed", "cosine", "words")
+SIGNALS = ("overlap", "typed", "cosine", "words", "rank", "first", "label", "novel", "before", "passage", "relative",
+           "exact")
 MODEL_FILE = Path(__file__).with_name("support.json")
 
 _STOP = frozenset("""a an the of in on at to for from by with about as into through over under and or but if then than
@@ -94,13 +95,14 @@ def holds_asked(kind: str | None, sentence: str, question: str) -> bool:
 @dataclass(frozen=True)
 class SupportModel:
     weights: dict[str, float]  # signal → weight of a sentence's value
-    answered: dict[str, float]  # "overlap", "cosine", "bias": the logistic model of "the passages answer"
+    answered: dict[str, float]  # ANSWERED feature (and "bias") → coefficient: the logistic model of "the passages answer"
     abstain_below: float  # `[evidence] abstain_below`'s default, chosen on the same dev questions
+    second_within: float | None = None  # an answer quotes a second sentence only this close to the first's value
 
     @classmethod
     def load(cls, path: Path = MODEL_FILE) -> SupportModel:
         stored = json.loads(path.read_text())
-        return cls(stored["weights"], stored["answered"], stored["abstain_below"])
+        return cls(stored["weights"], stored["answered"], stored["abstain_below"], stored.get("second_within"))
 
 
 @cache
@@ -108,39 +110,110 @@ def model() -> SupportModel:
     return SupportModel.load()
 
 
-def signals(question: str, sentences: list[str], cosines: np.ndarray) -> dict[str, np.ndarray]:
-    """Every signal of every sentence (see the module's text), as arrays in the sentences' order."""
+_LABEL = re.compile(r":\s*$")  # "Encoding basic Python object hierarchies::", "OPTIONS:": a label, not an answer
+_FINAL = re.compile(r"[.!?;)\]\"'’”]\s*$")
+
+
+def signals(question: str, sentences: list[str], cosines: np.ndarray,
+            passages: list[int] | None = None) -> dict[str, np.ndarray]:
+    """Every signal of every sentence (see the module's text), as arrays in the sentences' order. `passages`: each
+    sentence's passage number (a passage's sentences in their order); None: every sentence is its own passage."""
+    passages = list(range(1, len(sentences) + 1)) if passages is None else list(passages)
     asked = content_words(question)
+    asked_set = set(asked)
     held = [set(content_words(s)) for s in sentences]
-    weight = {w: math.log((len(sentences) + 1) / (sum(w in h for h in held) + 0.5)) for w in set(asked)}
+    weight = {w: math.log((len(sentences) + 1) / (sum(w in h for h in held) + 0.5)) for w in asked_set}
     total = sum(weight.values()) or 1.0
     kind = asks_for(question)
+    overlap = np.array([sum(weight[w] for w in weight if w in h) / total for h in held])
+    in_passage: dict[int, set[str]] = {}
+    for number, h in zip(passages, held):
+        in_passage.setdefault(number, set()).update(h)
+    first = [i == 0 or passages[i - 1] != passages[i] for i in range(len(sentences))]
     return {
-        "overlap": np.array([sum(weight[w] for w in weight if w in h) / total for h in held]),
+        "overlap": overlap,
         "typed": np.array([float(holds_asked(kind, s, question)) for s in sentences]),
         "cosine": np.asarray(cosines, dtype=float),
         "words": np.array([math.log1p(len(h)) for h in held]),
+        "rank": np.array([1.0 / number for number in passages]),
+        "first": np.array(first, dtype=float),
+        "label": np.array([float(bool(_LABEL.search(s)) or (len(s.split()) <= 8 and not _FINAL.search(s)))
+                           for s in sentences]),
+        "novel": np.array([len(h - asked_set) / len(h) if h else 0.0 for h in held]),
+        "before": np.array([0.0 if first[i] else overlap[i - 1] for i in range(len(sentences))]),
+        "passage": np.array([sum(weight[w] for w in weight if w in in_passage[n]) / total for n in passages]),
+        "relative": overlap - (overlap.max() if len(overlap) else 0.0),
+        "exact": exact_share(question, sentences),
     }
+
+
+_TOKEN = re.compile(r"(?<![\w-])[\w.:/~+-]*\d[\w.:/~+-]*|(?<![\w-])--?[A-Za-z][\w-]*")
+
+
+def exact_share(question: str, sentences: list[str]) -> np.ndarray:
+    """Per sentence, the share of the question's exact tokens (with a digit: 2003-09-19, 3.11, lz4; or an option:
+    --amend, -r) that it holds as written; 0 where the question has none."""
+    tokens = {t.strip(".:") for t in _TOKEN.findall(question)} - {""}
+    if not tokens:
+        return np.zeros(len(sentences))
+    return np.array([sum(t in s for t in tokens) / len(tokens) for s in sentences])
+
 
 
 def quoted_signals(question: str, evidence, encoder) -> dict[str, np.ndarray]:
     """The signals of an answer's scored sentences (`Evidence` records) as the answer quotes them: a table row with
-    its column names ("Date: 2003-09-19, Close: 29.96"), which a row's bare values lack."""
-    texts = [e.quoted() for e in evidence]
-    return signals(question, texts, encoder.encode_short(texts) @ encoder.encode_query(question))
+    its column names ("Date: 2003-09-19, Close: 29.96"), which a row's bare values lack. Read in the passages'
+    order, returned in the evidence's."""
+    order = sorted(range(len(evidence)), key=lambda i: (evidence[i].passage, evidence[i].span))
+    texts = [evidence[i].quoted() for i in order]
+    found = signals(question, texts, encoder.encode_short(texts) @ encoder.encode_query(question),
+                    [evidence[i].passage for i in order])
+    back = np.argsort(order)
+    return {name: values[back] for name, values in found.items()}
 
 
 def sentence_values(found: dict[str, np.ndarray], weights: dict[str, float]) -> np.ndarray:
     return sum(weights[name] * found[name] for name in weights)
 
 
-def answered(found: dict[str, np.ndarray], coefficients: dict[str, float]) -> float:
-    """The chance that some sentence answers: a logistic model of the best overlap and the best cosine."""
+# What the "passages answer" model may read (bench/fit_support.py chooses among sets of them).
+ANSWERED = ("best", "overlap", "cosine", "passage", "margin", "exact")
+
+
+def answered_features(found: dict[str, np.ndarray], weights: dict[str, float]) -> dict[str, float]:
+    """An answer's features for "the passages answer": its best sentence's value, overlap and cosine, its best
+    passage's overlap, how far the best sentence stands above the second, and the most of the question's exact
+    tokens one sentence holds."""
+    values = np.sort(sentence_values(found, weights))[::-1]
+    return {"best": float(values[0]), "overlap": float(found["overlap"].max()), "cosine": float(found["cosine"].max()),
+            "passage": float(found["passage"].max()), "margin": float(values[0] - values[1]) if len(values) > 1 else 0.0,
+            "exact": float(found["exact"].max())}
+
+
+def answered(found: dict[str, np.ndarray], model: SupportModel) -> float:
+    """The chance that some sentence answers: a logistic model of the answer's features (`answered_features`)."""
     if not len(found["overlap"]):
         return 0.0
-    logit = (coefficients["bias"] + coefficients["overlap"] * float(found["overlap"].max())
-             + coefficients["cosine"] * float(found["cosine"].max()))
+    features = answered_features(found, model.weights)
+    logit = model.answered["bias"] + sum(value * features[name] for name, value in model.answered.items()
+                                         if name != "bias")
     return 1.0 / (1.0 + math.exp(-logit))
+
+
+# A key a question looks a table row up by: a token with a digit and a separator, four characters or more
+# (2003-09-19, 20.04, 4.10); a bare number (Debian 10) is too common in a table to be one.
+_KEY = re.compile(r"(?<![\w.:/-])(?=[\w.:/-]*\d)(?=[\w.:/-]*[.:/-]\w)[\w.:/-]{4,}")
+
+
+def looked_up(question: str, evidence) -> bool:
+    """Whether one table row of the evidence holds every key the question names (`_KEY`): a lookup the row answers
+    by itself. The "not found" model was fitted on prose, where such a row reads as a weak match (a question of
+    words against a row of values: the demo's "closing price on 2003-09-19")."""
+    keys = {key.rstrip(".:/-") for key in _KEY.findall(question)}
+    if not keys:
+        return False
+    bounded = [re.compile(rf"(?<![\w.]){re.escape(key)}(?![\w]|\.\w)") for key in keys]
+    return any(e.columns and all(b.search(e.text) for b in bounded) for e in evidence)
 
 
 def too_weak(chance: float | None, threshold: float) -> bool:
