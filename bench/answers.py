@@ -153,6 +153,13 @@ def pubmed_questions(rng: random.Random) -> list[Question]:
     return [Question(f"pubmedqa:{q['id']}", "pubmedqa", q["text"]) for q in rng.sample(pool, PUBMED_COUNT)]
 
 
+def drawn_questions() -> tuple[list[Question], dict[str, set[str]], list[Question]]:
+    """The seeded draws of data-set questions: the QA sets' (and the paragraphs held out), then PubMedQA's."""
+    rng = random.Random(SEED)
+    qa, removed = qa_sets(rng)
+    return qa, removed, pubmed_questions(rng)
+
+
 def written_questions() -> list[Question]:
     questions = []
     for number, q in enumerate(json.loads(QUESTIONS_FILE.read_text())):
@@ -170,7 +177,6 @@ def document_questions() -> list[Question]:
 
 def build() -> tuple[Workspace, list[Question], dict]:
     """Every source built (or found unchanged) in WORK, and every question checked against the indexed text."""
-    rng = random.Random(SEED)
     inputs = WORK / "inputs"
     if inputs.exists():
         shutil.rmtree(inputs)
@@ -179,7 +185,7 @@ def build() -> tuple[Workspace, list[Question], dict]:
     (inputs / "valgrind").mkdir(parents=True)
     for page in sorted(VALGRIND.glob("*.html")):
         shutil.copy(page, inputs / "valgrind" / page.name)
-    qa, removed = qa_sets(rng)
+    qa, removed, pubmed = drawn_questions()
     corpora = {"hotpotqa": [d for d in read_jsonl(DATA / "hotpotqa_train100_hipporag" / "corpus.jsonl")
                             if d["id"] not in removed["hotpotqa"]],
                "tatqa": [d for d in read_jsonl(DATA / "tatqa_hybrid" / "corpus.jsonl")
@@ -201,7 +207,7 @@ def build() -> tuple[Workspace, list[Question], dict]:
         report = ws.index(spec)
         builds[spec.name] = {"documents": report.documents, "seconds": round(report.seconds, 1),
                              "skipped": len(report.skipped)}
-    questions = document_questions() + written_questions() + qa + pubmed_questions(rng)
+    questions = document_questions() + written_questions() + qa + pubmed
     passages = _passages(specs)
     kept, dropped = [], []
     for q in questions:
@@ -258,20 +264,42 @@ def quoted_correct(q: Question, text: str) -> float:
     return float(answer_in_context(q.answers, [text]) == 1.0)
 
 
-def ask(ws: Workspace, q: Question, method: str) -> dict:
+def ask(ws: Workspace, q: Question, method: str, before: bool = False) -> dict:
     started = time.perf_counter()
     answer = ws.ask(q.text, method=method, context_k=K)
     seconds = time.perf_counter() - started
+    if before:  # the same passages, as "not found" read them before
+        row_before = {"support before": support_before(ws, q.text, answer.passages)}
     hits = [holds_answer(q, c) for c in answer.passages]
     row = {"id": q.id, "kind": q.kind, "answerable": q.answerable, "near_miss": q.near_miss, "seconds": seconds,
            "support": answer.support, "declined": answer.abstained, "answer": answer.text}
     if q.answerable:
         row.update({"hit@1": float(any(hits[:1])), "hit@5": float(any(hits[:5])),
                     "quoted": 0.0 if answer.abstained else quoted_correct(q, answer.text)})
-    return row
+    return {**row, **row_before} if before else row
 
 
 BEFORE = "gate, first 600 characters (before)"  # how a quoted answer was chosen before: the gate over the prompt's view
+# "Not found" as shipped on 2026-12-02 (fitted on that day's dev third, some of whose questions are test now): the
+# chance σ(bias + overlap · best overlap + cosine · best cosine of every sentence), declined below 0.21.
+NOT_FOUND_BEFORE = {"overlap": 5.6734, "cosine": 5.8898, "bias": -5.5507, "abstain_below": 0.21}
+
+
+def chance_before(found: dict[str, np.ndarray]) -> float:
+    """The chance "not found" read before, from an answer's signals (every sentence's cosine)."""
+    if not len(found["overlap"]):
+        return 0.0
+    b = NOT_FOUND_BEFORE
+    logit = b["bias"] + b["overlap"] * float(found["overlap"].max()) + b["cosine"] * float(found["cosine"].max())
+    return 1.0 / (1.0 + np.exp(-logit))
+
+
+def support_before(ws: Workspace, question: str, passages: list[Candidate]) -> float:
+    evidence = sorted(ws.evidence(question, passages), key=lambda e: (e.passage, e.span))
+    texts = [e.quoted() for e in evidence]
+    encoder = ws._encoder()
+    cosines = encoder.encode_short(texts) @ encoder.encode_query(question) if texts else np.zeros(0)
+    return chance_before(support.signals(question, texts, cosines, [e.passage for e in evidence]))
 
 
 def scorer_rows(ws: Workspace, q: Question, method: str) -> dict:
@@ -279,6 +307,12 @@ def scorer_rows(ws: Workspace, q: Question, method: str) -> dict:
     the gate over the first PASSAGE_CHARS characters of each, as answers were quoted before."""
     passages = ws.search(q.text, method=method, k=K).candidates
     row = {"id": q.id, "kind": q.kind}
+    encoder = ws._encoder()
+    encoder._short.clear()  # the answers asked before encoded these sentences; a new question's are not yet
+    encoder.encode_query(q.text)  # but its search has encoded the question itself
+    cpu = time.process_time()  # the evidence step of an answer: its sentences scored, and "not found" or not
+    ws.support(q.text, ws.evidence(q.text, passages))
+    row["evidence CPU seconds"] = time.process_time() - cpu
     for scorer, chars in [(s, None) for s in SCORERS] + [(BEFORE, PASSAGE_CHARS)]:
         started = time.perf_counter()
         settings = replace(ws.config.evidence, scorer=scorer.split(",")[0])
@@ -286,9 +320,6 @@ def scorer_rows(ws: Workspace, q: Question, method: str) -> dict:
         row[f"{scorer} seconds"] = time.perf_counter() - started
         within = support.model().second_within if settings.scorer == "support" else None
         row[scorer] = quoted_correct(q, extractive_answer(evidence, within=within)) if evidence else 0.0
-    cpu = time.process_time()  # the evidence step of an answer: its sentences scored, and "not found" or not
-    ws.support(q.text, ws.evidence(q.text, passages))
-    row["evidence CPU seconds"] = time.process_time() - cpu
     return row
 
 
@@ -302,7 +333,7 @@ def main() -> None:
             ws.ask(q.text, method=method, context_k=K)
     rows = {}
     for method in METHODS:
-        rows[method] = [ask(ws, q, method) for q in test]
+        rows[method] = [ask(ws, q, method, before=method == default) for q in test]
         print(f"{method}: {len(test)} questions", file=sys.stderr, flush=True)
     scorers = [scorer_rows(ws, q, default) for q in test if q.answerable]
     summary = {"methods": {m: summarise(r) for m, r in rows.items()},
@@ -312,7 +343,8 @@ def main() -> None:
                                "seconds": mean([r[f"{s} seconds"] for r in scorers])} for s in (*SCORERS, BEFORE)},
                "evidence CPU seconds": {"p50": float(np.median([r["evidence CPU seconds"] for r in scorers])),
                                         "p90": float(np.percentile([r["evidence CPU seconds"] for r in scorers], 90))},
-               "curve": curve(rows[default]), "default": default,
+               "curve": curve(rows[default]), "default": default, "curve before": curve(rows[default], "support before"),
+               "before": before_summary(rows[default]),
                "kind curves": {kind: curve([r for r in rows[default] if r["kind"] == kind])
                                for kind in sorted({r["kind"] for r in rows[default]})},
                "abstain_below": ws.config.evidence.abstain_below, "rows": rows,
@@ -349,23 +381,30 @@ def summarise(rows: list[dict]) -> dict:
               "quoted": [r["quoted"] for r in answerable],
               "declined": [float(r["declined"]) for r in unanswerable],
               "declined wrongly": [float(r["declined"]) for r in answerable],
+              "declined though a passage held it": [float(r["declined"]) for r in answerable if r["hit@5"]],
               "near misses declined": [float(r["declined"]) for r in unanswerable if r.get("near_miss")]}
     return {**{name: mean(values) for name, values in shares.items()},
             "ci": {name: wilson(values) for name, values in shares.items()},
             "seconds p50": float(np.median([r["seconds"] for r in rows])) if rows else float("nan"),
             "questions": len(rows), "answerable": len(answerable), "no answer": len(unanswerable),
-            "near misses": len(shares["near misses declined"])}
+            "near misses": len(shares["near misses declined"]), "held": len(shares["declined though a passage held it"])}
 
 
-def curve(rows: list[dict]) -> list[dict]:
+def curve(rows: list[dict], chance: str = "support") -> list[dict]:
     """At each threshold: the share of unanswerable questions declined and of answerable ones declined wrongly."""
     points = []
     for threshold in np.round(np.arange(0.0, 1.0001, 0.05), 2):
-        declined = [r["support"] is not None and r["support"] < threshold for r in rows]
+        declined = [r[chance] is not None and r[chance] < threshold for r in rows]
         points.append({"threshold": float(threshold),
                        "declined": mean([float(d) for d, r in zip(declined, rows) if not r["answerable"]]),
                        "declined wrongly": mean([float(d) for d, r in zip(declined, rows) if r["answerable"]])})
     return points
+
+
+def before_summary(rows: list[dict]) -> dict:
+    """"Not found" as it read before, at its threshold, on the same test questions and passages."""
+    declined = [{**r, "declined": r["support before"] < NOT_FOUND_BEFORE["abstain_below"]} for r in rows]
+    return summarise(declined)
 
 
 def count_kinds(questions: list[Question]) -> dict:
@@ -396,7 +435,8 @@ def qa_extractive(ws: Workspace) -> dict:
                 evidence = ws.evidence(q["text"], passages, settings=replace(ws.config.evidence, scorer=scorer),
                                        chars=PASSAGE_CHARS)
                 row[f"{scorer} seconds"] = time.perf_counter() - started
-                row[scorer] = answer_in_context(tuple(q["answers"]), [extractive_answer(evidence)])
+                within = support.model().second_within if scorer == "support" else None
+                row[scorer] = answer_in_context(tuple(q["answers"]), [extractive_answer(evidence, within=within)])
             rows.append(row)
         out[name] = {s: {"contains gold": mean([r[s] for r in rows]), "seconds": mean([r[f"{s} seconds"] for r in rows]),
                          "questions": sum(r[s] is not None for r in rows)} for s in SCORERS}
@@ -429,10 +469,11 @@ def report(summary: dict) -> str:
     lines += ["", f"`{summary['default']}` with 95% intervals (Wilson):", "", "| measure | value | 95% interval | questions |",
               "|---|---:|---:|---:|"]
     for measure, count in (("quoted", "answerable"), ("declined", "no answer"), ("declined wrongly", "answerable"),
-                           ("near misses declined", "near misses")):
+                           ("declined though a passage held it", "held"), ("near misses declined", "near misses")):
         low, high = best["ci"][measure] or (float("nan"), float("nan"))
         label = {"quoted": "quoted answer correct", "declined": "no-answer questions declined",
                  "declined wrongly": "answerable declined wrongly",
+                 "declined though a passage held it": "answerable declined though one of its passages answers it",
                  "near misses declined": "near misses declined (written, the sources come close)"}[measure]
         lines.append(f"| {label} | {best[measure]:.2f} | {low:.2f}–{high:.2f} | {best[count]} |")
     lines += ["", f"By kind of test question (`{summary['default']}`; hit@1 · quoted · declined; hotpotqa's no-answer "
@@ -459,11 +500,20 @@ def report(summary: dict) -> str:
     for name, scorers in summary["qa_extractive"].items():
         for scorer, row in scorers.items():
             lines.append(f"| {name} | {scorer} | {row['contains gold']:.3f} | {row['questions']} | {row['seconds']:.3f} |")
+    old = summary["before"]
     lines += ["", f"\"Not found\" on the test questions as the threshold moves (`{summary['default']}`; the library's "
-              f"`[evidence] abstain_below` is {summary['abstain_below']:.2f}, chosen on dev):", "",
-              "| threshold | no-answer questions declined | answerable declined wrongly |", "|---:|---:|---:|"]
-    for point in summary["curve"]:
-        lines.append(f"| {point['threshold']:.2f} | {point['declined']:.2f} | {point['declined wrongly']:.2f} |")
+              f"`[evidence] abstain_below` is {summary['abstain_below']:.2f}, chosen on the fitting sets), and as it read "
+              f"before on the same passages (its model of 2026-12-02, fitted on that day's dev third, some of whose "
+              f"questions are test now; at its {NOT_FOUND_BEFORE['abstain_below']:.2f}: {old['declined']:.2f} declined "
+              f"(95% {old['ci']['declined'][0]:.2f}–{old['ci']['declined'][1]:.2f}), {old['declined wrongly']:.2f} "
+              f"wrongly ({old['ci']['declined wrongly'][0]:.2f}–{old['ci']['declined wrongly'][1]:.2f}; "
+              f"{old['declined though a passage held it']:.2f} where a passage held the answer), near misses "
+              f"{old['near misses declined']:.2f}):", "",
+              "| threshold | no-answer declined | answerable declined wrongly | before: no-answer declined | before: "
+              "wrongly |", "|---:|---:|---:|---:|---:|"]
+    for point, was in zip(summary["curve"], summary["curve before"]):
+        lines.append(f"| {point['threshold']:.2f} | {point['declined']:.2f} | {point['declined wrongly']:.2f} | "
+                     f"{was['declined']:.2f} | {was['declined wrongly']:.2f} |")
     columns = [(kind, measure) for kind, points in summary["kind curves"].items()
                for measure in ("declined", "declined wrongly") if not np.isnan(points[-1][measure])]
     lines += ["", "The same curve by kind of test question: its no-answer questions declined, or its answerable ones "

@@ -4,6 +4,7 @@ scoring LM (or by the baselines), and the answer quoting its evidence in the lib
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from typer.testing import CliRunner
 
 from conftest import ASTRONOMY, write_jsonl
 from gradfuse import SourceSpec, Workspace
-from gradfuse.candidate import Candidate
+from gradfuse.candidate import Candidate, Location
 from gradfuse.cli import app
 from gradfuse.config import Config
 from gradfuse.evidence import Evidence, extractive_answer, not_found, sentence_spans
@@ -143,10 +144,54 @@ def test_a_sentence_in_two_passages_is_quoted_once_and_the_next_one_takes_its_pl
     assert not_found(ranked).count("twenty million") == 1
 
 
+def test_a_label_line_is_quoted_only_with_the_example_after_it():
+    text = "Encoding basic Python object hierarchies::\n\n    >>> json.dumps(['foo', {'bar': 1}])\n    '[\"foo\"]'"
+    label, example = sentence_spans(text)
+    module = Candidate("stdlib", "json#0", text, 1.0, 1)
+    ranked = [Evidence.of(1, module, label, 2.0), Evidence(2, "stdlib", "json.dumps#0", (0, 15), "Use json.dumps.", 1.5),
+              Evidence.of(1, module, example, 0.4)]
+    assert extractive_answer(ranked) == ("Encoding basic Python object hierarchies: >>> json.dumps(['foo', {'bar': 1}]) "
+                                         "[1] Use json.dumps. [2]")
+    alone = [Evidence.of(1, module, label, 2.0), Evidence(2, "stdlib", "d", (0, 6), "Other.", 1.0)]
+    assert extractive_answer(alone) == "Other. [2]"  # a label whose example was not scored is not quoted
+
+
+def test_a_second_sentence_far_below_the_first_is_not_quoted():
+    ranked = [Evidence(1, "m", "a", (0, 10), "First one.", 5.0), Evidence(2, "m", "b", (0, 10), "Far below.", 1.0)]
+    assert extractive_answer(ranked, within=2.5) == "First one. [1]"
+    assert extractive_answer(ranked) == "First one. [1] Far below. [2]"
+
+
+def test_pdf_footnote_marks_are_left_out_of_quotes_and_the_span_still_points_at_the_text():
+    text = "Andrew Kadatch1 and Bob Jenkins2\n1Google Inc.\n2Microsoft Corp."
+    page = Candidate("papers", "zip.pdf#0", text, 1.0, 1, location=Location("zip.pdf", page=1))
+    quoted = Evidence.of(1, page, (0, len(text)), 1.0)
+    assert quoted.quoted() == "Andrew Kadatch and Bob Jenkins Google Inc. Microsoft Corp." and quoted.text == text
+    sizes = "It needs 2Gb of RAM, md5 sums and a 3Com card.\n1Department of Energy"
+    assert Evidence.of(1, replace(page, text=sizes), (0, len(sizes)), 1.0).quoted() == \
+        "It needs 2Gb of RAM, md5 sums and a 3Com card. Department of Energy"
+    library = Candidate("papers", "asn.pdf#0", "GNU Libtasn1 reads DER.", 1.0, 1, location=Location("asn.pdf", page=2))
+    assert Evidence.of(1, library, (0, 23), 1.0).quoted() == "GNU Libtasn1 reads DER."  # no footnote: kept whole
+    plain = Candidate("notes", "a.md", text, 1.0, 1)
+    assert "Kadatch1" in Evidence.of(1, plain, (0, len(text)), 1.0).quoted()  # only a PDF's text layer glues them
+
+
+def test_a_table_row_holding_the_key_a_question_names_is_a_lookup():
+    from gradfuse.rerank.support import looked_up
+
+    row = Evidence(1, "market", "prices.csv#0", (0, 24), "2003-09-19 | 29.76 | 29.96", 0.0,
+                   columns=("Date", "Open", "Close"))
+    assert looked_up("closing price on 2003-09-19", [row])
+    assert not looked_up("closing price on 2003-09-18", [row])
+    assert not looked_up("price on 2003-09-19", [replace(row, columns=())])  # prose is left to the model
+    assert not looked_up("When was Debian 10 released?", [replace(row, text="10 | buster | 2019-07-06")])
+    assert not looked_up("Which utf-8 option?", [replace(row, text="utf-8 | 1 | 2")])  # no digits either side
+    prose = Evidence(2, "notes", "a.md", (0, 20), "Prices fell on 2003-09-19.", 1.0)
+    assert not looked_up("closing price on 2003-09-19", [prose, row])  # the row is not what the answer quotes
+
+
 @pytest.mark.slow
 def test_extractive_answers_and_evidence_contexts_keep_the_passage_numbers(tmp_path):
-    from dataclasses import replace
-
     ws = Workspace(Config(workspace=tmp_path / "ws"))  # answer "auto" with the bundled generator: extractive
     ws.index(SourceSpec("astronomy", "jsonl", str(write_jsonl(tmp_path / "a.jsonl", ASTRONOMY))))
     answer = ws.ask("Which planet has two moons?", method="rrf", context_k=3)

@@ -46,7 +46,7 @@ Example (every key optional)::
     scorer = "support"               # support | gate | cosine | upr | loo | none
     calibrated = false               # (gate) minus its value under the content-free target "N/A"
     top = 4                          # sentences quoted with each answer
-    abstain_below = 0.21             # support below which the answer says "Not found in these sources" (0: never)
+    abstain_below = 0.18             # support below which the answer says "Not found in these sources" (0: never)
     [server]                         # `gradfuse serve` (gradfuse.server.settings.ServerSettings)
     host = "127.0.0.1"
     port = 8321

@@ -44,19 +44,18 @@ class Evidence:
         PDF's footnote marks left out (its span still points at the text as read)."""
         if self.columns:
             return ", ".join(f"{name}: {value}" for name, value in zip(self.columns, self.text.split(" | ")) if value)
-        text = " ".join(self.text.split())
-        if text.endswith("::"):  # reStructuredText's mark of a literal block after it, not a word
-            text = text[:-1]
-        if self.location is not None and self.location.page is not None and _FOOTNOTE.search(text):
-            text = _FOOTNOTE_MARK.sub("", _FOOTNOTE.sub("", text))
-        return text
+        text = self.text
+        if self.location is not None and self.location.page is not None and (notes := _FOOTNOTE.findall(text)):
+            marks = re.compile(rf"\b([A-Z][a-z]+)[{''.join(sorted(set(n.strip() for n in notes)))}](?=[\s,;.)]|$)")
+            text = _FOOTNOTE.sub("", marks.sub(r"\1", text))
+        text = " ".join(text.split())
+        return text[:-1] if text.endswith("::") else text  # "::": reStructuredText's mark of a literal block
 
 
-# A PDF's text layer glues superscripts to words: "Andrew Kadatch1 and Bob Jenkins2 1Google Inc.". Only where a
-# footnote itself starts in the sentence (a digit on a capitalised word) are digits after a word's lower-case
-# letters taken for marks: "Libtasn1" alone stays.
-_FOOTNOTE = re.compile(r"(?<![\w.])\d(?=[A-Z][a-z])")
-_FOOTNOTE_MARK = re.compile(r"(?<=[a-z]{2})\d(?=[\s,;.)]|$)")
+# A PDF's text layer glues superscripts to words: "Andrew Kadatch1 and Bob Jenkins1\n1Google Inc.". Only where a
+# footnote starts a line in the sentence (its digit on a capitalised word) is that digit, after a capitalised
+# word, taken for its mark: "Libtasn1", "md5", "2Gb" and "3Com" stay.
+_FOOTNOTE = re.compile(r"(?m)^[ \t]*\d(?=[A-Z][a-z])")
 
 
 def is_table(passage: Candidate) -> bool:
@@ -185,24 +184,29 @@ def passage_sentences(passage: Candidate, shown: str) -> list[tuple[int, int]]:
 
 
 EXTRACTIVE_SENTENCES = 2  # sentences an extractive answer quotes
-_INTRODUCES = re.compile(r":\s*$")  # "Encoding basic Python object hierarchies::": a label for what follows
+_INTRODUCES = re.compile(r":\s*$")
+
+
+def introduces(sentence: str) -> bool:
+    """Whether a line only introduces what follows it: "Encoding basic Python object hierarchies::", "OPTIONS:"."""
+    return bool(_INTRODUCES.search(sentence))
 
 
 def quoted_first(evidence: list[Evidence], sentences: int = EXTRACTIVE_SENTENCES,
                  within: float | None = None) -> list[tuple[Evidence, ...]]:
-    """The quotes of an answer, best first, up to `sentences`: each the sentence itself, or a line that introduces
-    what follows it (ends with a colon: "Encoding basic Python object hierarchies::") with the sentence after it
-    in its passage (its example), never the label alone. The same sentence in two passages (a page copied into two
-    manuals) is quoted once, cited to the better-scored passage; after the first, only sentences whose value is
-    `within` of the first's (a second far below it is more often noise than answer: results/answers/fit.md)."""
+    """The quotes of an answer, best first, up to `sentences` of them: each a sentence, or a line that introduces
+    what follows it (`introduces`) with the sentence after it in its passage (its example), never the label alone.
+    The same sentence in two passages (a page copied into two manuals) is quoted once, cited to the better-scored
+    passage; after the first, only quotes whose value is `within` of the first's (a shorter answer for a little
+    recall: results/answers/fit.md)."""
     quotes: list[tuple[Evidence, ...]] = []
     seen: set[str] = set()
     for e in evidence:
         if len(quotes) >= sentences or (quotes and within is not None and quotes[0][0].score - e.score > within):
             break
-        quote = (e, following) if _INTRODUCES.search(e.text) and (following := _following(e, evidence)) else (e,)
+        quote = (e, following) if introduces(e.text) and (following := _following(e, evidence)) else (e,)
         words = [q.quoted().casefold() for q in quote]
-        if _INTRODUCES.search(quote[-1].text) or any(w in seen for w in words):
+        if introduces(quote[-1].text) or any(w in seen for w in words):
             continue
         quotes.append(quote)
         seen.update(words)
@@ -210,8 +214,8 @@ def quoted_first(evidence: list[Evidence], sentences: int = EXTRACTIVE_SENTENCES
 
 
 def _following(sentence: Evidence, evidence: list[Evidence]) -> Evidence | None:
-    """The sentence after `sentence` in its passage, if it was scored."""
-    after = [e for e in evidence if e.passage == sentence.passage and e.span[0] >= sentence.span[1]]
+    """The next scored sentence after `sentence` in its passage (a stub of fewer than three words is none)."""
+    after = [e for e in evidence if e.passage == sentence.passage and e.span[0] >= sentence.span[1] > sentence.span[0]]
     return min(after, key=lambda e: e.span[0], default=None)
 
 

@@ -497,7 +497,8 @@ class Workspace:
         (rerank/support.py); None without sentences scored."""
         if not evidence:
             return None
-        return support.answered(support.quoted_signals(question, evidence, self._encoder()), support.model())
+        model = support.model()
+        return support.answered(support.quoted_signals(question, evidence, self._encoder(), model.weights), model)
 
     def _prepare_answer(self, question, generator, context_k, max_new_tokens, search_options) -> _Prepared:
         result = self.search(question, k=context_k or self.config.context_k, **search_options)
@@ -517,8 +518,7 @@ class Workspace:
                                  chars=None if model is None else PASSAGE_CHARS)
         chance = self.support(question, evidence)
         result.timings["evidence"] = time.perf_counter() - started
-        abstained = support.too_weak(chance, self.config.evidence.abstain_below) and not support.looked_up(question,
-                                                                                                          evidence)
+        abstained = support.declines(question, evidence, chance, self.config.evidence.abstain_below)
         if abstained:  # nothing to answer from: no generator writes one
             model = None
         if model is not None and self.config.context == "evidence" and evidence:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from gradfuse.candidate import Candidate
-from gradfuse.rerank.support import too_weak
+from gradfuse.rerank.support import declines
 from gradfuse.schemas import failure_record, location_record
 from gradfuse.sources.federated import FederatedResult
 from gradfuse.workspace import SearchResult, Workspace
@@ -71,7 +71,8 @@ def evidence_by_document(workspace: Workspace, query: str, candidates: list[Cand
     count = workspace.config.context_k if evidence_k is None else evidence_k
     evidence = workspace.evidence(query, candidates[:count])
     chance = workspace.support(query, evidence)
-    verdict = {"support": chance, "abstained": too_weak(chance, workspace.config.evidence.abstain_below)}
+    abstained = declines(query, evidence, chance, workspace.config.evidence.abstain_below)
+    verdict = {"support": chance, "abstained": abstained}
     by_document: list[dict] = [{"evidence": [], **verdict} for _ in candidates]
     for sentence in evidence[: workspace.config.evidence.top]:
         record = asdict(sentence)

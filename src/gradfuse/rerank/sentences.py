@@ -87,7 +87,8 @@ def score_sentences(scorer: str, question: str, passages: list[Passage], *, lm: 
         return np.zeros(0)
     if scorer in TEXT_SCORERS:
         return score_texts(scorer, question, [s for p in passages for s in p.sentence_texts()], embed=embed,
-                           query_vector=query_vector)
+                           query_vector=query_vector,
+                           passages=[number for number, p in enumerate(passages, start=1) for _ in p.sentences])
     if scorer == "upr":
         from gradfuse.rerank.upr import UPRScorer
 

@@ -2,19 +2,23 @@
 language model (an answer's evidence costs milliseconds instead of a pass of the scoring LM), and how likely it is
 that any of them does (below `[evidence] abstain_below` the answer says "not found in these sources").
 
-The signals of a sentence s for a question q:
+The signals of a sentence s for a question q (`SIGNALS`):
 - overlap: the share of q's content words that s holds, each weighted by its rarity among the passages' sentences
-  (a word every sentence has says little; a word of q that no sentence has weighs most);
+  (a word every sentence has says little; a word of q that no sentence has weighs most); before: the overlap of
+  the sentence before s in its passage; passage: the overlap of s's whole passage;
 - typed: s holds what q asks for and does not already say: a year or date for "when", a number for "how many" or
-  "what size", a command-line option or identifier for "which option", a name for "who" and "where";
+  "what size", a command-line option or identifier for "which option", a name for "who" and "where"; exact: the
+  share of q's exact tokens (2003-09-19, lz4, --amend) s holds as written;
 - cosine: the encoder's cosine of q and s;
-- words: how long s is (log of its content words).
+- words: how long s is (log of its content words); novel: the share of its words q does not hold; label: s only
+  introduces what follows (ends with a colon) or is a short line without a sentence's end;
+- rank: 1 / its passage's number; first: s opens its passage.
 
-A sentence's value is a weighted sum of the signals that cross-validation on dev questions chose (a conditional
-logit over each question's sentences; the shipped weights use overlap alone: typed, cosine and words did not raise
-how often the two best sentences hold the answer); the chance that the passages answer at all is a logistic model
-of the best sentence's overlap and cosine. `bench/fit_support.py` fits both on dev questions only and stores them
-beside this file (support.json, with the command and the data that made them; results/answers/fit.md).
+A sentence's value is a weighted sum of the signals that selection on held-out question sets chose (a conditional
+logit over each question's sentences; today overlap, passage and typed); the chance that the passages answer at
+all is a logistic model of a few answer-level features (`ANSWERED`; today the best overlap and the best cosine).
+`bench/fit_support.py` fits both away from the test questions and stores them beside this file (support.json,
+with the command and the data that made them; results/answers/fit.md).
 """
 
 from __future__ import annotations
@@ -28,15 +32,16 @@ from pathlib import Path
 
 import numpy as np
 
-SIGNALS = ("overlap", "typed", "cosine", "words", "rank", "first", "label", "novel", "before", "passage", "relative",
-           "exact")
+from gradfuse.evidence import introduces, quoted_first
+
+SIGNALS = ("overlap", "typed", "cosine", "words", "rank", "first", "label", "novel", "before", "passage", "exact")
 MODEL_FILE = Path(__file__).with_name("support.json")
 
 _STOP = frozenset("""a an the of in on at to for from by with about as into through over under and or but if then than
 so is are was were be been being am do does did done have has had having it its this that these those there here what
 which who whom whose when where why how i you he she we they me him her us them my your his our their not no can could
 should would may might must will shall also only just very more most much many any some each every all both few other
-such own same too one get gets use used using make makes""".split())
+such own same too one get gets use used using make makes happen happens happened""".split())  # a question's frame
 _WORD = re.compile(r"[A-Za-z0-9]+(?:[._'-][A-Za-z0-9]+)*")
 
 # What a question asks for, by its words, and how a sentence shows one (a value the question does not hold).
@@ -95,7 +100,7 @@ def holds_asked(kind: str | None, sentence: str, question: str) -> bool:
 @dataclass(frozen=True)
 class SupportModel:
     weights: dict[str, float]  # signal → weight of a sentence's value
-    answered: dict[str, float]  # ANSWERED feature (and "bias") → coefficient: the logistic model of "the passages answer"
+    answered: dict[str, float]  # ANSWERED feature (and "bias") → coefficient of the model of "the passages answer"
     abstain_below: float  # `[evidence] abstain_below`'s default, chosen on the same dev questions
     second_within: float | None = None  # an answer quotes a second sentence only this close to the first's value
 
@@ -110,7 +115,6 @@ def model() -> SupportModel:
     return SupportModel.load()
 
 
-_LABEL = re.compile(r":\s*$")  # "Encoding basic Python object hierarchies::", "OPTIONS:": a label, not an answer
 _FINAL = re.compile(r"[.!?;)\]\"'’”]\s*$")
 
 
@@ -137,12 +141,11 @@ def signals(question: str, sentences: list[str], cosines: np.ndarray,
         "words": np.array([math.log1p(len(h)) for h in held]),
         "rank": np.array([1.0 / number for number in passages]),
         "first": np.array(first, dtype=float),
-        "label": np.array([float(bool(_LABEL.search(s)) or (len(s.split()) <= 8 and not _FINAL.search(s)))
+        "label": np.array([float(introduces(s) or (len(s.split()) <= 8 and not _FINAL.search(s)))
                            for s in sentences]),
         "novel": np.array([len(h - asked_set) / len(h) if h else 0.0 for h in held]),
         "before": np.array([0.0 if first[i] else overlap[i - 1] for i in range(len(sentences))]),
         "passage": np.array([sum(weight[w] for w in weight if w in in_passage[n]) / total for n in passages]),
-        "relative": overlap - (overlap.max() if len(overlap) else 0.0),
         "exact": exact_share(question, sentences),
     }
 
@@ -160,16 +163,27 @@ def exact_share(question: str, sentences: list[str]) -> np.ndarray:
 
 
 
-def quoted_signals(question: str, evidence, encoder) -> dict[str, np.ndarray]:
+COSINE_SENTENCES = 8  # the best sentences whose cosine "not found" reads: encoding every one cost 0.1-0.25 CPU-s
+
+
+def quoted_signals(question: str, evidence, encoder, weights: dict[str, float]) -> dict[str, np.ndarray]:
     """The signals of an answer's scored sentences (`Evidence` records) as the answer quotes them: a table row with
     its column names ("Date: 2003-09-19, Close: 29.96"), which a row's bare values lack. Read in the passages'
-    order, returned in the evidence's."""
+    order, returned in the evidence's. Cosines only for the COSINE_SENTENCES best by `weights` (NaN for the rest),
+    unless the weights read cosine."""
     order = sorted(range(len(evidence)), key=lambda i: (evidence[i].passage, evidence[i].span))
     texts = [evidence[i].quoted() for i in order]
-    found = signals(question, texts, encoder.encode_short(texts) @ encoder.encode_query(question),
-                    [evidence[i].passage for i in order])
+    found = signals(question, texts, np.full(len(texts), np.nan), [evidence[i].passage for i in order])
+    encoded = np.arange(len(texts)) if "cosine" in weights else best_sentences(found, weights)
+    if len(encoded):
+        found["cosine"][encoded] = encoder.encode_short([texts[i] for i in encoded]) @ encoder.encode_query(question)
     back = np.argsort(order)
     return {name: values[back] for name, values in found.items()}
+
+
+def best_sentences(found: dict[str, np.ndarray], weights: dict[str, float]) -> np.ndarray:
+    """The indices of the COSINE_SENTENCES sentences of highest value."""
+    return np.argsort(-sentence_values(found, weights), kind="stable")[:COSINE_SENTENCES]
 
 
 def sentence_values(found: dict[str, np.ndarray], weights: dict[str, float]) -> np.ndarray:
@@ -177,17 +191,18 @@ def sentence_values(found: dict[str, np.ndarray], weights: dict[str, float]) -> 
 
 
 # What the "passages answer" model may read (bench/fit_support.py chooses among sets of them).
-ANSWERED = ("best", "overlap", "cosine", "passage", "margin", "exact")
+ANSWERED = ("best", "overlap", "cosine", "passage", "margin")
 
 
 def answered_features(found: dict[str, np.ndarray], weights: dict[str, float]) -> dict[str, float]:
-    """An answer's features for "the passages answer": its best sentence's value, overlap and cosine, its best
-    passage's overlap, how far the best sentence stands above the second, and the most of the question's exact
-    tokens one sentence holds."""
+    """An answer's features for "the passages answer": its best sentence's value, the best overlap, the best cosine
+    of the COSINE_SENTENCES best sentences, the best passage's overlap, and how far the best sentence stands above
+    the second."""
     values = np.sort(sentence_values(found, weights))[::-1]
-    return {"best": float(values[0]), "overlap": float(found["overlap"].max()), "cosine": float(found["cosine"].max()),
-            "passage": float(found["passage"].max()), "margin": float(values[0] - values[1]) if len(values) > 1 else 0.0,
-            "exact": float(found["exact"].max())}
+    cosine = float(found["cosine"][best_sentences(found, weights)].max())
+    return {"best": float(values[0]), "overlap": float(found["overlap"].max()), "cosine": cosine,
+            "passage": float(found["passage"].max()),
+            "margin": float(values[0] - values[1]) if len(values) > 1 else 0.0}
 
 
 def answered(found: dict[str, np.ndarray], model: SupportModel) -> float:
@@ -200,22 +215,24 @@ def answered(found: dict[str, np.ndarray], model: SupportModel) -> float:
     return 1.0 / (1.0 + math.exp(-logit))
 
 
-# A key a question looks a table row up by: a token with a digit and a separator, four characters or more
-# (2003-09-19, 20.04, 4.10); a bare number (Debian 10) is too common in a table to be one.
-_KEY = re.compile(r"(?<![\w.:/-])(?=[\w.:/-]*\d)(?=[\w.:/-]*[.:/-]\w)[\w.:/-]{4,}")
+# A key a question looks a table row up by: digits, a separator, digits (2003-09-19, 20.04, 4.10); a bare number
+# (Debian 10) is too common in a table to be one, and utf-8 or x86-64 are no keys.
+_KEY = re.compile(r"(?<![\w.:/-])[\w.:/-]*\d[.:/-]\d[\w.:/-]*")
 
 
 def looked_up(question: str, evidence) -> bool:
-    """Whether one table row of the evidence holds every key the question names (`_KEY`): a lookup the row answers
-    by itself. The "not found" model was fitted on prose, where such a row reads as a weak match (a question of
-    words against a row of values: the demo's "closing price on 2003-09-19")."""
+    """Whether the sentence an answer quotes first (`evidence` best first) is a table row holding every key the
+    question names (`_KEY`): a lookup the row answers by itself. The "not found" model was fitted on prose, where
+    such a row reads as a weak match (a question of words against a row of values: "closing price on 2003-09-19")."""
     keys = {key.rstrip(".:/-") for key in _KEY.findall(question)}
-    if not keys:
+    quotes = quoted_first(evidence, 1)
+    if not keys or not quotes or not quotes[0][0].columns:
         return False
-    bounded = [re.compile(rf"(?<![\w.]){re.escape(key)}(?![\w]|\.\w)") for key in keys]
-    return any(e.columns and all(b.search(e.text) for b in bounded) for e in evidence)
+    row = quotes[0][0].text
+    return all(re.search(rf"(?<![\w.]){re.escape(key)}(?!\w|\.\w)", row) for key in keys)
 
 
-def too_weak(chance: float | None, threshold: float) -> bool:
-    """Whether an answer with this chance of its passages holding it says "not found" (None: nothing was scored)."""
-    return chance is not None and chance < threshold
+def declines(question: str, evidence, chance: float | None, threshold: float) -> bool:
+    """Whether an answer says "not found": its passages' chance of holding the answer (None: nothing was scored)
+    is below the threshold, and its first quote is no table row that the question looks up (`looked_up`)."""
+    return chance is not None and chance < threshold and not looked_up(question, evidence)
