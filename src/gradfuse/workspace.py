@@ -497,8 +497,7 @@ class Workspace:
         (rerank/support.py); None without sentences scored."""
         if not evidence:
             return None
-        model = support.model()
-        return support.answered(support.quoted_signals(question, evidence, self._encoder(), model.weights), model)
+        return support.answered(support.quoted_signals(question, evidence, self._encoder()), support.model())
 
     def _prepare_answer(self, question, generator, context_k, max_new_tokens, search_options) -> _Prepared:
         result = self.search(question, k=context_k or self.config.context_k, **search_options)

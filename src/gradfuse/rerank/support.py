@@ -163,27 +163,18 @@ def exact_share(question: str, sentences: list[str]) -> np.ndarray:
 
 
 
-COSINE_SENTENCES = 8  # the best sentences whose cosine "not found" reads: encoding every one cost 0.1-0.25 CPU-s
-
-
-def quoted_signals(question: str, evidence, encoder, weights: dict[str, float]) -> dict[str, np.ndarray]:
+def quoted_signals(question: str, evidence, encoder) -> dict[str, np.ndarray]:
     """The signals of an answer's scored sentences (`Evidence` records) as the answer quotes them: a table row with
     its column names ("Date: 2003-09-19, Close: 29.96"), which a row's bare values lack. Read in the passages'
-    order, returned in the evidence's. Cosines only for the COSINE_SENTENCES best by `weights` (NaN for the rest),
-    unless the weights read cosine."""
+    order, returned in the evidence's. Every sentence is encoded for its cosine: the eight best by value alone
+    missed the sentence that answers a question in other words than its own (the demo's "with" and JSON
+    questions, declined with them)."""
     order = sorted(range(len(evidence)), key=lambda i: (evidence[i].passage, evidence[i].span))
     texts = [evidence[i].quoted() for i in order]
-    found = signals(question, texts, np.full(len(texts), np.nan), [evidence[i].passage for i in order])
-    encoded = np.arange(len(texts)) if "cosine" in weights else best_sentences(found, weights)
-    if len(encoded):
-        found["cosine"][encoded] = encoder.encode_short([texts[i] for i in encoded]) @ encoder.encode_query(question)
+    found = signals(question, texts, encoder.encode_short(texts) @ encoder.encode_query(question),
+                    [evidence[i].passage for i in order])
     back = np.argsort(order)
     return {name: values[back] for name, values in found.items()}
-
-
-def best_sentences(found: dict[str, np.ndarray], weights: dict[str, float]) -> np.ndarray:
-    """The indices of the COSINE_SENTENCES sentences of highest value."""
-    return np.argsort(-sentence_values(found, weights), kind="stable")[:COSINE_SENTENCES]
 
 
 def sentence_values(found: dict[str, np.ndarray], weights: dict[str, float]) -> np.ndarray:
@@ -195,12 +186,10 @@ ANSWERED = ("best", "overlap", "cosine", "passage", "margin")
 
 
 def answered_features(found: dict[str, np.ndarray], weights: dict[str, float]) -> dict[str, float]:
-    """An answer's features for "the passages answer": its best sentence's value, the best overlap, the best cosine
-    of the COSINE_SENTENCES best sentences, the best passage's overlap, and how far the best sentence stands above
-    the second."""
+    """An answer's features for "the passages answer": its best sentence's value, the best overlap, the best cosine,
+    the best passage's overlap, and how far the best sentence stands above the second."""
     values = np.sort(sentence_values(found, weights))[::-1]
-    cosine = float(found["cosine"][best_sentences(found, weights)].max())
-    return {"best": float(values[0]), "overlap": float(found["overlap"].max()), "cosine": cosine,
+    return {"best": float(values[0]), "overlap": float(found["overlap"].max()), "cosine": float(found["cosine"].max()),
             "passage": float(found["passage"].max()),
             "margin": float(values[0] - values[1]) if len(values) > 1 else 0.0}
 
