@@ -5,8 +5,8 @@ The reader gate's one pass is where the gradient's cost advantage is largest: 5 
 25-50 units, which UPR scores with 25-50 passes and leave-one-out with 26-51, while the gate's forward + backward
 pass covers them all at once (documents encoded once without gradients, see lm_scorer.py).
 
-- support: no language model: the share of the question's rare words a sentence holds, whether it holds the kind of
-  value the question asks for, its cosine, its length, weighted as dev questions chose (rerank/support.py);
+- support: no language model: a weighted sum of a sentence's signals (the share of the question's rare words it
+  holds, and those that held-out question sets chose beside it; rerank/support.py);
 - gate: -dL/dlog(alpha_s) for each sentence s, the first-order rise of the target's loss as attention to s is
   turned down; `calibrated`: minus the same gate under the content-free target "N/A" (its second pass reuses the
   documents' cache), which removes what the position alone earns a sentence;

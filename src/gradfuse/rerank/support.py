@@ -15,7 +15,7 @@ The signals of a sentence s for a question q (`SIGNALS`):
 - rank: 1 / its passage's number; first: s opens its passage.
 
 A sentence's value is a weighted sum of the signals that selection on held-out question sets chose (a conditional
-logit over each question's sentences; today overlap, passage and typed); the chance that the passages answer at
+logit over each question's sentences; today overlap alone); the chance that the passages answer at
 all is a logistic model of a few answer-level features (`ANSWERED`; today the best overlap and the best cosine).
 `bench/fit_support.py` fits both away from the test questions and stores them beside this file (support.json,
 with the command and the data that made them; results/answers/fit.md).
