@@ -110,7 +110,7 @@ def score_texts(scorer: str, question: str, texts: list[str], *, embed: Callable
         return embed(texts) @ query_vector
     weights = support.model().weights
     cosines = embed(texts) @ query_vector if "cosine" in weights else np.zeros(len(texts))  # encoded if weighed
-    return support.sentence_values(support.signals(question, texts, cosines, passages), weights)
+    return support.sentence_values(support.signals(question, texts, cosines, passages, only=tuple(weights)), weights)
 
 
 def _packed(lm: LMScorer, question: str, passages: list[Passage], target: str | None):

@@ -118,36 +118,41 @@ def model() -> SupportModel:
 _FINAL = re.compile(r"[.!?;)\]\"'’”]\s*$")
 
 
-def signals(question: str, sentences: list[str], cosines: np.ndarray,
-            passages: list[int] | None = None) -> dict[str, np.ndarray]:
-    """Every signal of every sentence (see the module's text), as arrays in the sentences' order. `passages`: each
-    sentence's passage number (a passage's sentences in their order); None: every sentence is its own passage."""
+def signals(question: str, sentences: list[str], cosines: np.ndarray, passages: list[int] | None = None,
+            only: tuple[str, ...] = SIGNALS) -> dict[str, np.ndarray]:
+    """The signals `only` names (every one unless told) of every sentence (see the module's text), as arrays in the
+    sentences' order: an answer computes those its model reads, a fit all of them. `passages`: each sentence's
+    passage number (a passage's sentences in their order); None: every sentence is its own passage."""
     passages = list(range(1, len(sentences) + 1)) if passages is None else list(passages)
-    asked = content_words(question)
-    asked_set = set(asked)
+    asked = set(content_words(question))
     held = [set(content_words(s)) for s in sentences]
-    weight = {w: math.log((len(sentences) + 1) / (sum(w in h for h in held) + 0.5)) for w in asked_set}
+    weight = {w: math.log((len(sentences) + 1) / (sum(w in h for h in held) + 0.5)) for w in asked}
     total = sum(weight.values()) or 1.0
-    kind = asks_for(question)
     overlap = np.array([sum(weight[w] for w in weight if w in h) / total for h in held])
-    in_passage: dict[int, set[str]] = {}
-    for number, h in zip(passages, held):
-        in_passage.setdefault(number, set()).update(h)
     first = [i == 0 or passages[i - 1] != passages[i] for i in range(len(sentences))]
-    return {
-        "overlap": overlap,
-        "typed": np.array([float(holds_asked(kind, s, question)) for s in sentences]),
-        "cosine": np.asarray(cosines, dtype=float),
-        "words": np.array([math.log1p(len(h)) for h in held]),
-        "rank": np.array([1.0 / number for number in passages]),
-        "first": np.array(first, dtype=float),
-        "label": np.array([float(introduces(s) or (len(s.split()) <= 8 and not _FINAL.search(s)))
-                           for s in sentences]),
-        "novel": np.array([len(h - asked_set) / len(h) if h else 0.0 for h in held]),
-        "before": np.array([0.0 if first[i] else overlap[i - 1] for i in range(len(sentences))]),
-        "passage": np.array([sum(weight[w] for w in weight if w in in_passage[n]) / total for n in passages]),
-        "exact": exact_share(question, sentences),
+
+    def in_passage() -> np.ndarray:
+        words: dict[int, set[str]] = {}
+        for number, h in zip(passages, held):
+            words.setdefault(number, set()).update(h)
+        return np.array([sum(weight[w] for w in weight if w in words[n]) / total for n in passages])
+
+    kind = asks_for(question)
+    made = {
+        "overlap": lambda: overlap,
+        "typed": lambda: np.array([float(holds_asked(kind, s, question)) for s in sentences]),
+        "cosine": lambda: np.asarray(cosines, dtype=float),
+        "words": lambda: np.array([math.log1p(len(h)) for h in held]),
+        "rank": lambda: np.array([1.0 / number for number in passages]),
+        "first": lambda: np.array(first, dtype=float),
+        "label": lambda: np.array([float(introduces(s) or (len(s.split()) <= 8 and not _FINAL.search(s)))
+                                   for s in sentences]),
+        "novel": lambda: np.array([len(h - asked) / len(h) if h else 0.0 for h in held]),
+        "before": lambda: np.array([0.0 if first[i] else overlap[i - 1] for i in range(len(sentences))]),
+        "passage": in_passage,
+        "exact": lambda: exact_share(question, sentences),
     }
+    return {name: made[name]() for name in only}
 
 
 _TOKEN = re.compile(r"(?<![\w-])[\w.:/~+-]*\d[\w.:/~+-]*|(?<![\w-])--?[A-Za-z][\w-]*")
@@ -162,7 +167,6 @@ def exact_share(question: str, sentences: list[str]) -> np.ndarray:
     return np.array([sum(t in s for t in tokens) / len(tokens) for s in sentences])
 
 
-
 def quoted_signals(question: str, evidence, encoder) -> dict[str, np.ndarray]:
     """The signals of an answer's scored sentences (`Evidence` records) as the answer quotes them: a table row with
     its column names ("Date: 2003-09-19, Close: 29.96"), which a row's bare values lack. Read in the passages'
@@ -172,7 +176,7 @@ def quoted_signals(question: str, evidence, encoder) -> dict[str, np.ndarray]:
     order = sorted(range(len(evidence)), key=lambda i: (evidence[i].passage, evidence[i].span))
     texts = [evidence[i].quoted() for i in order]
     found = signals(question, texts, encoder.encode_short(texts) @ encoder.encode_query(question),
-                    [evidence[i].passage for i in order])
+                    [evidence[i].passage for i in order], only=tuple({*READ_BY_ANSWERED, *model().weights}))
     back = np.argsort(order)
     return {name: values[back] for name, values in found.items()}
 
@@ -181,8 +185,10 @@ def sentence_values(found: dict[str, np.ndarray], weights: dict[str, float]) -> 
     return sum(weights[name] * found[name] for name in weights)
 
 
-# What the "passages answer" model may read (bench/fit_support.py chooses among sets of them).
+# What the "passages answer" model may read (bench/fit_support.py chooses among sets of them), and the signals
+# they are made of beside the sentence values.
 ANSWERED = ("best", "overlap", "cosine", "passage", "margin")
+READ_BY_ANSWERED = ("overlap", "cosine", "passage")
 
 
 def answered_features(found: dict[str, np.ndarray], weights: dict[str, float]) -> dict[str, float]:
