@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import random
 import shutil
 import subprocess
@@ -446,7 +445,9 @@ def qa_extractive(ws: Workspace) -> dict:
 def machine() -> str:
     import torch
 
-    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}"
+    from gradfuse.hardware import cpu_description
+
+    return f"{cpu_description()}, torch {torch.__version__}"
 
 
 def report(summary: dict) -> str:
