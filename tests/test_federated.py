@@ -10,12 +10,16 @@ from conftest import COOKING, write_jsonl
 from gradfuse import SourceSpec, Workspace
 from gradfuse.config import Config, SourceSettings
 from gradfuse.sources.federated import AllSourcesFailed, query_sources
+from gradfuse.sources.guard import Guards
 
 
 class DeadSource:
     """A source whose backend is gone: every search raises."""
 
     name = "dead"
+
+    def warm(self):
+        pass
 
     def search(self, query, k):
         raise ConnectionError("index server refused the connection")
@@ -29,6 +33,9 @@ class HangingSource:
     def __init__(self):
         self.release = threading.Event()
 
+    def warm(self):
+        pass
+
     def search(self, query, k):
         self.release.wait(30)
         return []
@@ -39,7 +46,7 @@ def test_a_dead_and_a_slow_source_are_reported_and_the_others_still_answer(works
     hanging = HangingSource()
     started = time.perf_counter()
     result = query_sources([*real, DeadSource(), hanging], "planet moons", 5,
-                           {"astronomy": 5.0, "cooking": 5.0, "dead": 5.0, "slow": 0.5})
+                           {"astronomy": 5.0, "cooking": 5.0, "dead": 5.0, "slow": 0.5}, Guards())
     elapsed = time.perf_counter() - started
     hanging.release.set()
     assert set(result.ranked_lists) == {"astronomy", "cooking"}
@@ -53,7 +60,7 @@ def test_a_dead_and_a_slow_source_are_reported_and_the_others_still_answer(works
 def test_all_sources_failing_is_one_clear_error_naming_each():
     hanging = HangingSource()
     with pytest.raises(AllSourcesFailed) as raised:
-        query_sources([DeadSource(), hanging], "anything", 5, {"dead": 1.0, "slow": 0.2})
+        query_sources([DeadSource(), hanging], "anything", 5, {"dead": 1.0, "slow": 0.2}, Guards())
     hanging.release.set()
     message = str(raised.value)
     assert "every source failed" in message and "dead: ConnectionError" in message and "slow: no answer" in message

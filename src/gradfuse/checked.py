@@ -10,6 +10,7 @@ from pydantic import ConfigDict, Field
 
 MAX_DEPTH = 100_000  # candidates asked of one source: tantivy panics far above (10**12 aborted the process)
 
+LOOPBACK = ("localhost", "127.0.0.1", "::1")  # hosts a key may be sent to over plain http
 FILE_SETTINGS = ConfigDict(extra="forbid", allow_inf_nan=False)  # a dataclass's __pydantic_config__
 Count = Annotated[int, Field(ge=1, strict=True)]
 Depth = Annotated[int, Field(ge=1, le=MAX_DEPTH, strict=True)]

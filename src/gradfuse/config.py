@@ -58,6 +58,10 @@ Example (every key optional)::
     ray = ""                         # "HOST:PORT" or "auto": stage 2 on a Ray cluster's scorer replicas (docs/ray.md)
     ray_replicas = 0                 # 0: one per GPU, or one per node without GPUs
     cache_mb = 64                    # MB of /search and /ask results kept for a repeated request until a publish
+    [guard]                          # each source fails alone (gradfuse.sources.guard.GuardSettings)
+    workers = 8                      # threads per source: all held by calls past their deadline, it answers "busy"
+    breaker_failures = 5             # failures in a row that open a source's circuit breaker (0: never)
+    breaker_cooldown_s = 30.0        # an open breaker's pause before one request probes the source again
     [sources.scifact]
     kind = "beir"                    # beir | jsonl | files | run
     path = "../shared/data/beir_scifact"
@@ -102,6 +106,7 @@ from gradfuse.selection import SelectionSettings
 from gradfuse.server.settings import ServerSettings
 from gradfuse.sources.base import SourceSpec, check_source_name
 from gradfuse.sources.engines import ENGINE_KINDS
+from gradfuse.sources.guard import GuardSettings
 from gradfuse.sources.stores import relative_to
 from gradfuse.sources.postgres import PostgresSettings, default_table
 
@@ -155,6 +160,7 @@ class Config:
     rerank: RerankSettings = field(default_factory=RerankSettings)
     evidence: EvidenceSettings = field(default_factory=EvidenceSettings)
     server: ServerSettings = field(default_factory=ServerSettings)
+    guard: GuardSettings = field(default_factory=GuardSettings)
 
     def settings(self, source: str) -> SourceSettings:
         return self.sources.get(source, SourceSettings())
@@ -187,7 +193,8 @@ def _parse(path: Path) -> Config:
         for key, value in values.items():
             setattr(config, key, float(value) if isinstance(getattr(config, key), float) else value)
     for section, settings_type in (("selection", SelectionSettings), ("rerank", RerankSettings),
-                                   ("evidence", EvidenceSettings), ("server", ServerSettings)):
+                                   ("evidence", EvidenceSettings), ("server", ServerSettings),
+                                   ("guard", GuardSettings)):
         setattr(config, section, _checked(settings_type, raw.pop(section, {}), f"{path} [{section}]"))
     config.encoder = _checked(_Encoder, raw.pop("encoder", {}), f"{path} [encoder]").get("model", config.encoder)
     for name, table in raw.pop("sources", {}).items():

@@ -78,7 +78,8 @@ class CandidateRecord(BaseModel):
 
 class FailureRecord(BaseModel):
     source: str
-    reason: str = Field(description="timeout | error")
+    reason: str = Field(description="timeout | error | busy (its workers held by late calls) | open (its circuit "
+                                    "breaker: not called)")
     detail: str
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, closing, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -51,7 +51,8 @@ from gradfuse.sources.postgres import (
 )
 from gradfuse.sources.postgres_load import load_into_postgres
 from gradfuse.sources.encoder import EmbeddingCache, embedding_text, load_encoder
-from gradfuse.sources.federated import AllSourcesFailed, FederatedResult, SourceFailure, query_sources
+from gradfuse.sources.federated import FederatedResult, SourceFailure, ask_sources, checked_sources
+from gradfuse.sources.guard import Guards
 
 
 @dataclass(eq=False)
@@ -135,6 +136,7 @@ class Workspace:
         self._added: dict[str, Source] = {}  # sources given as objects (add_source)
         self._lock = threading.Lock()
         self._embeddings: EmbeddingCache | None = None
+        self.guards = Guards(config.guard)  # each source's workers and breaker (sources/guard.py)
 
     @classmethod
     def open(cls, config_file: Path | None = None, *, workspace: Path | None = None) -> Workspace:
@@ -147,6 +149,7 @@ class Workspace:
             opened, self._sources = list(self._sources.values()), {}
             tables, self._tables = list(self._tables.values()), {}
             embeddings, self._embeddings = self._embeddings, None
+        self.guards.close()
         for source in opened:
             source.close()
         for table in tables:
@@ -286,15 +289,13 @@ class Workspace:
         health = [(name, None, "skipped: not a valid source name (1 to 64 ASCII letters, digits, '-' or '_'); "
                                "rename the folder to use it")
                   for name in misnamed_source_folders(self.root)]
-        for name in self.source_names():
-            if not databases and self.held_elsewhere(name):
-                continue
-            try:
-                with self.holding(name) as source:
-                    health.append((name, source.stats() if stats else None, None))
-            except Exception as error:  # one unreadable index or unreachable database must not hide the others
-                health.append((name, None, f"{type(error).__name__}: {error}"))
-        return health
+        names = [n for n in self.source_names() if databases or not self.held_elsewhere(n)]
+        return health + checked_sources(names, lambda name: self._stats_of(name, stats), self._timeouts(names),
+                                        self.guards)
+
+    def _stats_of(self, name: str, stats: bool) -> SourceStats | None:
+        with self.holding(name) as source:
+            return source.stats() if stats else None
 
     def search(
         self,
@@ -337,28 +338,16 @@ class Workspace:
         if depth is not None and not 1 <= depth <= MAX_DEPTH:
             raise ValueError(f"depth must be 1 to {MAX_DEPTH} (candidates asked of each source)")
         names = self._resolve_sources(sources)
-        timeouts = {n: timeout_s or self.config.settings(n).timeout_s or self.config.timeout_s for n in names}
-        opened, unopened = [], []
-        with ExitStack() as leases:
-            for name in names:
-                try:
-                    opened.append(leases.enter_context(self.holding(name, retrieval)))
-                except SourceError as error:  # e.g. a database that refuses connections: one failed source
-                    unopened.append(SourceFailure(name, "error", str(error)))
-            for source in list(opened):  # models load once, outside the timeouts
-                try:
-                    source.warm()
-                except Exception as error:  # e.g. an encoder that cannot load: this source fails, the rest answer
-                    opened.remove(source)
-                    unopened.append(SourceFailure(source.name, "error", f"{type(error).__name__}: {error}"))
-            if not opened:
-                raise AllSourcesFailed(unopened)
-            try:
-                result = query_sources(opened, query, depth or self.config.depth, timeouts)
-            except AllSourcesFailed as error:
-                raise AllSourcesFailed(unopened + error.failures) from None
-        result.failures[:0] = unopened
-        return result
+        return ask_sources(names, lambda name: self._lease(name, retrieval), query, depth or self.config.depth,
+                           self._timeouts(names, timeout_s), self.guards)
+
+    def _timeouts(self, names: list[str], timeout_s: float | None = None) -> dict[str, float]:
+        return {n: timeout_s or self.config.settings(n).timeout_s or self.config.timeout_s for n in names}
+
+    def _lease(self, name: str, retrieval: str | None) -> tuple[Source, Callable[[], None]]:
+        """The source held open (see `holding`), and what lets go of it: opened on the source's own worker."""
+        held = self.holding(name, retrieval)
+        return held.__enter__(), lambda: held.__exit__(None, None, None)
 
     def rank(
         self,

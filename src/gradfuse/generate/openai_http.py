@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import httpx
 
+from gradfuse.checked import LOOPBACK
 from gradfuse.redact import redact
 
 
@@ -18,7 +19,6 @@ class EndpointError(RuntimeError):
 CHARS_PER_TOKEN = 3  # a cautious count for a tokenizer we cannot see (English BPE averages about 4)
 
 
-LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
 
 class OpenAICompatibleGenerator:

@@ -64,6 +64,7 @@ class SourceHealth:
 
 
 class SourceHealthRecord(SourceRecord):
+    breaker: str = "closed"  # its circuit breaker: closed | open (not called) | half-open (the next request probes)
     last_answered_at: str | None = None
     last_failure_at: str | None = None
     last_failure: str | None = None
@@ -87,6 +88,7 @@ class Health(BaseModel):
     version: str
     sources: int  # sources that open
     unavailable: dict[str, str] = {}  # source → why it cannot be opened
+    breakers: dict[str, str] = {}  # source → its circuit breaker's state, where it is not closed
     scorer_replicas: int  # stage 2's LM passes: 1 in this process, or the Ray cluster's replicas alive or starting
 
 
@@ -207,7 +209,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
             failure = health.last_failure.get(name)
             record = served_source_record(name, stats, error)
             records.append(SourceHealthRecord(
-                **record.model_dump(), last_answered_at=health.last_ok.get(name),
+                **record.model_dump(), breaker=workspace.guards.state(name), last_answered_at=health.last_ok.get(name),
                 last_failure_at=failure[0] if failure else None,
                 last_failure=f"{failure[1].reason}: {failure[1].detail}" if failure else None,
             ))
@@ -245,6 +247,8 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
             raise HTTPException(503, f"no source of this server's workspace can answer ({redact(detail)})")
         return Health(status="degraded" if unavailable else "ok", version=__version__, sources=count,
                       unavailable={n: redact(e) for n, e in unavailable.items()},
+                      breakers={n: state for n in workspace.source_names()
+                                if (state := workspace.guards.state(n)) != "closed"},
                       scorer_replicas=workspace.executor.replicas)
 
     @app.get("/", include_in_schema=False)

@@ -22,6 +22,11 @@ class SourceError(RuntimeError):
     """A source cannot answer (missing index, unknown query for a run source, ...)."""
 
 
+class QueryNotAnswered(SourceError):
+    """A healthy source that cannot answer this query (a run source asked a query its run was not made for): the
+    query's failure, not the source's (its breaker does not count it)."""
+
+
 class UnknownSource(SourceError):
     """A request named a source that is not built (or is disabled) in this workspace. `public`: the message
     without the names given (see `fusion.UnknownMethod`)."""

@@ -1,6 +1,6 @@
 """`kind = "chroma"`: a collection on a Chroma server (`uri = "http://host:8000"`, a token from `key_env` sent as a
 bearer token), read through Chroma's HTTP client with the query embedded by `query_encoder` (the collection's own
-embedding function is never called: nothing is downloaded). A passage's id is Chroma's id, its text the stored
+embedding function is never called: nothing is downloaded), each request bounded by the source's timeout. A passage's id is Chroma's id, its text the stored
 document (or `text_field` of its metadata), its title `title_field` of its metadata. Every Chroma space (l2,
 cosine, ip) returns a distance, lower for closer: negated so that higher is better."""
 
@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 from urllib.parse import urlsplit
+
+import httpx
 
 from gradfuse.candidate import Candidate
 from gradfuse.checked import Text
@@ -40,6 +42,7 @@ class ChromaCollection:
                                          ssl=parts.scheme == "https",
                                          headers={"Authorization": f"Bearer {key}"} if key else None,
                                          settings=chromadb.Settings(anonymized_telemetry=False))  # no calls out
+            _bound(client, timeout_s)
             self._collection = client.get_collection(settings.collection, embedding_function=None)
             space = (self._collection.metadata or {}).get("hnsw:space") or _space(self._collection)
         except Exception as error:  # the client raises its own errors, ValueError and connection errors
@@ -61,6 +64,16 @@ class ChromaCollection:
 
     def stats(self) -> SourceStats:
         return self.settings.stats(self, self.settings.collection, self._collection.count())
+
+
+def _bound(client, timeout_s: float) -> None:
+    """The source's timeout on every request of the client: Chroma's own HTTP session has none (a paused server
+    held a thread forever) and the client takes no option for it, so it is set on that session."""
+    session = getattr(getattr(client, "_server", None), "_session", None)
+    if not isinstance(session, httpx.Client):
+        raise SourceError("this chromadb client keeps its HTTP session elsewhere: gradfuse cannot bound its requests "
+                          "(install the chromadb version in pyproject.toml)")
+    session.timeout = httpx.Timeout(timeout_s)
 
 
 def _space(collection) -> str:

@@ -5,18 +5,21 @@ Each passage keeps where it came from: its doc id here is `<remote source>/<doc 
 text, chunk span and location. The remote ranks its passages; their score here is the reciprocal of that rank
 (higher is better, whatever method the remote ran), so score fusion over it is right in direction. What the
 remote reports as failed, and anything that keeps it from answering (down, slow, a refused key, a malformed
-reply), is this source's failure with its reason; the other sources answer.
+reply, one row of it malformed, a reply larger than `max_reply_mb` or slower in all than `timeout_s`), is this
+source's failure with its reason; the other sources answer.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import httpx
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from gradfuse.candidate import Candidate, Location
-from gradfuse.checked import FILE_SETTINGS, Text
+from gradfuse.checked import FILE_SETTINGS, Count, Text
 from gradfuse.sources.base import SourceError, SourceStats, check_source_name
 from gradfuse.sources.stores import check_address, key_from
 
@@ -30,6 +33,7 @@ class RemoteSettings:
     key_env: Text = ""  # the environment variable holding its API key (never the key in the file)
     sources: tuple[str, ...] = ()  # the remote's sources to ask (none: all of them)
     method: Text = ""  # the remote's method ("": the remote's own default)
+    max_reply_mb: Count = 16  # a larger reply is this source's failure, read no further
 
     def __post_init__(self):
         parts = urlsplit(self.url)
@@ -41,12 +45,13 @@ class RemoteSettings:
 
 
 class RemoteGradfuse:
-    """The source; `timeout_s` bounds each request (the federated search has its own deadline too)."""
+    """The source; `timeout_s` bounds each request, whole (the federated search has its own deadline too)."""
 
     kind = "gradfuse"
 
     def __init__(self, name: str, settings: RemoteSettings, timeout_s: float, mode: str = "hybrid"):
         self.name, self.settings, self.mode = name, settings, mode  # the remote's sources retrieve this way
+        self._timeout_s = timeout_s
         self._client = httpx.Client(base_url=settings.url.rstrip("/"), timeout=timeout_s, trust_env=False)
 
     def warm(self) -> None:
@@ -56,60 +61,129 @@ class RemoteGradfuse:
         body = {"query": query, "k": k, "retrieval": self.mode,
                 **({"sources": list(self.settings.sources)} if self.settings.sources else {}),
                 **({"method": self.settings.method} if self.settings.method else {})}
-        record = self._call("POST", "/search", body)
-        try:
-            candidates = [_candidate(self.name, rank, row) for rank, row in enumerate(record["candidates"][:k], 1)]
-            failed = "; ".join(f"{f['source']}: {f['reason']}" for f in record.get("failures") or [])
-        except (KeyError, TypeError, ValueError, AttributeError) as error:
-            raise SourceError(f"gradfuse server {self.settings.url} sent a malformed reply "
-                              f"({type(error).__name__}: {error})") from None
-        if not candidates and failed:  # the remote answered nothing: why is this source's failure
+        reply = self._read(_Reply, self._call("POST", "/search", body), "reply")
+        candidates = [row.candidate(self.name, rank) for rank, row in enumerate(reply.candidates[:k], start=1)]
+        if not candidates and reply.failures:  # the remote answered nothing: why is this source's failure
+            failed = "; ".join(f"{f.source}: {f.reason}" for f in reply.failures)
             raise SourceError(f"gradfuse server {self.settings.url}: its sources failed ({failed})")
         return candidates
 
     def stats(self) -> SourceStats:
-        rows = self._call("GET", "/sources")
+        rows = self._read(_SOURCE_LIST, self._call("GET", "/sources"), "source list")
+        asked = [r for r in rows if not self.settings.sources or r.name in self.settings.sources]
+        return SourceStats(name=self.name, kind=self.kind, documents=sum(r.documents or 0 for r in asked),
+                           index_bytes=None, encoder=None, built_at="-",
+                           input=f"{self.settings.url} ({len(asked)} sources)", retrieval=self.mode)
+
+    def _read(self, shape, body: bytes, what: str):
+        """The reply read as `shape`, strictly: a malformed row fails this source, with where and why."""
         try:
-            asked = [r for r in rows if not self.settings.sources or r["name"] in self.settings.sources]
-            documents = sum(int(r.get("documents") or 0) for r in asked)
-        except (KeyError, TypeError, ValueError) as error:
-            raise SourceError(f"gradfuse server {self.settings.url} sent a malformed source list ({error})") from None
-        return SourceStats(name=self.name, kind=self.kind, documents=documents, index_bytes=None, encoder=None,
-                           built_at="-", input=f"{self.settings.url} ({len(asked)} sources)", retrieval=self.mode)
+            return (shape if isinstance(shape, TypeAdapter) else TypeAdapter(shape)).validate_json(body)
+        except ValidationError as error:
+            first = error.errors(include_url=False)[0]
+            where = ".".join(str(part) for part in first["loc"]) or "the reply"
+            raise SourceError(f"gradfuse server {self.settings.url} sent a malformed {what} ({where}: "
+                              f"{first['msg'][:120]}; {error.error_count()} problem(s))") from None
 
     def close(self) -> None:
         self._client.close()
 
-    def _call(self, method: str, path: str, body: dict | None = None):
+    def _call(self, method: str, path: str, body: dict | None = None) -> bytes:
+        """The reply's body, read whole within `timeout_s` in all (httpx's timeout is per read: a server sending a
+        byte a second would never trip it) and at most `max_reply_mb`."""
         key = key_from(self.settings.key_env, "the server's key")
         headers = {"X-API-Key": key} if key else {}
-        where = self.settings.url
+        where, limit = self.settings.url, self.settings.max_reply_mb * 1024 * 1024
+        deadline = time.monotonic() + self._timeout_s
         try:
-            response = self._client.request(method, path, json=body, headers=headers)
+            with self._client.stream(method, path, json=body, headers=headers) as response:
+                if int(response.headers.get("content-length") or 0) > limit:
+                    raise self._too_large()
+                chunks, size = [], 0
+                for chunk in response.iter_bytes():
+                    size += len(chunk)
+                    if size > limit:
+                        raise self._too_large()
+                    if time.monotonic() > deadline:
+                        raise httpx.ReadTimeout("the whole reply took too long")
+                    chunks.append(chunk)
         except httpx.TimeoutException:
-            raise SourceError(f"gradfuse server {where} did not answer within {self._client.timeout.read:g} s "
+            raise SourceError(f"gradfuse server {where} did not answer within {self._timeout_s:g} s "
                               "(timeout_s)") from None
         except httpx.HTTPError as error:
             raise SourceError(f"gradfuse server {where} cannot be reached ({type(error).__name__})") from None
+        content = b"".join(chunks)
         if response.status_code == 401:
             raise SourceError(f"gradfuse server {where} refused the key"
                               + (f" in {self.settings.key_env}" if self.settings.key_env else
                                  " (it needs one: name its variable with key_env)"))
         if response.status_code != 200:
-            detail = response.json().get("detail") if "json" in response.headers.get("content-type", "") else ""
-            raise SourceError(f"gradfuse server {where} answered {response.status_code}: {str(detail)[:300]}")
-        try:
-            return response.json()
-        except ValueError:
-            raise SourceError(f"gradfuse server {where} sent a reply that is not JSON") from None
+            raise SourceError(f"gradfuse server {where} answered {response.status_code}: {_detail(content)[:300]}")
+        return content
+
+    def _too_large(self) -> SourceError:
+        return SourceError(f"gradfuse server {self.settings.url} sent a reply larger than "
+                           f"{self.settings.max_reply_mb} MB (max_reply_mb), read no further")
 
 
-def _candidate(name: str, rank: int, row: dict) -> Candidate:
-    """A remote candidate record as this source's passage: namespaced by its remote source, scored by rank."""
-    location = row.get("location")
-    if location:  # the record's location with what it adds for display left out
-        location = Location.from_dict({key: value for key, value in location.items() if key != "cited_as"})
-    span = row.get("span")
-    return Candidate(source=name, doc_id=f"{row['source']}/{row['doc_id']}", text=str(row["text"]),
-                     native_score=1.0 / rank, native_rank=rank, score_kind="1/rank", title=str(row.get("title") or ""),
-                     parent_id=row.get("parent_id"), span=tuple(span) if span else None, location=location)
+def _detail(content: bytes) -> str:
+    """What an error reply says, where it is gradfuse's JSON error."""
+    try:
+        detail = TypeAdapter(dict).validate_json(content).get("detail")
+    except ValidationError:
+        return ""
+    return detail if isinstance(detail, str) else ""
+
+
+_STRICT = ConfigDict(strict=True, extra="ignore")
+
+
+class _Location(BaseModel):
+    model_config = _STRICT
+    file: str
+    page: int | None = None
+    slide: int | None = None
+    sheet: str | None = None
+    rows: tuple[int, int] | None = None
+    headings: tuple[str, ...] = ()
+
+
+class _Row(BaseModel):
+    """One of the remote's candidate records, as far as this source reads it."""
+
+    model_config = _STRICT
+    source: str
+    doc_id: str
+    text: str
+    title: str | None = ""
+    parent_id: str | None = None
+    span: tuple[int, int] | None = None
+    location: _Location | None = None
+
+    def candidate(self, name: str, rank: int) -> Candidate:
+        """This source's passage: namespaced by its remote source, scored by rank."""
+        location = Location(**self.location.model_dump()) if self.location else None
+        return Candidate(source=name, doc_id=f"{self.source}/{self.doc_id}", text=self.text, native_score=1.0 / rank,
+                         native_rank=rank, score_kind="1/rank", title=self.title or "", parent_id=self.parent_id,
+                         span=self.span, location=location)
+
+
+class _Failed(BaseModel):
+    model_config = _STRICT
+    source: str
+    reason: str
+
+
+class _Reply(BaseModel):
+    model_config = _STRICT
+    candidates: list[_Row]
+    failures: list[_Failed] = Field(default_factory=list)
+
+
+class _Listed(BaseModel):
+    model_config = _STRICT
+    name: str
+    documents: int | None = None
+
+
+_SOURCE_LIST = TypeAdapter(list[_Listed])

@@ -15,7 +15,7 @@ from pathlib import Path
 from urllib.parse import quote, unquote
 
 from gradfuse.candidate import Candidate
-from gradfuse.sources.base import SourceError, SourceStats, read_manifest, stats_from_manifest
+from gradfuse.sources.base import QueryNotAnswered, SourceStats, read_manifest, stats_from_manifest
 from gradfuse.sources.docstore import DocStore
 from gradfuse.sources.documents import IngestError, IngestReport, read_jsonl
 
@@ -110,7 +110,7 @@ class RunSource:
                 "SELECT qid FROM queries WHERE normalised = ?", (normalise_query(query),)
             ).fetchone()
             if match is None:
-                raise SourceError(f"run source {self.name!r} has no ranking for this query (it answers only the "
+                raise QueryNotAnswered(f"run source {self.name!r} has no ranking for this query (it answers only the "
                                   f"{self._manifest['run_queries']} queries its run file was made for)")
             # Equal scores keep the file's rank order, as trec_eval reads a run: rounded scores tie by thousands,
             # and any other order moves a published run's figures.

@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gradfuse.candidate import Candidate
-from gradfuse.checked import FILE_SETTINGS, Text
+from gradfuse.checked import FILE_SETTINGS, LOOPBACK, Text
 from gradfuse.sources.base import SourceError, SourceStats
 from gradfuse.sources.encoder import DEFAULT_ENCODER
 
@@ -23,13 +23,17 @@ _VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def check_address(address: str, field: str, key_env: str) -> None:
-    """An engine's address holds no credentials (they would end up in a file), and `key_env` names a variable."""
+    """An engine's address holds no credentials (they would end up in a file), `key_env` names a variable, and a
+    key goes over plain http only to this machine (as the generator's)."""
     parts = urlsplit(address)
     if parts.username or parts.password:
         raise ValueError(f"{field} must not carry credentials (they would end up in a file): put the key in an "
                          "environment variable and name it with key_env")
     if key_env and not _VARIABLE.fullmatch(key_env):
         raise ValueError(f"key_env {key_env!r} must be the name of an environment variable")
+    if key_env and parts.scheme == "http" and parts.hostname not in LOOPBACK:
+        raise ValueError(f"refusing to send {key_env} over plain http to {parts.hostname}: use https, or an "
+                         "address on this machine")
 
 
 def relative_to(table: dict[str, Any], base: Path) -> dict[str, Any]:

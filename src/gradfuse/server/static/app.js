@@ -66,7 +66,7 @@ async function loadSources() {
     const sources = await (await api("/sources")).json();
     box.innerHTML = "<legend>sources</legend>" + sources.map((s) => {
       const title = s.status === "ok" ? `${s.documents} documents, built ${s.built_at}` : s.error;
-      return `<label title="${escapeHtml(title || "")}"><input type="checkbox" name="source" value="${escapeHtml(s.name)}" checked> ${escapeHtml(s.name)}${s.status === "ok" ? "" : " (unreadable)"}</label>`;
+      return `<label title="${escapeHtml(title || "")}"><input type="checkbox" name="source" value="${escapeHtml(s.name)}" checked> ${escapeHtml(s.name)}${s.status === "ok" || s.breaker === "open" ? "" : " (unreadable)"}${s.breaker && s.breaker !== "closed" ? ` (breaker ${escapeHtml(s.breaker)})` : ""}</label>`;
     }).join("");
   } catch (error) {
     box.innerHTML = `<legend>sources</legend><span class="note">${escapeHtml(error.message)}</span>`;
