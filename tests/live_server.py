@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -43,15 +44,19 @@ def free_port() -> int:
 
 
 @contextmanager
-def gradfuse_serve(workspace: Path, *extra: str, env: dict[str, str] | None = None, log: Path | None = None):
+def gradfuse_serve(workspace: Path, *extra: str, env: dict[str, str] | None = None, log: Path | None = None,
+                   processes: list | None = None):
     """`gradfuse serve` as its own process, as a user starts it; yields the base URL once /healthz answers.
-    `log`: a file that gets the server's output (otherwise it is read only if the server fails to start)."""
+    `log`: a file that gets the server's output (otherwise it is read only if the server fails to start);
+    `processes`: a list that gets the process (to pause or kill it)."""
     port = free_port()
     command = [str(Path(sys.executable).parent / "gradfuse"), "serve", "--workspace", str(workspace), "--port", str(port),
                "--log-level", "warning", *extra]
     output = open(log, "w") if log else subprocess.PIPE
     process = subprocess.Popen(command, env={**os.environ, **(env or {})}, stdout=output,
                                stderr=subprocess.STDOUT, text=True)
+    if processes is not None:
+        processes.append(process)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     try:
@@ -68,6 +73,7 @@ def gradfuse_serve(workspace: Path, *extra: str, env: dict[str, str] | None = No
             time.sleep(0.2)
         yield url
     finally:
+        process.send_signal(signal.SIGCONT)  # a test may have paused it
         process.terminate()
         try:
             process.wait(timeout=20)

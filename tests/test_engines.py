@@ -6,6 +6,7 @@ and settings that would put a secret in the file."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -260,6 +261,39 @@ def chroma_server(tmp_path_factory):
     yield url, process, port
     process.kill()
     process.wait()
+
+
+def test_a_paused_chroma_server_fails_its_source_within_its_timeout_opening_or_asking(tmp_path, chroma_server):
+    """Round 5: with `chroma run` paused by SIGSTOP, `/search` with `timeout_s: 2` and `GET /sources` hung past 40 s
+    (Chroma's client has no timeout, and opening a source had no deadline)."""
+    import signal
+
+    import chromadb
+
+    url, process, port = chroma_server
+    client = chromadb.HttpClient(host="127.0.0.1", port=port)
+    client.create_collection("paused", embedding_function=None).add(
+        ids=["mars"], documents=[PLANETS[0]["text"]], embeddings=_minilm().encode([PLANETS[0]["text"]]).tolist())
+    asked = _config(tmp_path / "asked", f'kind = "chroma"\nuri = "{url}"\ncollection = "paused"\ntimeout_s = 2\n')
+    assert not asked.search("planet", method="rrf", k=2).failures  # opened and answering
+    unopened = _config(tmp_path / "unopened", f'kind = "chroma"\nuri = "{url}"\ncollection = "paused"\n'
+                                              'timeout_s = 2\n')
+    process.send_signal(signal.SIGSTOP)
+    try:
+        for ws, reason in ((asked, "no answer within 2 s"), (unopened, "not opened within 2 s")):
+            result = ws.search("planet", method="rrf", k=2)
+            assert [(f.source, f.reason) for f in result.failures] == [("store", "timeout")] and result.candidates
+            assert reason in result.failures[0].detail
+            health = dict((name, error) for name, _, error in ws.source_health())
+            assert health["cooking"] is None and "store" in health and health["store"]
+            # the client's own timeout ends the calls while the server is still paused: no thread is held
+            deadline = time.monotonic() + 30
+            while ws.guards["store"].late:
+                assert time.monotonic() < deadline, "a call to the paused server never returned"
+                time.sleep(0.1)
+    finally:
+        process.send_signal(signal.SIGCONT)
+    assert not asked.search("planet", method="rrf", k=2).failures
 
 
 def test_a_chroma_collection_on_its_server_is_a_source_and_fails_alone_when_the_server_dies(tmp_path, chroma_server):

@@ -84,7 +84,7 @@ class Options(BaseModel):
 
 
 class Health(BaseModel):
-    status: str  # "ok", or "degraded" when some sources cannot be opened (named in `unavailable`)
+    status: str  # "ok", or "degraded" when some sources cannot be opened (`unavailable`) or a breaker is not closed
     version: str
     sources: int  # sources that open
     unavailable: dict[str, str] = {}  # source → why it cannot be opened
@@ -236,7 +236,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
     @app.get("/healthz", response_model=Health, responses={503: {"description": "no source is built"}})
     def healthz():
         """Liveness and readiness: 200 when at least one source can answer, "degraded" with the indexes that
-        cannot be opened named; 503 when none can (no key needed). Database sources count as configured: their
+        cannot be opened and the sources whose circuit breaker is not closed named; 503 when none can (no key needed). Database sources count as configured: their
         failures are reported per request and in /sources."""
         health = workspace.source_health(databases=False, stats=False)  # opening is the check
         unavailable = {name: error for name, _, error in health if error}
@@ -245,10 +245,9 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
         if not count:
             detail = "; ".join(f"{n}: {e}" for n, e in unavailable.items()) or "no sources are built"
             raise HTTPException(503, f"no source of this server's workspace can answer ({redact(detail)})")
-        return Health(status="degraded" if unavailable else "ok", version=__version__, sources=count,
-                      unavailable={n: redact(e) for n, e in unavailable.items()},
-                      breakers={n: state for n in workspace.source_names()
-                                if (state := workspace.guards.state(n)) != "closed"},
+        breakers = {n: state for n in workspace.source_names() if (state := workspace.guards.state(n)) != "closed"}
+        return Health(status="degraded" if unavailable or breakers else "ok", version=__version__, sources=count,
+                      unavailable={n: redact(e) for n, e in unavailable.items()}, breakers=breakers,
                       scorer_replicas=workspace.executor.replicas)
 
     @app.get("/", include_in_schema=False)

@@ -37,6 +37,7 @@ class ChromaCollection:
         self.name, self.settings, self.mode = name, settings, "dense"  # Chroma's search here is by vector
         parts, key = urlsplit(settings.uri), settings.key()
         try:
+            _reachable(settings.uri, key, timeout_s)
             client = chromadb.HttpClient(host=parts.hostname, port=parts.port or (443 if parts.scheme == "https"
                                                                                  else 8000),
                                          ssl=parts.scheme == "https",
@@ -64,6 +65,14 @@ class ChromaCollection:
 
     def stats(self) -> SourceStats:
         return self.settings.stats(self, self.settings.collection, self._collection.count())
+
+
+def _reachable(uri: str, key: str | None, timeout_s: float) -> None:
+    """Chroma's client makes its first requests while it is built, before its session can be bounded: the server is
+    asked once here, within the timeout, so that a paused or unreachable one fails now rather than never."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    httpx.get(uri.rstrip("/") + "/api/v2/heartbeat", headers=headers, timeout=timeout_s,
+              trust_env=False).raise_for_status()
 
 
 def _bound(client, timeout_s: float) -> None:
