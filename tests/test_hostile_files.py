@@ -65,6 +65,21 @@ def test_a_csv_with_a_16000_column_header_is_cut_not_repeated_in_full(tmp_path):
     assert any("--max-columns" in cut for cut in report.cut)
 
 
+def test_a_csv_whose_wide_header_outweighs_its_rows_is_not_repeated_for_every_row(tmp_path):
+    """Round 5, H2: 126 one-letter columns (a header of 250 words, over a chunk's 150) and 57,874 rows of "1": each
+    row became a chunk of its own repeating the header, and 116 KB of CSV an index of 131.6 MB."""
+    folder = _folder(tmp_path)
+    header = ",".join(chr(ord("a") + i % 26) for i in range(126))
+    (folder / "wide.csv").write_text(header + "\n" + "1\n" * 57_874)
+    size = (folder / "wide.csv").stat().st_size
+    ws, report = _index(tmp_path, folder)
+    chunks = [text for text in _texts(ws) if text.startswith("a | b")]
+    assert sum(text.count("\n1") for text in chunks) == 57_874  # every row is still there, under its header
+    assert len(chunks) < 500 and sum(map(len, chunks)) < 3 * size
+    index = sum(f.stat().st_size for f in (ws.root / "sources" / "hostile").rglob("*") if f.is_file())
+    assert index < 20 * size, f"{index:,} bytes of index for {size:,} bytes of CSV"
+
+
 def test_an_xlsx_whose_header_cells_share_one_long_string_stays_small(tmp_path):
     folder = _folder(tmp_path)
     book = openpyxl.Workbook()
