@@ -23,6 +23,18 @@ COOKING = [
 ]
 
 
+def with_remote(tmp_path: Path, url: str, guard: str = "", **team) -> Workspace:
+    """A workspace with a local source (cooking) and the gradfuse server at `url` as source `team` (`team`: its
+    options, as TOML values; `guard`: the `[guard]` table's lines)."""
+    options = "".join(f"{key} = {value}\n" for key, value in team.items())
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    config = tmp_path / "gradfuse.toml"
+    config.write_text(f'workspace = "ws"\n[guard]\n{guard}\n[sources.team]\nkind = "gradfuse"\nurl = "{url}"\n{options}')
+    ws = Workspace.open(config)
+    ws.index(SourceSpec("cooking", "jsonl", str(write_jsonl(tmp_path / "c.jsonl", COOKING))))
+    return ws
+
+
 def write_jsonl(path: Path, records: list[dict]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")

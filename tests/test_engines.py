@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import ASTRONOMY, COOKING, write_jsonl
+from conftest import ASTRONOMY, COOKING, with_remote, write_jsonl
 from live_server import gradfuse_serve
 
 from gradfuse import SourceSpec, Workspace
@@ -29,20 +29,9 @@ def remote(tmp_path_factory):
         yield url
 
 
-def _local(tmp_path, url: str, **extra) -> Workspace:
-    """A workspace with a local source (cooking) and the remote server as source `team`."""
-    options = "".join(f"{key} = {value}\n" for key, value in extra.items())
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    config = tmp_path / "gradfuse.toml"
-    config.write_text(f'workspace = "ws"\n\n[sources.team]\nkind = "gradfuse"\nurl = "{url}"\n{options}')
-    ws = Workspace.open(config)
-    ws.index(SourceSpec("cooking", "jsonl", str(write_jsonl(tmp_path / "c.jsonl", COOKING))))
-    return ws
-
-
 def test_another_gradfuse_server_is_a_source_with_provenance_kept(remote, tmp_path, monkeypatch):
     monkeypatch.setenv("TEAM_KEY", KEY)
-    ws = _local(tmp_path, remote, key_env='"TEAM_KEY"')
+    ws = with_remote(tmp_path, remote, key_env='"TEAM_KEY"')
     assert ws.source_names() == ["cooking", "team"]
     result = ws.search("Which planet has the moons Phobos and Deimos?", method="rrf", k=5)
     assert not result.failures
@@ -61,7 +50,7 @@ def test_another_gradfuse_server_is_a_source_with_provenance_kept(remote, tmp_pa
 
 def test_a_refused_missing_or_unreachable_remote_fails_alone(remote, tmp_path, monkeypatch):
     monkeypatch.setenv("TEAM_KEY", "not-the-key")
-    refused = _local(tmp_path / "refused", remote, key_env='"TEAM_KEY"')
+    refused = with_remote(tmp_path / "refused", remote, key_env='"TEAM_KEY"')
     result = refused.search("pasta", method="rrf", k=3)
     assert [f.source for f in result.failures] == ["team"] and "refused the key in TEAM_KEY" in result.failures[0].detail
     assert result.candidates and all(c.source == "cooking" for c in result.candidates)
@@ -71,7 +60,7 @@ def test_a_refused_missing_or_unreachable_remote_fails_alone(remote, tmp_path, m
     unset = refused.search("pasta", method="rrf", k=3)
     assert "TEAM_KEY" in unset.failures[0].detail and "not set" in unset.failures[0].detail
 
-    down = _local(tmp_path / "down", "http://127.0.0.1:9", timeout_s=2)  # nothing listens on the discard port
+    down = with_remote(tmp_path / "down", "http://127.0.0.1:9", timeout_s=2)  # nothing listens on the discard port
     result = down.search("pasta", method="rrf", k=3)
     assert [f.source for f in result.failures] == ["team"] and "cannot be reached" in result.failures[0].detail
     assert result.candidates

@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from conftest import ASTRONOMY, COOKING, write_jsonl
+from conftest import ASTRONOMY, with_remote, write_jsonl
 from live_server import gradfuse_serve, serving
 
 from gradfuse import SourceSpec, Workspace
@@ -35,17 +35,6 @@ def paused_remote(tmp_path_factory):
         yield url, processes[0]
 
 
-def _local(tmp_path, url: str, guard: str = "", **team) -> Workspace:
-    """A workspace with a local source (cooking) and `url` as the remote source `team`."""
-    options = "".join(f"{key} = {value}\n" for key, value in team.items())
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    config = tmp_path / "gradfuse.toml"
-    config.write_text(f'workspace = "ws"\n[guard]\n{guard}\n[sources.team]\nkind = "gradfuse"\nurl = "{url}"\n{options}')
-    ws = Workspace.open(config)
-    ws.index(SourceSpec("cooking", "jsonl", str(write_jsonl(tmp_path / "c.jsonl", COOKING))))
-    return ws
-
-
 def _wait_until(condition, seconds: float = 60.0) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -57,7 +46,7 @@ def test_a_paused_remote_holds_only_its_own_workers_and_the_other_sources_keep_a
     """The round-5 repro: with one engine hung, 36 requests naming it and a healthy source; before, they took the
     shared pool's threads and even requests naming only the healthy source got 503."""
     url, process = paused_remote
-    ws = _local(tmp_path, url, guard="workers = 2\nbreaker_failures = 0", timeout_s=1)
+    ws = with_remote(tmp_path, url, guard="workers = 2\nbreaker_failures = 0", timeout_s=1)
     assert not ws.search("Which planet has two moons?", method="rrf", k=3).failures  # both answer
     process.send_signal(signal.SIGSTOP)
     try:
@@ -84,7 +73,7 @@ def test_a_paused_remote_holds_only_its_own_workers_and_the_other_sources_keep_a
 
 def test_a_source_that_keeps_failing_is_not_called_until_its_breaker_lets_one_probe_through(paused_remote, tmp_path):
     url, process = paused_remote
-    ws = _local(tmp_path, url, guard="breaker_failures = 2\nbreaker_cooldown_s = 1.5", timeout_s=1)
+    ws = with_remote(tmp_path, url, guard="breaker_failures = 2\nbreaker_cooldown_s = 1.5", timeout_s=1)
     process.send_signal(signal.SIGSTOP)
     try:
         first = [ws.search("pasta", method="rrf", k=3).failures[0].reason for _ in range(2)]
@@ -163,7 +152,7 @@ def broken_node():
 
 def test_a_remote_that_trickles_fails_within_its_timeout_whole_and_frees_its_worker(broken_node, tmp_path):
     url, handler = broken_node
-    ws = _local(tmp_path, url, timeout_s=1.5)
+    ws = with_remote(tmp_path, url, timeout_s=1.5)
     result = ws.search("pasta", method="rrf", k=3)
     assert result.failures[0].reason == "timeout" and result.candidates
     _wait_until(lambda: ws.guards["team"].late == 0, seconds=10)  # its own deadline ended the read, not the 30 s
@@ -175,7 +164,7 @@ def test_a_remote_that_trickles_fails_within_its_timeout_whole_and_frees_its_wor
 def test_a_remote_reply_larger_than_max_reply_mb_is_that_sources_failure(broken_node, tmp_path, mode):
     url, handler = broken_node
     handler.mode = mode
-    ws = _local(tmp_path, url, max_reply_mb=1)
+    ws = with_remote(tmp_path, url, max_reply_mb=1)
     result = ws.search("pasta", method="rrf", k=3)
     assert [f.source for f in result.failures] == ["team"] and result.candidates
     assert "larger than 1 MB (max_reply_mb)" in result.failures[0].detail
@@ -189,7 +178,7 @@ def test_one_malformed_remote_row_fails_that_source_alone_on_every_path(broken_n
     """Before, `"span": "ab"` and its like failed the whole request with 500 or 422, echoing pydantic."""
     url, handler = broken_node
     handler.mode, handler.row = "malformed", row
-    ws = _local(tmp_path, url)
+    ws = with_remote(tmp_path, url)
     with serving(create_app(ws)) as served:
         for path in ("/search", "/ask"):
             reply = httpx.post(served + path, json={"query": "pasta dough"}, timeout=60)
