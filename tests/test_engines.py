@@ -393,6 +393,30 @@ def test_a_filter_in_the_wrong_language_is_refused_when_the_file_is_read(tmp_pat
         load_config(config)
 
 
+def test_a_whole_document_an_engine_returns_is_cut_to_max_passage_chars_and_reported_as_cut(tmp_path):
+    """Engines return documents whole (never chunked here): one of 150 KB made /ask take 49.8 s and an unrelated
+    /ask 13.1 s. It is cut on its source's workers, so every later step is bounded, and says how long it was."""
+    pytest.importorskip("lancedb")
+    import lancedb
+
+    from gradfuse.schemas import candidate_record
+
+    storms = " ".join(f"Storm {i} on Jupiter lasted {i % 90 + 3} days and spun against its neighbours."
+                      for i in range(2500))[:150_000]
+    rows = PLANETS + [{"id": "jupiter-log", "title": "Jupiter storms", "text": storms}]
+    vectors = _minilm().encode([r["text"][:2000] for r in rows])
+    lancedb.connect(str(tmp_path / "lance")).create_table(
+        "notes", [{"id": r["id"], "text": r["text"], "vector": v.tolist()} for r, v in zip(rows, vectors)])
+    table = f'kind = "lancedb"\nuri = "{tmp_path / "lance"}"\ntable = "notes"\n'
+    for folder, guard, bound in (("a", "", 20_000), ("b", "\n[guard]\nmax_passage_chars = 5000\n", 5000)):
+        ws = _config(tmp_path / folder, table + guard)
+        found = ws.search("How long did the storms on Jupiter last?", sources=["store"], method="single:store", k=3)
+        long, = [c for c in found.candidates if c.doc_id == "jupiter-log"]
+        assert bound * 0.9 <= len(long.text) <= bound and storms.startswith(long.text), folder
+        assert long.cut_from == 150_000 and candidate_record(long).cut_from == 150_000
+        assert all(c.cut_from is None for c in found.candidates if c is not long)  # short ones are whole
+
+
 def test_malformed_rows_fail_their_source_alone_with_the_reason(tmp_path):
     pytest.importorskip("lancedb")
     import lancedb

@@ -218,3 +218,23 @@ def test_extractive_answers_and_evidence_contexts_keep_the_passage_numbers(tmp_p
     best = generated.evidence[0]
     assert f"<passage id={best.passage} " in prompt and best.text in prompt
     assert prompt.count("<passage id=") < 3  # passages with no kept sentence are left out, numbers kept
+
+
+def test_a_long_passage_goes_to_pysbd_in_windows_that_end_where_its_sentences_end(monkeypatch):
+    """pysbd's time grows with the square of its input (400 KB took 211 s): it is given at most PYSBD_WINDOW
+    characters at a time, and the windows cost no sentence: the spans are those of pysbd over the whole text."""
+    from gradfuse import evidence
+
+    words = ["delta", "Dr.", "clay", "3.5 mm", "river", "e.g.", "sand", "(layer 4)", "U.S.", "silt"]
+    sentences = [f"Sample {i} of the {words[i % 10]} core holds {words[(i * 3) % 10]} and {words[(i * 7) % 10]}."
+                 for i in range(300)]
+    text = " ".join(sentences)  # about 15,000 characters in one paragraph
+    with monkeypatch.context() as whole_text:
+        whole_text.setattr(evidence, "PYSBD_WINDOW", len(text))
+        whole = sentence_spans(text)
+    segmenter, given = evidence._segmenter(), []
+    real_segment = segmenter.segment
+    monkeypatch.setattr(segmenter, "segment", lambda piece: given.append(len(piece)) or real_segment(piece))
+    spans = sentence_spans(text)
+    assert len(given) >= 4 and max(given) <= evidence.PYSBD_WINDOW and sum(given) == len(text)
+    assert spans == whole and len(spans) >= 300

@@ -68,6 +68,8 @@ class Candidate:
     parent_id: str | None = None  # the original document when this is a chunk of it
     span: tuple[int, int] | None = None  # character offsets of the chunk inside the parent
     location: Location | None = None  # page, slide, sheet and rows, headings: for passages read from files
+    # The text's length at its source, where it was longer than `[guard] max_passage_chars` and was cut to that.
+    cut_from: int | None = None
     # Its rank in each of the rankings its source fused into `native_rank` (hybrid: {"bm25": r, "dense": r'}; a
     # ranking that missed it is absent); empty where the source ranks once. Federated RRF fuses these lists.
     retrieval_ranks: dict[str, int] = field(default_factory=dict)

@@ -62,6 +62,7 @@ Example (every key optional)::
     workers = 8                      # threads per source: all held by calls past their deadline, it answers "busy"
     breaker_failures = 5             # failures in a row that open a source's circuit breaker (0: never)
     breaker_cooldown_s = 30.0        # an open breaker's pause before one request probes the source again
+    max_passage_chars = 20000        # a longer passage from a source is cut to this (its length kept in cut_from)
     [sources.scifact]
     kind = "beir"                    # beir | jsonl | files | run
     path = "../shared/data/beir_scifact"

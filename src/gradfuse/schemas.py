@@ -68,6 +68,8 @@ class CandidateRecord(BaseModel):
     native_rank: int = Field(description="1-based rank inside its source")
     parent_id: str | None = None
     span: tuple[int, int] | None = None
+    cut_from: int | None = Field(None, description="the text's length at its source, where it was longer than "
+                                                   "[guard] max_passage_chars and was cut to that")
     location: LocationRecord | None = Field(None, description="page, slide, sheet and rows, headings (files)")
     score_kind: str = Field("", description='how an engine made native_score, higher better: "cosine", "-l2" '
                                             '(a distance negated), "bm25", "rrf", "1/rank"; "" for a gradfuse index')
@@ -176,7 +178,8 @@ def candidate_record(candidate: Candidate) -> CandidateRecord:
     return CandidateRecord(
         key=candidate.key, source=candidate.source, doc_id=candidate.doc_id, title=candidate.title,
         text=candidate.text, native_score=candidate.native_score, native_rank=candidate.native_rank,
-        parent_id=candidate.parent_id, span=candidate.span, location=location_record(candidate.location),
+        parent_id=candidate.parent_id, span=candidate.span, cut_from=candidate.cut_from,
+        location=location_record(candidate.location),
         score_kind=candidate.score_kind, metadata=candidate.metadata,
         scores={name: _finite(value) for name, value in candidate.scores.items()},
         merged=[CopyRecord(source=m.source, doc_id=m.doc_id, native_rank=m.native_rank, native_score=m.native_score)

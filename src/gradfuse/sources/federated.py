@@ -107,7 +107,8 @@ def _searched(opened, failures, query, k, timeouts, guards, names) -> FederatedR
     asked = {}
     for name, (source, used) in opened.items():
         try:
-            asked[name] = (guards[name].submit(_timed_search, source, query, k), timeouts[name] - used)
+            asked[name] = (guards[name].submit(_timed_search, source, query, k, guards.settings.max_passage_chars),
+                           timeouts[name] - used)
         except SourceUnavailable as error:
             failures[name] = _failure(guards, name, error)
     result = FederatedResult(ranked_lists={})
@@ -182,7 +183,19 @@ def _nothing() -> None:
     """Nothing to release: the caller holds its sources."""
 
 
-def _timed_search(source: Source, query: str, k: int) -> tuple[list[Candidate], float]:
+def _timed_search(source: Source, query: str, k: int, max_chars: int) -> tuple[list[Candidate], float]:
     started = time.perf_counter()
-    candidates = source.search(query, k)
+    candidates = [cut_passage(c, max_chars) for c in source.search(query, k)]
     return candidates, time.perf_counter() - started
+
+
+def cut_passage(candidate: Candidate, max_chars: int) -> Candidate:
+    """`candidate` with its text cut to `max_chars` (at a space near the end, where there is one), its length
+    before in `cut_from`: every later step (fusion, sentence splitting, scoring, the prompt) is then bounded."""
+    text = candidate.text
+    if len(text) <= max_chars:
+        return candidate
+    space = text.rfind(" ", max_chars * 9 // 10, max_chars + 1)
+    kept = text[:space if space > 0 else max_chars].rstrip()
+    span = (candidate.span[0], candidate.span[0] + len(kept)) if candidate.span else None
+    return replace(candidate, text=kept, span=span, cut_from=candidate.cut_from or len(text))

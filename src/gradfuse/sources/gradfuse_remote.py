@@ -158,6 +158,7 @@ class _Row(BaseModel):
     title: str | None = ""
     parent_id: str | None = None
     span: tuple[int, int] | None = None
+    cut_from: int | None = None
     location: _Location | None = None
 
     def candidate(self, name: str, rank: int) -> Candidate:
@@ -165,7 +166,7 @@ class _Row(BaseModel):
         location = Location(**self.location.model_dump()) if self.location else None
         return Candidate(source=name, doc_id=f"{self.source}/{self.doc_id}", text=self.text, native_score=1.0 / rank,
                          native_rank=rank, score_kind="1/rank", title=self.title or "", parent_id=self.parent_id,
-                         span=self.span, location=location)
+                         span=self.span, cut_from=self.cut_from, location=location)
 
 
 class _Failed(BaseModel):

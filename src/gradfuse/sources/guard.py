@@ -36,6 +36,9 @@ class GuardSettings:
     workers: Annotated[int, Field(ge=1, le=256, strict=True)] = 8  # threads per source (see the module's doc)
     breaker_failures: Annotated[int, Field(ge=0, le=1000, strict=True)] = 5  # failures in a row (0: never opens)
     breaker_cooldown_s: Annotated[float, Field(gt=0, le=86_400, strict=True)] = 30.0  # open, before one probe
+    # A passage's text from a source is cut to this many characters on the source's own workers: engines,
+    # databases and remotes return documents whole (one 150 KB LanceDB document made /ask take 49.8 s).
+    max_passage_chars: Annotated[int, Field(ge=1000, le=10_000_000, strict=True)] = 20_000
 
 
 class SourceUnavailable(SourceError):
