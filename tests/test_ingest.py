@@ -201,6 +201,7 @@ def test_beir_ids_long_records_binary_and_utf16_files(ws, tmp_path):
 
 def test_a_file_swapped_for_a_link_after_the_listing_is_never_read_from_outside(tmp_path):
     import threading
+    import time
 
     from gradfuse.sources.documents import IngestReport
     from gradfuse.sources.files import read_files
@@ -224,11 +225,12 @@ def test_a_file_swapped_for_a_link_after_the_listing_is_never_read_from_outside(
                 else:
                     staged.write_text(source.read_text())
                 staged.replace(target)
+                time.sleep(0.0005)  # flips many times per read, without a busy loop taking a core from the reads
 
     swapper = threading.Thread(target=swap, daemon=True)
     swapper.start()
     try:
-        for _ in range(1200):  # each read starts a parse worker (about 30 ms)
+        for _ in range(300):  # each read starts a parse worker (about 30 ms)
             report = IngestReport()
             try:
                 documents = list(read_files(notes, report, words=200, overlap=40))
@@ -239,7 +241,7 @@ def test_a_file_swapped_for_a_link_after_the_listing_is_never_read_from_outside(
     finally:
         stop.set()
         swapper.join()
-    assert runs > 500 and leaked == 0, (runs, leaked)
+    assert runs > 150 and leaked == 0, (runs, leaked)
 
 
 @pytest.fixture
