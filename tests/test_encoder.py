@@ -108,3 +108,49 @@ def test_a_changed_precision_rebuilds_the_source_and_never_mixes_vectors(tmp_pat
     cache = EmbeddingCache(tmp_path / "ws" / "cache" / "embeddings.sqlite", load_encoder("all-MiniLM-L6-v2"))
     names = {name for (name,) in cache._db.execute("SELECT DISTINCT encoder FROM vectors")}
     assert names == {"all-MiniLM-L6-v2@float32", "all-MiniLM-L6-v2@bfloat16"}
+
+
+def test_query_time_vectors_are_held_in_memory_bounded_and_never_written_to_disk(tmp_path):
+    """M5: an engine's or a remote's candidates were embedded and stored on disk forever (438 KB a request at depth
+    200). Queries' vectors are now held in memory, at most `query_time_vectors`; builds' still go to disk."""
+    path = tmp_path / "cache" / "embeddings.sqlite"
+    cache = EmbeddingCache(path, load_encoder("all-MiniLM-L6-v2"), query_time_vectors=5)
+    indexed = "Mars has two small moons, Phobos and Deimos."
+    cache.embed([indexed])  # what a build does
+    texts = [f"Candidate passage number {i} from an engine." for i in range(8)]
+    first = cache.embed(texts, keep=False)
+    assert cache.last_computed == 8 and cache.held == 5
+    assert cache._db.execute("SELECT COUNT(*) FROM vectors").fetchone() == (1,)  # only the build's
+    again = cache.embed(texts[3:] + [indexed], keep=False)  # the last five are held, the indexed one is on disk
+    assert cache.last_computed == 0 and np.array_equal(again[:5], first[3:])
+    cache.embed(texts[:1], keep=False)  # dropped by the bound: computed again
+    assert cache.last_computed == 1 and cache.held == 5
+
+
+def test_a_long_query_time_embedding_lets_a_concurrent_short_one_through_between_its_turns(tmp_path):
+    """M5: one request embedding hundreds of new candidates held the cache for all of them (a concurrent search
+    took 4.7 s). Vectors are computed in turns taken in order, so the short request waits for one turn only."""
+    import threading
+
+    encoder = load_encoder("all-MiniLM-L6-v2")
+    cache = EmbeddingCache(tmp_path / "cache" / "embeddings.sqlite", encoder)
+    words = "storm pressure rings ice moon orbit dust crater basalt plume".split()
+    long_texts = [" ".join(words[(i + j) % 10] + str(i) for j in range(150)) for i in range(320)]  # 10 turns
+    started, finished = threading.Event(), []
+    real_encode = encoder.encode
+
+    def encode(texts, **options):  # the real encoder, watched: the long request has begun its turns
+        started.set()
+        return real_encode(texts, **options)
+
+    encoder.encode = encode
+    try:
+        long = threading.Thread(target=lambda: (cache.embed(long_texts, keep=False), finished.append("long")))
+        long.start()
+        assert started.wait(60)
+        cache.embed(["Which planet has rings of ice?"], keep=False)
+        finished.append("short")
+        long.join()
+    finally:
+        del encoder.encode
+    assert finished == ["short", "long"]

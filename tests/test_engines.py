@@ -6,6 +6,7 @@ and settings that would put a secret in the file."""
 from __future__ import annotations
 
 import os
+import sqlite3
 import time
 
 import pytest
@@ -471,3 +472,21 @@ def test_a_benchmark_runs_with_a_source_an_engine_serves_and_without_it(tmp_path
     embedded = run_benchmark(replace(bench, engines={}, name="b-embedded"), progress=False)
     assert {b["name"] for b in embedded.builds} == {"astronomy", "cooking"}
     assert {q: o.ranking[0][0] for q, o in embedded.outcomes["select"].items()} == first
+
+
+def test_select_over_an_engine_holds_its_candidates_vectors_in_memory_not_in_the_disk_cache(tmp_path):
+    """M5: `select` embeds an engine's candidates (no index here holds them); they must not grow
+    cache/embeddings.sqlite with every request."""
+    pytest.importorskip("lancedb")
+    import lancedb
+
+    vectors = _minilm().encode([r["text"] for r in PLANETS])
+    lancedb.connect(str(tmp_path / "lance")).create_table(
+        "notes", [{"id": r["id"], "text": r["text"], "vector": v.tolist()} for r, v in zip(PLANETS, vectors)])
+    ws = _config(tmp_path, f'kind = "lancedb"\nuri = "{tmp_path / "lance"}"\ntable = "notes"\n')
+    disk = tmp_path / "ws" / "cache" / "embeddings.sqlite"
+    before = sqlite3.connect(disk).execute("SELECT COUNT(*) FROM vectors").fetchone()
+    found = ws.search("Which planet has rings of ice?", method="select", k=3)
+    assert found.candidates[0].doc_id == "saturn"
+    assert sqlite3.connect(disk).execute("SELECT COUNT(*) FROM vectors").fetchone() == before
+    assert ws._embeddings.held >= len(PLANETS)

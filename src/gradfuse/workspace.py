@@ -388,11 +388,12 @@ class Workspace:
         return load_encoder(self.config.encoder)
 
     def _embed(self, candidates: list[Candidate]) -> np.ndarray:
-        """Candidate vectors from the workspace cache: indexed passages hit it, anything else is encoded once."""
+        """Candidate vectors from the workspace cache: indexed passages hit it on disk; an engine's or a remote's
+        are encoded and held in memory, bounded (sources/encoder.py)."""
         with self._lock:
             if self._embeddings is None:
                 self._embeddings = EmbeddingCache(self.root / "cache" / "embeddings.sqlite", self._encoder())
-        return self._embeddings.embed([embedding_text(c.title, c.text) for c in candidates])
+        return self._embeddings.embed([embedding_text(c.title, c.text) for c in candidates], keep=False)
 
     def _resolve_sources(self, requested: list[str] | None) -> list[str]:
         available = self.source_names()

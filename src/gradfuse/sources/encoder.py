@@ -22,6 +22,33 @@ DEFAULT_ENCODER = "all-MiniLM-L6-v2"
 DIMENSION = 384
 SHORT_CACHE_SIZE = 4096  # queries and sentences kept (1.5 KB each)
 CACHE_BATCH = 128  # passages embedded, then stored, at a time (a few seconds: a killed build loses little)
+# At query time (engine and remote candidates, never indexed here) vectors are computed in turns of this many, so a
+# request with hundreds of new candidates makes a concurrent one wait for one turn, not for all of them; and they
+# are kept in memory, at most QUERY_TIME_VECTORS of them (1.5 KB each), never on disk: a cache that grew with
+# every request (438 KB each at depth 200) would fill the disk.
+QUERY_TIME_BATCH = 32
+QUERY_TIME_VECTORS = 20_000
+
+
+class Turns:
+    """A lock that is taken in the order it was asked for (threading.Lock is not: a thread that lets go and asks
+    again at once usually gets it back, so a long job of many turns would starve a short one)."""
+
+    def __init__(self):
+        self._changed = threading.Condition()
+        self._next_ticket = 0
+        self._serving = 0
+
+    def __enter__(self) -> None:
+        with self._changed:
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            self._changed.wait_for(lambda: self._serving == ticket)
+
+    def __exit__(self, *exc) -> None:
+        with self._changed:
+            self._serving += 1
+            self._changed.notify_all()
 
 
 class Encoder:
@@ -40,7 +67,7 @@ class Encoder:
         self._path = _model_path(model)
         self._model = None  # sentence-transformers, loaded only where there is no ONNX copy or for bf16 (seconds)
         self._onnx = OnnxEncoder.open(self._path)
-        self._lock = threading.Lock()  # one forward pass at a time: the model is shared between threads
+        self._lock = Turns()  # one forward pass at a time, in the order asked: the model is shared between threads
         self._short: OrderedDict[str, np.ndarray] = OrderedDict()
         self._short_lock = threading.Lock()
         self.note = ""  # what a build says of this encoder's speed here, when it is slower than it could be
@@ -149,52 +176,76 @@ def embedding_text(title: str, text: str) -> str:
 
 
 class EmbeddingCache:
-    """Vectors keyed by (encoder, text hash) in SQLite, so rebuilding a changed source embeds only new text."""
+    """Vectors keyed by (encoder, text hash): on disk in SQLite for what builds embed, so rebuilding a changed source
+    embeds only new text; in memory, bounded, for what queries embed (`keep=False`)."""
 
-    def __init__(self, path: Path, encoder: Encoder):
+    def __init__(self, path: Path, encoder: Encoder, *, query_time_vectors: int = QUERY_TIME_VECTORS):
         try:
             private_folder(path.parent)
             self._db = sqlite3.connect(path, check_same_thread=False)
             os.chmod(path, 0o600)  # the cache is keyed by text hashes, but its vectors still describe the documents
         except (OSError, sqlite3.Error):  # a read-only workspace: vectors are computed and kept in memory only
             self._db = sqlite3.connect(":memory:", check_same_thread=False)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the database and the in-memory vectors; never held while encoding
         self._db.execute("CREATE TABLE IF NOT EXISTS vectors (encoder TEXT, text_hash TEXT, vector BLOB, "
                          "PRIMARY KEY (encoder, text_hash))")
         self._encoder = encoder
+        self._query_time: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._query_time_vectors = query_time_vectors
         self.last_computed = 0  # vectors the last embed() call had to compute
 
-    def embed(self, texts: list[str], *, progress: bool = False) -> np.ndarray:
-        with self._lock:
-            return self._embed(texts, progress)
-
-    def _embed(self, texts: list[str], progress: bool) -> np.ndarray:
+    def embed(self, texts: list[str], *, progress: bool = False, keep: bool = True) -> np.ndarray:
+        """The texts' vectors, computing only those not kept yet; `keep`: store them on disk (builds), else in the
+        bounded in-memory set (queries)."""
         hashes = [hashlib.sha256(t.encode()).hexdigest() for t in texts]
-        found: dict[str, np.ndarray] = {}
-        unique = list(dict.fromkeys(hashes))
-        for start in range(0, len(unique), 900):  # SQLite caps the number of bound parameters
-            batch = unique[start : start + 900]
+        with self._lock:
+            found = self._stored(list(dict.fromkeys(hashes)))
+        missing = list({h: t for h, t in zip(hashes, texts) if h not in found}.items())
+        batch_size = CACHE_BATCH if keep else QUERY_TIME_BATCH
+        # Stored batch by batch: a build that crashes or is killed keeps what it already embedded.
+        with tqdm(total=len(missing), desc="embedding", unit="passage", disable=not progress or not missing) as bar:
+            for start in range(0, len(missing), batch_size):
+                batch = missing[start : start + batch_size]
+                vectors = self._encoder.encode([text for _, text in batch])
+                found.update(zip((h for h, _ in batch), vectors))
+                with self._lock:
+                    self._keep(batch, vectors) if keep else self._hold(batch, vectors)
+                bar.update(len(batch))
+        self.last_computed = len(missing)
+        return np.stack([found[h] for h in hashes]) if hashes else np.zeros((0, DIMENSION), dtype=np.float32)
+
+    def _stored(self, unique: list[str]) -> dict[str, np.ndarray]:
+        found = {h: self._query_time[h] for h in unique if h in self._query_time}
+        for h in found:
+            self._query_time.move_to_end(h)
+        wanted = [h for h in unique if h not in found]
+        for start in range(0, len(wanted), 900):  # SQLite caps the number of bound parameters
+            batch = wanted[start : start + 900]
             rows = self._db.execute(
                 f"SELECT text_hash, vector FROM vectors WHERE encoder = ? AND text_hash IN ({','.join('?' * len(batch))})",
                 [self._encoder.name, *batch],
             )
             found.update((h, np.frombuffer(v, dtype=np.float32)) for h, v in rows)
-        missing = list({h: t for h, t in zip(hashes, texts) if h not in found}.items())
-        # Stored batch by batch: a build that crashes or is killed keeps what it already embedded.
-        with tqdm(total=len(missing), desc="embedding", unit="passage", disable=not progress or not missing) as bar:
-            for start in range(0, len(missing), CACHE_BATCH):
-                batch = missing[start : start + CACHE_BATCH]
-                vectors = self._encoder.encode([text for _, text in batch])
-                found.update(zip((h for h, _ in batch), vectors))
-                rows = [(self._encoder.name, h, v.tobytes()) for (h, _), v in zip(batch, vectors)]
-                try:
-                    self._db.executemany("INSERT OR REPLACE INTO vectors VALUES (?, ?, ?)", rows)
-                    self._db.commit()
-                except sqlite3.OperationalError:  # a read-only file: the vectors serve this call only
-                    self._db.rollback()
-                bar.update(len(batch))
-        self.last_computed = len(missing)
-        return np.stack([found[h] for h in hashes]) if hashes else np.zeros((0, DIMENSION), dtype=np.float32)
+        return found
+
+    def _keep(self, batch: list[tuple[str, str]], vectors: np.ndarray) -> None:
+        rows = [(self._encoder.name, h, v.tobytes()) for (h, _), v in zip(batch, vectors)]
+        try:
+            self._db.executemany("INSERT OR REPLACE INTO vectors VALUES (?, ?, ?)", rows)
+            self._db.commit()
+        except sqlite3.OperationalError:  # a read-only file: the vectors serve this call only
+            self._db.rollback()
+
+    def _hold(self, batch: list[tuple[str, str]], vectors: np.ndarray) -> None:
+        self._query_time.update(zip((h for h, _ in batch), vectors))
+        while len(self._query_time) > self._query_time_vectors:
+            self._query_time.popitem(last=False)
+
+    @property
+    def held(self) -> int:
+        """Query-time vectors held in memory."""
+        with self._lock:
+            return len(self._query_time)
 
     def close(self) -> None:
         self._db.close()
