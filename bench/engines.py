@@ -12,27 +12,27 @@ metadata. Loading is skipped where an engine already holds every document.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import subprocess
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import httpx
 import numpy as np
 
-from gradfuse.eval.benchmark import is_lm_method, load_benchmark
-from gradfuse.eval.report import write_results
-from gradfuse.eval.runner import benchmark_workspace, commit_id, machine_description, run_benchmark
-from gradfuse.eval.stats import paired_p_value, per_query
-from gradfuse.sources.documents import IngestReport, read_beir_corpus
-from gradfuse.sources.encoder import DEFAULT_ENCODER, EmbeddingCache, embedding_text, load_encoder
-from gradfuse.sources.engines import engine_kind
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from live_server import chroma_run  # noqa: E402  (the tests' helper: one way to start Chroma)
+
+from gradfuse.eval.benchmark import is_lm_method, load_benchmark  # noqa: E402
+from gradfuse.eval.report import write_results  # noqa: E402
+from gradfuse.eval.runner import benchmark_workspace, commit_id, machine_description, run_benchmark  # noqa: E402
+from gradfuse.eval.stats import paired_p_value, per_query  # noqa: E402
+from gradfuse.sources.documents import IngestReport, read_beir_corpus  # noqa: E402
+from gradfuse.sources.encoder import DEFAULT_ENCODER, EmbeddingCache, embedding_text, load_encoder  # noqa: E402
+from gradfuse.sources.engines import engine_kind  # noqa: E402
+
 FILE = ROOT / "benchmarks" / "engines.toml"
 OUT = ROOT / "results" / "engines"
 COMPARED = ("concat", "rrf", "combsum-z", "dense", "select", "gro/query")
@@ -139,30 +139,6 @@ DIRECT = {
 }
 
 
-@contextlib.contextmanager
-def chroma_server(uri: str, folder: Path):
-    """Chroma's real server on the benchmark's port, for the duration."""
-    port = urlsplit(uri).port
-    process = subprocess.Popen([str(Path(sys.executable).with_name("chroma")), "run", "--path", str(folder),
-                                "--host", "127.0.0.1", "--port", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{uri}/api/v2/heartbeat", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"chroma run did not start on port {port} (is the port taken?)")
-            time.sleep(0.2)
-        yield
-    finally:
-        process.kill()
-        process.wait()
-
-
 def load_engines(bench) -> dict[str, dict]:
     loads = {}
     for name, settings in bench.engines.items():
@@ -231,7 +207,7 @@ def main() -> None:
     baseline = replace(bench, engines={}, name="engines-all-embedded")
     chroma = bench.workspace.parent / "engines" / "chroma"
     chroma.mkdir(parents=True, exist_ok=True)
-    with chroma_server(bench.engines["scifact"].uri, chroma):
+    with chroma_run(chroma, urlsplit(bench.engines["scifact"].uri).port):
         embedded = run_benchmark(baseline)  # builds the embedded indexes (and the MiniLM vectors' cache) first
         loads = load_engines(bench)
         in_engines = run_benchmark(bench)

@@ -83,6 +83,32 @@ def gradfuse_serve(workspace: Path, *extra: str, env: dict[str, str] | None = No
             output.close()
 
 
+@contextmanager
+def chroma_run(folder: Path, port: int | None = None):
+    """Chroma's real server (`chroma run` from the chromadb wheel) on loopback, for the tests and the benchmarks
+    alike; yields its URL and process (to pause or kill it) once its heartbeat answers."""
+    port = port or free_port()
+    process = subprocess.Popen([str(Path(sys.executable).with_name("chroma")), "run", "--path", str(folder),
+                                "--host", "127.0.0.1", "--port", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 60
+    try:
+        while True:
+            try:
+                if httpx.get(url + "/api/v2/heartbeat", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"chroma run did not start on port {port} (is the port taken?)")
+            time.sleep(0.2)
+        yield url, process
+    finally:
+        process.send_signal(signal.SIGCONT)  # a test may have paused it
+        process.kill()
+        process.wait()
+
+
 class _OpenAIChatHandler(BaseHTTPRequestHandler):
     """An OpenAI-compatible /v1/chat/completions endpoint backed by the real local model. It never streams (one
     JSON completion, as some servers answer), except with `empty_stream`: an event stream with no text."""

@@ -224,33 +224,13 @@ def test_a_qdrant_collection_in_local_mode_is_a_source_with_distances_made_simil
 
 @pytest.fixture(scope="module")
 def chroma_server(tmp_path_factory):
-    """Chroma's real server (`chroma run` from the chromadb wheel) on a free loopback port."""
     pytest.importorskip("chromadb")
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
+    from urllib.parse import urlsplit
 
-    import httpx
+    from live_server import chroma_run
 
-    from live_server import free_port
-
-    port, folder = free_port(), tmp_path_factory.mktemp("chroma")
-    process = subprocess.Popen([str(Path(sys.executable).with_name("chroma")), "run", "--path", str(folder),
-                                "--host", "127.0.0.1", "--port", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(url + "/api/v2/heartbeat", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert process.poll() is None and time.monotonic() < deadline, "chroma run did not start"
-        time.sleep(0.2)
-    yield url, process, port
-    process.kill()
-    process.wait()
+    with chroma_run(tmp_path_factory.mktemp("chroma")) as (url, process):
+        yield url, process, urlsplit(url).port
 
 
 def test_a_paused_chroma_server_fails_its_source_within_its_timeout_opening_or_asking(tmp_path, chroma_server):

@@ -1,0 +1,343 @@
+"""Chaos: eight sources behind one real `gradfuse serve`, four clients for 60 s, while some sources fail as real
+engines and nodes fail; does every request for the healthy sources still succeed, how much slower, and how soon
+does the server recover once the fault ends?
+
+The sources (SciFact abstracts, 100 per source, from ../shared/data):
+- `notes-0` … `notes-3`: gradfuse's own embedded indexes, never faulted (the healthy ones);
+- `chroma`: a collection on Chroma's real server (`chroma run`);
+- `remote`: a second `gradfuse serve`, asked for its source `far`;
+- `node-a`, `node-b`: loopback nodes that relay to that second server (its sources `far-a`, `far-b`) and
+  misbehave on demand, as a broken node or proxy would.
+
+The faults: `hang` (the second server and Chroma paused by SIGSTOP: four sources), and on both nodes `trickle` (a
+byte every 0.2 s), `crash` (half the reply, then the connection closed), `refuse` (nothing listens on the port) and
+`garbage` (200 with bytes that are not JSON). Half the clients' requests name two of the healthy sources, the other
+half name none (every source). The server runs its defaults ([guard]: 8 workers a source, a breaker opened by 5
+failures in a row, 30 s cool-down), with timeout_s = 3 for every source. After each fault ends, one request naming
+every source is sent every 0.5 s until no faulted source fails: that time is the recovery.
+
+Run: make bench-chaos (results/chaos/). `--seconds N` shortens each phase (for a look, not for the results file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import signal
+import socket
+import sys
+import threading
+import time
+from contextlib import ExitStack
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from live_server import chroma_run, free_port, gradfuse_serve  # noqa: E402  (the tests' helpers)
+
+from gradfuse import SourceSpec, Workspace  # noqa: E402
+from gradfuse.config import load_config  # noqa: E402
+from gradfuse.eval.runner import commit_id, machine_description  # noqa: E402
+from gradfuse.sources.documents import IngestReport, read_beir_corpus  # noqa: E402
+from gradfuse.sources.encoder import load_encoder  # noqa: E402
+
+SCIFACT = Path(__file__).resolve().parents[2] / "shared" / "data" / "beir_scifact"
+WORK = ROOT / ".gradfuse" / "bench" / "chaos"
+OUT = ROOT / "results" / "chaos"
+PER_SOURCE = 100
+HEALTHY = [f"notes-{i}" for i in range(4)]
+FAULTS = {"none": [], "hang": ["remote", "node-a", "node-b", "chroma"], "trickle": ["node-a", "node-b"],
+          "crash": ["node-a", "node-b"], "refuse": ["node-a", "node-b"], "garbage": ["node-a", "node-b"]}
+CLIENTS = 4
+
+
+class Node(BaseHTTPRequestHandler):
+    """A gradfuse node in front of the second server: relays /search and /sources, or misbehaves as `mode` says."""
+
+    upstream, mode = "", "relay"
+
+    def do_GET(self):
+        self._answer(httpx.get(self.upstream + self.path, timeout=30).content)
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        mode = self.mode
+        if mode == "trickle":
+            self._head(400)
+            for _ in range(400):  # 80 s: each byte well within any read timeout
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(0.2)
+            return
+        if mode == "garbage":
+            self._answer(b"\x00\xffnot json at all" * 20)
+            return
+        reply = httpx.post(self.upstream + self.path, content=body, headers={"Content-Type": "application/json"},
+                           timeout=30).content
+        if mode == "crash":
+            self._head(len(reply))
+            self.wfile.write(reply[: len(reply) // 2])
+            self.wfile.flush()
+            self.connection.shutdown(socket.SHUT_RDWR)  # the process died mid-reply
+            return
+        self._answer(reply)
+
+    def _head(self, length: int) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(length))
+        self.end_headers()
+
+    def _answer(self, body: bytes) -> None:
+        self._head(len(body))
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+class NodeServer:
+    """One node on a fixed port, which can stop listening (refuse) and listen again."""
+
+    def __init__(self, upstream: str):
+        self.handler = type("Handler", (Node,), {"upstream": upstream})
+        self.port = free_port()
+        self._server = None
+        self.listen()
+
+    def listen(self) -> None:
+        ThreadingHTTPServer.allow_reuse_address = True
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), self.handler)
+        self._server.daemon_threads = True
+        self._server.handle_error = lambda request, address: None  # a client that gives up is expected
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def stop_listening(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._server = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def scifact_documents() -> list[dict]:
+    documents = read_beir_corpus(SCIFACT, IngestReport())
+    return [{"id": d.doc_id, "title": d.title, "text": d.text} for _, d in zip(range(8 * PER_SOURCE), documents)]
+
+
+def scifact_queries() -> list[str]:
+    rows = [json.loads(line) for line in (SCIFACT / "queries.jsonl").read_text().splitlines() if line.strip()]
+    return [r["text"] for r in rows]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def load_chroma(url: str, rows: list[dict]) -> None:
+    import chromadb
+
+    port = int(url.rsplit(":", 1)[1])
+    client = chromadb.HttpClient(host="127.0.0.1", port=port, settings=chromadb.Settings(anonymized_telemetry=False))
+    vectors = load_encoder().encode([f"{r['title']}\n{r['text']}" for r in rows])
+    client.create_collection("scifact", metadata={"hnsw:space": "cosine"}, embedding_function=None).add(
+        ids=[r["id"] for r in rows], documents=[r["text"] for r in rows], metadatas=[{"title": r["title"]} for r in rows],
+        embeddings=vectors.tolist())
+
+
+def build_far(folder: Path, parts: dict[str, list[dict]]) -> Path:
+    ws = Workspace(load_config(workspace=folder / "ws"))
+    for name, rows in parts.items():
+        ws.index(SourceSpec(name, "jsonl", str(write_jsonl(folder / f"{name}.jsonl", rows))))
+    ws.close()
+    return folder / "ws"
+
+
+def main_config(folder: Path, chroma: str, far: str, nodes: dict[str, NodeServer]) -> Path:
+    lines = ['workspace = "ws"', "[defaults]", "timeout_s = 3.0", "[sources.chroma]", 'kind = "chroma"', f'uri = "{chroma}"',
+             'collection = "scifact"', 'title_field = "title"', "[sources.remote]", 'kind = "gradfuse"',
+             f'url = "{far}"', 'sources = ["far"]']
+    for name, node in nodes.items():
+        lines += [f"[sources.{name}]", 'kind = "gradfuse"', f'url = "{node.url}"', f'sources = ["far-{name[-1]}"]']
+    config = folder / "gradfuse.toml"
+    config.write_text("\n".join(lines) + "\n")
+    return config
+
+
+def client_loop(url: str, queries: list[str], stop: threading.Event, seed: int, log: list) -> None:
+    rng = random.Random(seed)
+    with httpx.Client(base_url=url, timeout=60) as http:
+        while not stop.is_set():
+            healthy_only = rng.random() < 0.5
+            body = {"query": rng.choice(queries), "k": 5}
+            if healthy_only:
+                body["sources"] = rng.sample(HEALTHY, 2)
+            started = time.perf_counter()
+            try:
+                reply = http.post("/search", json=body)
+                status, payload = reply.status_code, reply.json() if reply.status_code == 200 else {}
+            except httpx.HTTPError as error:
+                status, payload = type(error).__name__, {}
+            log.append({"healthy_only": healthy_only, "status": status, "ms": (time.perf_counter() - started) * 1000,
+                        "answered": bool(payload.get("candidates")),
+                        "failures": {f["source"]: f["reason"] for f in payload.get("failures", [])}})
+
+
+def clients(url: str, queries: list[str], seconds: float, log: list) -> None:
+    """CLIENTS clients sending requests one after another for `seconds`, each request's outcome into `log`."""
+    stop = threading.Event()
+    threads = [threading.Thread(target=client_loop, args=(url, queries, stop, i, log)) for i in range(CLIENTS)]
+    for thread in threads:
+        thread.start()
+    time.sleep(seconds)
+    stop.set()
+    for thread in threads:
+        thread.join()
+
+
+def start_fault(fault: str, nodes: dict[str, NodeServer], processes: dict) -> None:
+    if fault == "hang":
+        for process in processes.values():
+            process.send_signal(signal.SIGSTOP)
+    for node in nodes.values():
+        if fault == "refuse":
+            node.stop_listening()
+        elif fault in ("trickle", "crash", "garbage"):
+            node.handler.mode = fault
+
+
+def end_fault(fault: str, nodes: dict[str, NodeServer], processes: dict) -> None:
+    if fault == "hang":
+        for process in processes.values():
+            process.send_signal(signal.SIGCONT)
+    for node in nodes.values():
+        if fault == "refuse":
+            node.listen()
+        node.handler.mode = "relay"
+
+
+def recovery_seconds(url: str, query: str, faulted: list[str], limit: float = 120.0) -> float | None:
+    """From the fault's end until a request naming every source has no faulted source failing."""
+    started = time.monotonic()
+    while time.monotonic() - started < limit:
+        try:
+            reply = httpx.post(url + "/search", json={"query": query, "k": 5}, timeout=30).json()
+            if not {f["source"] for f in reply.get("failures", [])} & set(faulted):
+                return round(time.monotonic() - started, 1)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    return None
+
+
+def summary(log: list, faulted: list[str]) -> dict:
+    healthy = [r for r in log if r["healthy_only"]]
+    every = [r for r in log if not r["healthy_only"]]
+    ok = [r for r in healthy if r["status"] == 200 and r["answered"] and not r["failures"]]
+    ms = np.array([r["ms"] for r in healthy]) if healthy else np.zeros(1)
+    every_ms = np.array([r["ms"] for r in every]) if every else np.zeros(1)
+    reasons: dict[str, int] = {}
+    for r in every:
+        for source, reason in r["failures"].items():
+            reasons[reason] = reasons.get(reason, 0) + 1
+    reported = [r for r in every if r["status"] == 200 and r["answered"] and set(faulted) <= set(r["failures"])]
+    return {"healthy_requests": len(healthy), "healthy_succeeded": round(len(ok) / max(1, len(healthy)), 4),
+            "healthy_p50_ms": round(float(np.percentile(ms, 50)), 1),
+            "healthy_p99_ms": round(float(np.percentile(ms, 99)), 1),
+            "all_source_requests": len(every),
+            "all_source_answered": round(sum(r["status"] == 200 and r["answered"] for r in every) / max(1, len(every)), 4),
+            "all_source_faults_reported": round(len(reported) / max(1, len(every)), 4) if faulted else None,
+            "all_source_p50_ms": round(float(np.percentile(every_ms, 50)), 1),
+            "failure_reasons": reasons,
+            "other_statuses": sorted({str(r["status"]) for r in log if r["status"] != 200})}
+
+
+def run(seconds: float) -> dict:
+    documents, queries = scifact_documents(), scifact_queries()
+    parts = {name: documents[i * PER_SOURCE:(i + 1) * PER_SOURCE]
+             for i, name in enumerate([*HEALTHY, "chroma", "far", "far-a", "far-b"])}
+    WORK.mkdir(parents=True, exist_ok=True)
+    results = {}
+    with ExitStack() as stack:
+        import tempfile
+
+        folder = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=WORK)))
+        chroma_url, chroma_process = stack.enter_context(chroma_run(folder / "chroma"))
+        load_chroma(chroma_url, parts["chroma"])
+        far_processes = []
+        far_url = stack.enter_context(gradfuse_serve(
+            build_far(folder / "far", {n: parts[n] for n in ("far", "far-a", "far-b")}), processes=far_processes))
+        nodes = {"node-a": NodeServer(far_url), "node-b": NodeServer(far_url)}
+        config = main_config(folder, chroma_url, far_url, nodes)
+        ws = Workspace.open(config)
+        for name in HEALTHY:
+            ws.index(SourceSpec(name, "jsonl", str(write_jsonl(folder / f"{name}.jsonl", parts[name]))))
+        ws.close()
+        url = stack.enter_context(gradfuse_serve(folder / "ws", "--config", str(config), log=folder / "serve.log"))
+        processes = {"far": far_processes[0], "chroma": chroma_process}
+        # Warm, unrecorded: models loaded, every source opened, the engines' and remotes' candidates embedded once
+        # (held in memory), so the no-fault run is not measured cold.
+        clients(url, queries, min(seconds, 30.0), [])
+        for fault, faulted in FAULTS.items():
+            print(f"{fault}: {seconds:g} s, faulted: {', '.join(faulted) or 'none'}", flush=True)
+            log = []
+            start_fault(fault, nodes, processes)
+            clients(url, queries, seconds, log)
+            end_fault(fault, nodes, processes)
+            results[fault] = {"faulted": faulted, **summary(log, faulted),
+                              "recovery_s": recovery_seconds(url, queries[0], faulted) if faulted else None}
+            print(json.dumps(results[fault]), flush=True)
+    return results
+
+
+def write(results: dict, seconds: float) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    header = {"commit": commit_id(), "machine": machine_description(), "seconds_per_fault": seconds,
+              "clients": CLIENTS, "sources": 8, "documents_per_source": PER_SOURCE, "timeout_s": 3.0,
+              "guard": "defaults (workers 8, breaker_failures 5, breaker_cooldown_s 30)"}
+    (OUT / "results.json").write_text(json.dumps({**header, "faults": results}, indent=1) + "\n")
+    base = results["none"]["healthy_p50_ms"]
+    lines = ["# Chaos: each source fails alone", "",
+             f"Commit {header['commit']}; {header['machine']}. Made by `make bench-chaos` (bench/chaos.py, whose "
+             f"docstring says how): 8 sources behind one `gradfuse serve`, {CLIENTS} clients for {seconds:g} s per "
+             "fault, timeout_s 3, [guard] defaults. \"Healthy\" requests name two of the four local sources; "
+             "\"every source\" requests name none. Recovery: from the fault's end until a request naming every "
+             "source has no faulted source failing (the breaker's cool-down is 30 s).", "",
+             "| fault | faulted sources | healthy requests | succeeded | p50 ms (× none) | p99 ms | every-source "
+             "requests answered | faults reported | failure reasons | recovery s |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+    for fault, r in results.items():
+        reported = "–" if r["all_source_faults_reported"] is None else f"{r['all_source_faults_reported']:.2f}"
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(r["failure_reasons"].items())) or "–"
+        lines.append(f"| {fault} | {', '.join(r['faulted']) or '–'} | {r['healthy_requests']} | "
+                     f"{r['healthy_succeeded']:.3f} | {r['healthy_p50_ms']:.0f} ({r['healthy_p50_ms'] / base:.2f}×) | "
+                     f"{r['healthy_p99_ms']:.0f} | {r['all_source_answered']:.3f} | {reported} | {reasons} | "
+                     f"{'–' if r['recovery_s'] is None else r['recovery_s']} |")
+    (OUT / "results.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60.0, help="each fault's phase (60 for the results file)")
+    args = parser.parse_args()
+    if not SCIFACT.is_dir():
+        raise SystemExit(f"no SciFact corpus at {SCIFACT} (the shared evaluation data)")
+    results = run(args.seconds)
+    if args.seconds == 60.0:
+        write(results, args.seconds)
+    else:
+        print("(not written: results/chaos/ holds 60 s runs only)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
