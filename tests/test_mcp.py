@@ -35,6 +35,7 @@ QUESTION = "Which planet has the moons Phobos and Deimos?"
 INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
     "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}}
 STREAMABLE = {"Accept": "application/json, text/event-stream"}
+PYDANTIC_INTERNALS = ("pydantic", "type=", "input_value", "validation error for")
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +136,18 @@ def test_mcp_sessions_past_max_mcp_sessions_are_refused_and_an_idle_one_is_close
         while httpx.post(f"{url}/mcp", json=INITIALIZE, headers=STREAMABLE).status_code == 503:
             assert time.monotonic() < deadline, "idle sessions were not closed"
             time.sleep(0.2)
+
+
+def test_a_tools_refused_arguments_are_named_as_the_tool_names_them_without_pydantics_dump(workspace):
+    with serving(create_app(workspace, ServerSettings())) as url:
+        async def run():
+            async with Client(streamable_http_client(f"{url}/mcp")) as client:
+                return [await client.call_tool(tool, arguments) for tool, arguments in (
+                    ("ask", {"question": "q" * 9000}), ("ask", {"question": "moons", "k": 0}),
+                    ("search", {"query": "moons", "sources": []}))]
+
+        long, zero, no_sources = [result.content[0].text for result in asyncio.run(asyncio.wait_for(run(), 60))]
+    assert long.endswith("ask: question is 9000 characters; this server accepts at most 8000")  # the SDK's prefix
+    assert zero.endswith("ask: k: Input should be greater than or equal to 1")
+    assert no_sources.endswith("search: sources: List should have at least 1 item after validation, not 0")
+    assert not any(word in text for text in (long, zero, no_sources) for word in PYDANTIC_INTERNALS)
