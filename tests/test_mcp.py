@@ -1,6 +1,7 @@
 """gradfuse's MCP server through the official `mcp` client: over stdio (`gradfuse mcp`, its own process) and over
 streamable HTTP on a live `gradfuse serve` (keyed): the tools listed and called, a cited passage read back as a
-resource, a wrong key refused, and a source that fails during a call named in the tool's result."""
+resource, a wrong key refused, a source that fails during a call named in the tool's result, and sessions past
+[server] max_mcp_sessions refused until idle ones are closed."""
 
 from __future__ import annotations
 
@@ -8,16 +9,19 @@ import asyncio
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from conftest import ASTRONOMY, COOKING, write_jsonl
-from live_server import gradfuse_serve
+from live_server import gradfuse_serve, serving
 
 from gradfuse import SourceSpec, Workspace
 from gradfuse.server import API_KEY_ENV
+from gradfuse.server.app import create_app
+from gradfuse.server.settings import ServerSettings
 
 mcp = pytest.importorskip("mcp")
 from mcp import Client  # noqa: E402
@@ -27,6 +31,11 @@ from mcp.shared._httpx_utils import create_mcp_http_client  # noqa: E402
 
 KEY = "mcp-key-for-tests"
 QUESTION = "Which planet has the moons Phobos and Deimos?"
+# A handshake-era client's first request, as a client that opens a session and leaves it sends it
+INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}}
+STREAMABLE = {"Accept": "application/json, text/event-stream"}
+PYDANTIC_INTERNALS = ("pydantic", "type=", "input_value", "validation error for")
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +107,47 @@ def test_the_mcp_server_over_http_on_gradfuse_serve_with_its_key(folder):
         assert "Server returned an error response" in repr(refused.value)
         # what the client was told: 401 before its body was read, for the MCP path as for every other
         assert httpx.post(f"{url}/mcp", json={}, headers={"Authorization": "Bearer not-the-key"}).status_code == 401
+
+
+def test_mcp_sessions_past_max_mcp_sessions_are_refused_and_an_idle_one_is_closed(workspace):
+    """Sessions are the handshake-era protocol's (mode="legacy"); the 2026 protocol's requests open none."""
+    settings = ServerSettings(max_mcp_sessions=2, mcp_idle_timeout_s=1.0)
+    with serving(create_app(workspace, settings)) as url:
+        def session():
+            return Client(streamable_http_client(f"{url}/mcp"), mode="legacy")
+
+        async def run():
+            async with session() as first, session() as second:
+                with pytest.raises(BaseException) as third:  # the SDK raises its error inside its task groups
+                    async with session():
+                        pass
+                assert "Too many open sessions" in repr(third.value)
+                refused = httpx.post(f"{url}/mcp", json=INITIALIZE, headers=STREAMABLE)
+                assert refused.status_code == 503 and "Too many open sessions" in refused.text
+                for client in (first, second):  # the sessions already open go on
+                    assert {tool.name for tool in (await client.list_tools()).tools} >= {"search", "ask"}
+
+        asyncio.run(asyncio.wait_for(run(), timeout=60))
+        # Two sessions left open without a request in flight: the bound again, until they are closed as idle.
+        for _ in range(2):
+            assert httpx.post(f"{url}/mcp", json=INITIALIZE, headers=STREAMABLE).status_code == 200
+        assert httpx.post(f"{url}/mcp", json=INITIALIZE, headers=STREAMABLE).status_code == 503
+        deadline = time.monotonic() + 10
+        while httpx.post(f"{url}/mcp", json=INITIALIZE, headers=STREAMABLE).status_code == 503:
+            assert time.monotonic() < deadline, "idle sessions were not closed"
+            time.sleep(0.2)
+
+
+def test_a_tools_refused_arguments_are_named_as_the_tool_names_them_without_pydantics_dump(workspace):
+    with serving(create_app(workspace, ServerSettings())) as url:
+        async def run():
+            async with Client(streamable_http_client(f"{url}/mcp")) as client:
+                return [await client.call_tool(tool, arguments) for tool, arguments in (
+                    ("ask", {"question": "q" * 9000}), ("ask", {"question": "moons", "k": 0}),
+                    ("search", {"query": "moons", "sources": []}))]
+
+        long, zero, no_sources = [result.content[0].text for result in asyncio.run(asyncio.wait_for(run(), 60))]
+    assert long.endswith("ask: question is 9000 characters; this server accepts at most 8000")  # the SDK's prefix
+    assert zero.endswith("ask: k: Input should be greater than or equal to 1")
+    assert no_sources.endswith("search: sources: List should have at least 1 item after validation, not 0")
+    assert not any(word in text for text in (long, zero, no_sources) for word in PYDANTIC_INTERNALS)

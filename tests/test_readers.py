@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from gradfuse import SourceSpec, Workspace
 from gradfuse.cli import app
 from gradfuse.config import Config
+from gradfuse.evidence import Evidence, row_spans
 from gradfuse.schemas import search_record
 
 docx = pytest.importorskip("docx")
@@ -103,7 +104,8 @@ def documents(tmp_path_factory) -> Path:
     write_pptx(folder / "deck.pptx")
     write_xlsx(folder / "figures.xlsx")
     with open(folder / "prices.csv", "w", newline="") as handle:
-        csv.writer(handle).writerows([["item", "price"], ["copper cable", "3.20"], ["steel bolt", "0.15"]])
+        csv.writer(handle).writerows([["item", "price", "stock"], ["copper cable", "3.20", "40"],
+                                      ["steel bolt", "0.15", "900"], ["Widget | Pro", "19.99", "12"]])
     (folder / "guide.md").write_text("# Guide\n\nIntro.\n\n## Install\n\nRun the installer as root.\n\n"
                                      "```\n# a comment, not a heading\n```\n\n## Use\n\nPress start.\n")
     (folder / "help.html").write_text(
@@ -184,6 +186,13 @@ def test_spreadsheet_rows_come_in_chunks_that_repeat_the_header_with_sheet_and_r
     assert staff.location.describe() == "figures.xlsx · sheet Staff, row 2"
     price = _search(ws, "copper cable price")[0]
     assert price.text.startswith("item | price") and price.location.sheet == "prices"
+
+
+def test_a_cell_holding_the_cell_separator_is_quoted_under_its_own_column(indexed):
+    ws, _ = indexed
+    chunk = _search(ws, "widget pro price")[0]
+    row = next(span for span in row_spans(chunk.text) if "Widget" in chunk.text[span[0]:span[1]])
+    assert Evidence.of(1, chunk, row, 1.0).quoted() == "item: Widget | Pro, price: 19.99, stock: 12"
 
 
 def test_markdown_and_html_are_cut_along_headings_and_html_loses_its_boilerplate(indexed):

@@ -173,6 +173,7 @@ BAD_REQUESTS = [
     (b'{"query": "moons", "k": "3"}', "application/json", 422, "k: Input should be a valid integer"),
     (b'{"query": ""}', "application/json", 422, "at least 1 character"),
     (b'{"query": "   "}', "application/json", 422, "query is empty"),
+    (b'{"query": "moons \\ud800"}', "application/json", 422, "query: not valid Unicode text (a lone surrogate"),
     (json.dumps({"query": "a" * 9000}).encode(), "application/json", 422, "at most 8000"),
     (b'{"query": "moons", "k": 1000000}', "application/json", 422, "limit of 20"),
     (b'{"query": "moons", "n": 1000}', "application/json", 422, "n = 1000 is above"),

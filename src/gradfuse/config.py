@@ -55,6 +55,7 @@ Example (every key optional)::
     lm_queue = 8                     # max_timeout_s; the API key comes from GRADFUSE_API_KEY (or api_key here)
     max_connections = 256            # beyond it a connection is closed unread
     header_timeout_s = 10.0          # request line and headers; body_timeout_s = 30.0 (408); keep_alive_s = 5.0
+    max_mcp_sessions = 100           # at /mcp at once, beyond it 503; mcp_idle_timeout_s = 600.0 closes an idle one
     ray = ""                         # "HOST:PORT" or "auto": stage 2 on a Ray cluster's scorer replicas (docs/ray.md)
     ray_replicas = 0                 # 0: one per GPU, or one per node without GPUs
     cache_mb = 64                    # MB of /search and /ask results kept for a repeated request until a publish

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from gradfuse.candidate import Candidate, Location
+from gradfuse.sources.readers.tables import row_cells
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class Evidence:
         location, columns = passage.location, ()
         if is_table(passage):  # line i of a table chunk is its sheet's row rows[0] + i - 1 (readers/tables.py)
             row = location.rows[0] + passage.text.count("\n", 0, start) - 1
-            location, columns = replace(location, rows=(row, row)), tuple(passage.text.split("\n", 1)[0].split(" | "))
+            location, columns = replace(location, rows=(row, row)), tuple(row_cells(passage.text.split("\n", 1)[0]))
         return cls(number, passage.source, passage.doc_id, span, passage.text[start:end], float(score), parent,
                    location, columns)
 
@@ -43,7 +44,7 @@ class Evidence:
         """The sentence as an answer quotes it: its line breaks as spaces; a table row with its columns' names; a
         PDF's footnote marks left out (its span still points at the text as read)."""
         if self.columns:
-            return ", ".join(f"{name}: {value}" for name, value in zip(self.columns, self.text.split(" | ")) if value)
+            return ", ".join(f"{name}: {value}" for name, value in zip(self.columns, row_cells(self.text)) if value)
         text = self.text
         if self.location is not None and self.location.page is not None and (notes := _FOOTNOTE.findall(text)):
             marks = re.compile(rf"\b([A-Z][a-z]+)[{''.join(sorted(set(n.strip() for n in notes)))}](?=[\s,;.)]|$)")

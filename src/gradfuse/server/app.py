@@ -197,7 +197,8 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
     # MCP's streamable HTTP at /mcp: its own route, behind the same middleware (the key, the body limit)
     # (its own Host/Origin check is off: TrustedHost guards a keyless server and the key every other)
     app.router.routes.extend(mcp.streamable_http_app(
-        streamable_http_path="/mcp", transport_security=TransportSecuritySettings(
+        streamable_http_path="/mcp", max_sessions=settings.max_mcp_sessions,
+        session_idle_timeout=settings.mcp_idle_timeout_s, transport_security=TransportSecuritySettings(
             enable_dns_rebinding_protection=False)).routes)
 
     @app.get("/sources", dependencies=guarded, response_model=list[SourceHealthRecord])

@@ -17,7 +17,7 @@ from gradfuse.fusion import UnknownMethod
 from gradfuse.generate.openai_http import EndpointError
 from gradfuse.redact import redact
 from gradfuse.server.admission import Busy
-from gradfuse.server.requests import RequestLimitError
+from gradfuse.server.requests import RequestLimitError, error_line, field_errors
 from gradfuse.sources import SourceError, UnknownSource
 from gradfuse.sources.federated import AllSourcesFailed
 
@@ -50,23 +50,15 @@ async def _unknown_model(request: Request, error: UnknownModel) -> JSONResponse:
     return error_response(request.url.path, 404, str(error), code="model_not_found")
 
 
-def _message(error: dict) -> str:
-    where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
-    return f"{where}: {error['msg']}" if where else error["msg"]
-
-
 async def _validation(request: Request, error: RequestValidationError) -> JSONResponse:
     errors = error.errors()
     malformed = [e for e in errors if e.get("type") == "json_invalid"]
     if malformed:
         context = malformed[0].get("ctx", {}).get("error", "")
         return error_response(request.url.path, 400, f"malformed JSON body: {context}".rstrip(": "))
-    for e in errors:  # a validator's own error that would echo the value (a source name) says what is wrong instead
-        if public := getattr(e.get("ctx", {}).get("error"), "public", None):
-            e["msg"] = public
-    readable = [{"field": ".".join(str(p) for p in e.get("loc", ()) if p != "body"), "message": e["msg"]}
-                for e in errors]
-    detail = redact("; ".join(_message(e) for e in errors), environment=False)
+    fields = field_errors(errors)
+    readable = [{"field": field, "message": message} for field, message in fields]
+    detail = redact(error_line(fields), environment=False)
     return error_response(request.url.path, 422, detail, errors=readable,
                           param=readable[0]["field"] if len(readable) == 1 else None)
 

@@ -89,7 +89,7 @@ def build_mcp(workspace: Workspace, settings: ServerSettings, admission: LMAdmis
                              f"method: {METHOD_CHOICES}.")
     @_told
     def search(query: str, sources: list[str] | None = None, method: str | None = None, k: int | None = None) -> dict:
-        request = SearchRequest(query=query, sources=sources, method=method, k=k)
+        request = SearchRequest.from_client(query=query, sources=sources, method=method, k=k)
         request.check_limits(settings, config)
         with admission.slot((method or config.method) in LM_METHODS):
             result = workspace.search(query, k=request.k, **request.search_options())
@@ -104,7 +104,7 @@ def build_mcp(workspace: Workspace, settings: ServerSettings, admission: LMAdmis
     @_told
     async def ask(question: str, sources: list[str] | None = None, method: str | None = None,
                   k: int | None = None) -> dict:
-        request = AskRequest(query=question, sources=sources, method=method, k=k)
+        request = AskRequest.from_client({"query": "question"}, query=question, sources=sources, method=method, k=k)
         request.check_limits(settings, config)
         # Stepped in a worker thread: a call the client cancels stops at the next piece and gives its place in
         # the LM line back, instead of generating on to its end.

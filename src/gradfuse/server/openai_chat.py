@@ -106,8 +106,11 @@ def add_chat_routes(app: FastAPI, workspace: Workspace, settings: ServerSettings
         chat.completion.chunk events)."""
         method = method_of(request.model, config.method)
         question = question_of([(m.role, m.text()) for m in request.messages], settings.max_query_chars)
-        ask = AskRequest(query=question, method=method,
-                         max_new_tokens=request.max_completion_tokens or request.max_tokens)
+        # Errors name what the client sent: the question is made of its messages, the budget is its max_tokens
+        budget = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
+        ask = AskRequest.from_client({"query": "the question from messages", "max_new_tokens": budget},
+                                     query=question, method=method,
+                                     max_new_tokens=request.max_completion_tokens or request.max_tokens)
         ask.check_limits(settings, config)
         events, _, release = await start_answer(workspace, admission, record_health, ask)
         completion = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": request.model}

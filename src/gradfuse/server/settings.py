@@ -42,6 +42,11 @@ class ServerSettings:
     header_timeout_s: Seconds = 10.0
     body_timeout_s: Seconds = 30.0
     keep_alive_s: Seconds = 5.0
+    # MCP sessions open at /mcp at once (a handshake-era client's; each holds a server task and its streams, and
+    # the SDK's own bound is 10,000 for 30 minutes): past it a new session is refused with 503 until one ends or has
+    # been idle (no request, no open stream) for mcp_idle_timeout_s, which closes it.
+    max_mcp_sessions: Count = 100
+    mcp_idle_timeout_s: Seconds = 600.0
     # With no API key, only these Host names may reach the server (besides loopback names and the bound address),
     # so that a web page elsewhere cannot reach a local server through DNS rebinding.
     allowed_hosts: tuple[Text, ...] = ()
@@ -57,14 +62,15 @@ class ServerSettings:
         object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
         object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
         for name in ("max_body_bytes", "max_query_chars", "max_gold_chars", "max_k", "max_n", "max_depth", "max_new_tokens",
-                     "lm_queue", "max_lm_passes", "max_connections", "max_client_connections"):
+                     "lm_queue", "max_lm_passes", "max_connections", "max_client_connections",
+                     "max_mcp_sessions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.max_client_connections > self.max_connections:
             raise ValueError("max_client_connections must not be above max_connections")
         if self.ray_replicas < 0:
             raise ValueError("ray_replicas must be 0 (one per GPU or node) or more")
-        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s"):
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_s", "mcp_idle_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be above 0")
 

@@ -14,6 +14,9 @@ from gradfuse.candidate import Location
 from gradfuse.sources.readers import Reading, Unit
 
 ROW_CHUNK_WORDS = 150  # a chunk's rows, header included, as far as they stay under this many words (one at least)
+# Between a row's cells. A "|" inside a cell is written "\|": a cell "Widget | Pro" was read back as two cells,
+# and every later value was quoted under the wrong column's name.
+SEPARATOR = " | "
 
 
 def row_text(cells: Iterable[object], reading: Reading) -> str:
@@ -22,8 +25,15 @@ def row_text(cells: Iterable[object], reading: Reading) -> str:
         if number == limits.max_columns:
             reading.note(f"rows cut to {limits.max_columns} columns (--max-columns)")
             break
-        texts.append(reading.capped(_cell(cell), limits.max_cell_chars, "cells", "--max-cell-chars"))
-    return " | ".join(texts)
+        text = reading.capped(_cell(cell), limits.max_cell_chars, "cells", "--max-cell-chars")
+        texts.append(text.replace("|", r"\|"))
+    return SEPARATOR.join(texts)
+
+
+def row_cells(line: str) -> list[str]:
+    """The cells of a row `row_text` wrote. A cell holds no bare "|" and no space at either end, so every " | "
+    is a separator. (A row indexed before cells were escaped reads as it did: split at every " | ".)"""
+    return [cell.replace(r"\|", "|") for cell in line.split(SEPARATOR)]
 
 
 def _cell(value: object) -> str:
@@ -41,7 +51,7 @@ def table_units(rows: Iterable[tuple[int, list[object]]], location: Location, re
     header, units, chunk, words, rows_chars = None, [], [], 0, 0
     for number, cells in rows:
         line = row_text(cells, reading)
-        empty = not line.replace("|", "").strip()
+        empty = not line.replace(SEPARATOR, "").strip()
         if header is None:
             if not empty:
                 header = reading.capped(line, reading.limits.max_header_chars, "repeated header",
