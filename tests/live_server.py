@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
 
 
 @contextmanager
@@ -35,6 +36,22 @@ def serving(app):
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+class Scraped:
+    """A server's /metrics, read with prometheus_client's own parser; called with a sample's name and labels, the
+    sample's value (None where it has none)."""
+
+    def __init__(self, url: str, **headers: str):
+        reply = httpx.get(url + "/metrics", headers=headers, timeout=30)
+        assert reply.status_code == 200, reply.text
+        self.text = reply.text
+        self.families = {f.name: f for f in text_string_to_metric_families(reply.text)}
+        self._values = {(s.name, frozenset(s.labels.items())): s.value
+                        for family in self.families.values() for s in family.samples}
+
+    def __call__(self, name: str, **labels: str) -> float | None:
+        return self._values.get((name, frozenset(labels.items())))
 
 
 def free_port() -> int:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from conftest import ASTRONOMY, COOKING, write_jsonl
-from live_server import gradfuse_serve, serving
+from live_server import Scraped, gradfuse_serve, serving
 
 from gradfuse import SourceSpec, Workspace
 from gradfuse.server import API_KEY_ENV
@@ -102,6 +102,9 @@ def test_the_mcp_server_over_http_on_gradfuse_serve_with_its_key(folder):
                 return await _exercise(client)
 
         _check(asyncio.run(run(KEY)))
+        metric = Scraped(url, **{"X-API-Key": KEY})  # MCP's search and ask are counted like the JSON API's
+        assert metric("gradfuse_source_failures_total", source="team", reason="error") == 2
+        assert metric("gradfuse_source_search_seconds_count", source="astronomy") == 2
         with pytest.raises(BaseException) as refused:  # the SDK raises its error inside its task groups
             asyncio.run(run("not-the-key"))
         assert "Server returned an error response" in repr(refused.value)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import ASTRONOMY, COOKING, write_jsonl
-from live_server import gradfuse_serve, serving
+from conftest import ASTRONOMY, COOKING, with_remote, write_jsonl
+from live_server import Scraped, free_port, gradfuse_serve, serving
 from test_generation import INJECTION
 
 from gradfuse import SourceSpec, Workspace
@@ -227,6 +227,42 @@ def test_an_api_key_is_required_when_one_is_configured(workspace, monkeypatch):
         malformed = httpx.post(url + "/search", content=b"{not json", headers={"Content-Type": "application/json"})
         assert malformed.status_code == 401
         assert httpx.get(url + "/").status_code == 200 and httpx.get(url + "/docs").status_code == 200
+
+
+def test_metrics_need_the_key_and_show_each_sources_latency_breaker_the_lm_line_and_the_cache(workspace, monkeypatch):
+    monkeypatch.setenv(API_KEY_ENV, "s3cret-key")
+    key = {"X-API-Key": "s3cret-key"}
+    with serving(create_app(workspace)) as url:
+        assert httpx.get(url + "/metrics").status_code == 401
+        assert httpx.get(url + "/metrics", headers={"X-API-Key": "wrong"}).status_code == 401
+        body = {"query": "Phobos Deimos moons", "method": "rrf", "retrieval": "bm25"}
+        for _ in range(2):  # the second is answered from the cache: no source is asked
+            assert post(url, "/search", body, headers=key).status_code == 200
+        metric = Scraped(url, **key)
+    assert metric.families["gradfuse_source_search_seconds"].type == "histogram"
+    for source in ("astronomy", "cooking"):
+        assert metric("gradfuse_source_search_seconds_count", source=source) == 1
+        assert metric("gradfuse_source_search_seconds_sum", source=source) > 0
+        assert metric("gradfuse_source_breaker_state", source=source) == 0  # closed
+    assert metric("gradfuse_result_cache_misses_total") == 1 and metric("gradfuse_result_cache_hits_total") == 1
+    assert metric("gradfuse_lm_queue_depth") == 0 and metric("gradfuse_lm_queue_limit") == 8
+    assert not metric.families["gradfuse_source_failures"].samples
+    assert "Phobos" not in metric.text  # a query is never a label
+
+
+def test_metrics_count_a_failing_sources_calls_by_reason_even_when_every_source_failed(tmp_path):
+    ws = with_remote(tmp_path, f"http://127.0.0.1:{free_port()}", guard="breaker_failures = 1")  # nothing listens
+    with serving(create_app(ws)) as url:
+        alone = post(url, "/search", {"query": "bread yeast", "method": "rrf", "sources": ["team"]})
+        assert alone.status_code == 503  # every source failed: a 503, and its failure still counted
+        both = post(url, "/search", {"query": "bread yeast", "method": "rrf"})
+        assert both.status_code == 200 and [f["reason"] for f in both.json()["failures"]] == ["open"]
+        metric = Scraped(url)
+    assert metric("gradfuse_source_failures_total", source="team", reason="error") == 1
+    assert metric("gradfuse_source_failures_total", source="team", reason="open") == 1
+    assert metric("gradfuse_source_breaker_state", source="team") == 2  # open
+    assert metric("gradfuse_source_search_seconds_count", source="cooking") == 1
+    assert metric("gradfuse_source_search_seconds_count", source="team") is None  # only answers have a latency
 
 
 def test_no_redirect_is_built_from_the_host_header_and_unknown_hosts_are_refused_without_a_key(server):

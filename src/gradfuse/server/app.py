@@ -1,4 +1,5 @@
-"""The FastAPI app: /search, /ask (optionally streamed), /sources, /options, /healthz, and the web page at /."""
+"""The FastAPI app: /search, /ask (optionally streamed), /sources, /options, /healthz, /metrics, and the web page
+at /."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 from fastapi import Depends, FastAPI, HTTPException, Request, Security
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.middleware.trustedhost import TrustedHostMiddleware
-from fastapi.responses import FileResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, PlainTextResponse, Response, StreamingResponse
 from fastapi.security import APIKeyHeader
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
@@ -39,28 +40,43 @@ from gradfuse.server.headers import SecurityHeaders
 from gradfuse.server.errors import BodyLimit, KeyRequired, install_error_handlers
 from gradfuse.server.requests import AskRequest, SearchRequest
 from gradfuse.server.mcp_tools import build_mcp
+from gradfuse.server.metrics import ServerMetrics
 from gradfuse.server.openai_chat import add_chat_routes
 from gradfuse.server.streams import EventStream, finished_answer, start_answer
 from gradfuse.server.settings import ServerSettings
-from gradfuse.sources.federated import SourceFailure
-from gradfuse.workspace import Answer, Workspace
+from gradfuse.sources.federated import AllSourcesFailed, SourceFailure
+from gradfuse.workspace import Answer, SearchResult, Workspace
 
 STATIC = Path(__file__).parent / "static"
 
 
 class SourceHealth:
-    """What the last requests saw of each source: its last failure, and when it last answered."""
+    """What the last requests saw of each source: its last failure, and when it last answered (/sources); each
+    request's source calls are counted in the metrics too."""
 
-    def __init__(self):
+    def __init__(self, metrics: ServerMetrics):
         self._lock = threading.Lock()
+        self._metrics = metrics
         self.last_ok: dict[str, str] = {}
         self.last_failure: dict[str, tuple[str, SourceFailure]] = {}
 
-    def record(self, answered: list[str], failures: list[SourceFailure]) -> None:
+    def recorded(self, search: Callable[[], SearchResult]) -> SearchResult:
+        """`search`'s result, once what it saw of each source is recorded; where every source failed, the
+        failures are recorded before the error goes on."""
+        try:
+            result = search()
+        except AllSourcesFailed as error:
+            self._record({}, error.failures)
+            raise
+        self._record({name: result.timings[f"source:{name}"] for name in result.ranked_lists}, result.failures)
+        return result
+
+    def _record(self, seconds: dict[str, float], failures: list[SourceFailure]) -> None:
         now = datetime.now(timezone.utc).isoformat(timespec="seconds")
         with self._lock:
-            self.last_ok.update({name: now for name in answered})
+            self.last_ok.update({name: now for name in seconds})
             self.last_failure.update({f.source: (now, f) for f in failures})
+        self._metrics.record(seconds, failures)
 
 
 class SourceHealthRecord(SourceRecord):
@@ -97,10 +113,12 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
     settings = settings or workspace.config.server
     api_key = settings.resolved_api_key()
     admission = LMAdmission(settings.lm_queue, lambda: workspace.executor.replicas)
-    health = SourceHealth()
+    cache = ResultCache(workspace, settings.cache_mb)
+    metrics = ServerMetrics(workspace, admission, cache)
+    health = SourceHealth(metrics)
     config = workspace.config
 
-    mcp = build_mcp(workspace, settings, admission)
+    mcp = build_mcp(workspace, settings, admission, health.recorded)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -144,8 +162,6 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
     guarded = [Depends(authorised)]
     posted = [*guarded, Depends(json_body)]
 
-    cache = ResultCache(workspace, settings.cache_mb)
-
     @app.post("/search", dependencies=posted, response_model=SearchRecord,
               responses={401: {}, 413: {}, 415: {}, 422: {}, 503: {"description": "every source failed, or the LM is busy"}})
     def search_endpoint(request: SearchRequest):
@@ -156,8 +172,8 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
         if (kept := cache.get(key)) is not None:
             return _kept_json(kept[0])
         with admission.slot((request.method or config.method) in LM_METHODS):
-            result = workspace.search(request.query, k=request.k, **request.search_options())
-        health.record(list(result.ranked_lists), result.failures)
+            result = health.recorded(lambda: workspace.search(request.query, k=request.k,
+                                                              **request.search_options()))
         record_json = search_record(result).model_dump_json()
         cache.put(key, (record_json,), failed=bool(result.failures))
         return _json(record_json)
@@ -178,7 +194,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
                                          headers={"Cache-Control": "no-cache", CACHE_HEADER: "hit"})
             return _kept_json(answer_json)
         # retrieval and ranking errors become plain HTTP errors, before any event
-        events, searched, release = await start_answer(workspace, admission, health.record, request)
+        events, searched, release = await start_answer(workspace, admission, health.recorded, request)
 
         def keep(searched_json: str, answer_json: str) -> None:  # each record serialised once, for both
             cache.put(key, (searched_json, answer_json), failed=bool(searched.failures))
@@ -193,7 +209,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
         keep(search_record(searched).model_dump_json(), answer_json)
         return _json(answer_json)
 
-    add_chat_routes(app, workspace, settings, admission, health.record, guarded, posted)
+    add_chat_routes(app, workspace, settings, admission, health.recorded, guarded, posted)
     # MCP's streamable HTTP at /mcp: its own route, behind the same middleware (the key, the body limit)
     # (its own Host/Origin check is off: TrustedHost guards a keyless server and the key every other)
     app.router.routes.extend(mcp.streamable_http_app(
@@ -233,6 +249,12 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
                 "max_pass_tokens": config.rerank.max_pass_tokens},  # question + target + n documents, in tokens
             api_key_required=api_key is not None,
         )
+
+    @app.get("/metrics", dependencies=guarded, response_class=PlainTextResponse)
+    def metrics_endpoint(request: Request) -> Response:
+        """Prometheus metrics: each source's search latency, failures by reason and breaker state, the LM line's
+        depth and the result cache's hits and misses."""
+        return metrics.response(request.headers.get("accept"))
 
     @app.get("/healthz", response_model=Health, responses={503: {"description": "no source is built"}})
     def healthz():

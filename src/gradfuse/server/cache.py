@@ -27,6 +27,7 @@ class ResultCache:
         self._kept: OrderedDict[tuple, tuple[str, ...]] = OrderedDict()
         self._used = 0  # characters of JSON kept
         self._lock = threading.Lock()
+        self.hits = self.misses = 0  # lookups of requests that may be kept (for /metrics)
 
     def key(self, endpoint: str, request: BaseModel) -> tuple | None:
         """The request and the versions of the indexes it reads; None where it must not be kept."""
@@ -47,7 +48,10 @@ class ResultCache:
             return None
         with self._lock:
             value = self._kept.get(key)
-            if value is not None:
+            if value is None:
+                self.misses += 1
+            else:
+                self.hits += 1
                 self._kept.move_to_end(key)
             return value
 

@@ -24,7 +24,7 @@ from gradfuse.schemas import (answer_outcome, answer_record, candidate_record, c
 from gradfuse.server.admission import Busy, LMAdmission
 from gradfuse.server.requests import AskRequest, SearchRequest
 from gradfuse.server.settings import ServerSettings
-from gradfuse.server.streams import finished_answer, start_answer
+from gradfuse.server.streams import Recorder, finished_answer, start_answer, unrecorded
 from gradfuse.sources.base import SourceError, check_source_name
 from gradfuse.sources.federated import AllSourcesFailed
 from gradfuse.workspace import Workspace
@@ -72,7 +72,9 @@ def _told(tool):
     return call
 
 
-def build_mcp(workspace: Workspace, settings: ServerSettings, admission: LMAdmission | None = None) -> MCPServer:
+def build_mcp(workspace: Workspace, settings: ServerSettings, admission: LMAdmission | None = None,
+              recorded: Recorder = unrecorded) -> MCPServer:
+    """`recorded`: how a server records what each search saw of its sources (/sources, /metrics)."""
     config = workspace.config
     admission = admission or LMAdmission(settings.lm_queue)
     # The SDK configures the root logger at INFO (logging.basicConfig), which would print every library's INFO
@@ -92,7 +94,7 @@ def build_mcp(workspace: Workspace, settings: ServerSettings, admission: LMAdmis
         request = SearchRequest.from_client(query=query, sources=sources, method=method, k=k)
         request.check_limits(settings, config)
         with admission.slot((method or config.method) in LM_METHODS):
-            result = workspace.search(query, k=request.k, **request.search_options())
+            result = recorded(lambda: workspace.search(query, k=request.k, **request.search_options()))
         return {"method": result.method, "passages": [_passage(n, c) for n, c in enumerate(result.candidates, 1)],
                 "failures": [failure_record(f).model_dump(mode="json") for f in result.failures]}
 
@@ -108,7 +110,7 @@ def build_mcp(workspace: Workspace, settings: ServerSettings, admission: LMAdmis
         request.check_limits(settings, config)
         # Stepped in a worker thread: a call the client cancels stops at the next piece and gives its place in
         # the LM line back, instead of generating on to its end.
-        events, _, release = await start_answer(workspace, admission, lambda *_: None, request)
+        events, _, release = await start_answer(workspace, admission, recorded, request)
         record = answer_record(await finished_answer(events, release))
         cited = citations_and_evidence(record)
         for citation in cited["citations"]:

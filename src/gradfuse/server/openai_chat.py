@@ -33,7 +33,7 @@ from gradfuse.server.admission import Busy, LMAdmission
 from gradfuse.server.errors import UnknownModel
 from gradfuse.server.requests import LARGEST, AskRequest
 from gradfuse.server.settings import ServerSettings
-from gradfuse.server.streams import EventStream, finished_answer, start_answer
+from gradfuse.server.streams import EventStream, Recorder, finished_answer, start_answer
 from gradfuse.workspace import Answer, Workspace
 
 MODEL = "gradfuse"
@@ -91,7 +91,7 @@ def model_records(default: str) -> list[dict]:
 
 
 def add_chat_routes(app: FastAPI, workspace: Workspace, settings: ServerSettings, admission: LMAdmission,
-                    record_health, guarded: list, posted: list) -> None:
+                    recorded: Recorder, guarded: list, posted: list) -> None:
     config = workspace.config
 
     @app.get("/v1/models", dependencies=guarded, tags=["openai"])
@@ -112,7 +112,7 @@ def add_chat_routes(app: FastAPI, workspace: Workspace, settings: ServerSettings
                                      query=question, method=method,
                                      max_new_tokens=request.max_completion_tokens or request.max_tokens)
         ask.check_limits(settings, config)
-        events, _, release = await start_answer(workspace, admission, record_health, ask)
+        events, _, release = await start_answer(workspace, admission, recorded, ask)
         completion = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": request.model}
         if request.stream:
             return EventStream(_chunks(completion, events), events, release)

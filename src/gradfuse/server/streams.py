@@ -14,7 +14,16 @@ from gradfuse.server.requests import AskRequest
 from gradfuse.workspace import Answer, SearchResult, Workspace
 
 
-async def start_answer(workspace: Workspace, admission: LMAdmission, record_health: Callable,
+# Runs a search and records what it saw of each source (the server's SourceHealth.recorded).
+Recorder = Callable[[Callable[[], SearchResult]], SearchResult]
+
+
+def unrecorded(search: Callable[[], SearchResult]) -> SearchResult:
+    """Where nothing keeps a record (MCP over stdio)."""
+    return search()
+
+
+async def start_answer(workspace: Workspace, admission: LMAdmission, recorded: Recorder,
                        request: AskRequest) -> tuple[Iterator, SearchResult, Callable[[], None]]:
     """A place in the LM line, then retrieval and ranking, whose errors are raised here, before anything is sent;
     the answer's remaining steps, the search, and the one way to give the place back."""
@@ -22,8 +31,7 @@ async def start_answer(workspace: Workspace, admission: LMAdmission, record_heal
     try:
         events = workspace.ask_stream(request.query, context_k=request.k, max_new_tokens=request.max_new_tokens,
                                       **request.search_options())
-        searched = await run_in_threadpool(next, events)
-        record_health(list(searched.ranked_lists), searched.failures)
+        searched = await run_in_threadpool(recorded, lambda: next(events))
     except BaseException:
         release()
         raise
