@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from conftest import ASTRONOMY, with_remote, write_jsonl
+from conftest import ASTRONOMY, COOKING, with_remote, write_jsonl
 from live_server import gradfuse_serve, serving
 
 from gradfuse import SourceSpec, Workspace
@@ -199,3 +199,28 @@ def test_a_key_goes_over_plain_http_only_to_this_machine(tmp_path):
     load_config(config)  # https, or http to this machine, is fine
     config.write_text('[sources.team]\nkind = "gradfuse"\nurl = "http://127.0.0.1:8321"\nkey_env = "TEAM_KEY"\n')
     load_config(config)
+
+
+def test_a_source_that_hangs_while_opening_delays_no_other_source_and_never_opens_their_breakers(tmp_path):
+    """Review of round 5: sources were waited for in turn, and one hanging at open (a Chroma server that accepts
+    connections and never answers, named first) left those after it no time: they failed, then their breakers
+    opened. Each source is now asked as soon as it is open, against its own deadline."""
+    import socket
+
+    hole = socket.socket()  # accepts connections (the kernel's backlog), never answers
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(64)
+    try:
+        (tmp_path / "gradfuse.toml").write_text(
+            f'workspace = "ws"\n[sources.aaa]\nkind = "chroma"\nuri = "http://127.0.0.1:{hole.getsockname()[1]}"\n'
+            'collection = "c"\n')
+        ws = Workspace.open(tmp_path / "gradfuse.toml")
+        ws.index(SourceSpec("cooking", "jsonl", str(write_jsonl(tmp_path / "c.jsonl", COOKING))))
+        assert ws.source_names() == ["aaa", "cooking"]  # the hanging one is opened first
+        for _ in range(6):  # one more than breaker_failures
+            found = ws.search("bread yeast", method="rrf", k=3, timeout_s=1)
+            assert found.candidates[0].doc_id == "bread"
+            assert [(f.source, f.reason) for f in found.failures] in ([("aaa", "timeout")], [("aaa", "open")])
+        assert ws.guards.state("cooking") == "closed" and ws.guards.state("aaa") == "open"
+    finally:
+        hole.close()

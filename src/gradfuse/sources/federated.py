@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, replace
 
@@ -61,73 +62,112 @@ def query_sources(sources: list[Source], query: str, k: int, timeouts: dict[str,
 def ask_sources(names: list[str], open_source: Opener, query: str, k: int, timeouts: dict[str, float],
                 guards: Guards) -> FederatedResult:
     """Each source opened and asked on its own workers (sources/guard.py), within one deadline for both, the
-    loading of its models left out of it: a source that fails, hangs, is busy or whose breaker is open is a failure
-    of its own, reported by name, and the others answer. Raises only when none answered."""
+    loading of its models left out of it, and asked as soon as it is open, so one slow to open delays no other: a
+    source that fails, hangs, is busy or whose breaker is open is a failure of its own, reported by name, and the
+    others answer. Raises only when none answered."""
     if not names:
         raise ValueError("no sources to query")
-    started = time.perf_counter()
-    failures: dict[str, SourceFailure] = {}
-    opening: dict[str, tuple] = {}
-    for name in names:
-        guard = guards[name]
-        try:
-            guard.admit()
-            opening[name] = (guard, guard.submit(open_source, name), time.perf_counter())
-        except SourceUnavailable as error:
-            failures[name] = _failure(guards, name, error, admitted=error.reason != "open")
-    opened: dict[str, tuple[Source, float]] = {}  # name → (source, seconds of its deadline used by opening)
-    releases = []
-    for name, (guard, future, submitted) in opening.items():
-        try:
-            source, release = guard.wait(future, _left(timeouts[name], started),
-                                         on_late=lambda late: late[1]())  # opened after all: let go of it
-        except FutureTimeout:
-            failures[name] = _failure(guards, name, _Late(f"not opened within {timeouts[name]:g} s"))
-            continue
-        except Exception as error:  # a source that cannot open (a refused connection, a missing index) fails alone
-            failures[name] = _failure(guards, name, error)
-            continue
-        releases.append(release)
-        opened[name] = (source, time.perf_counter() - started)
+    ask = _Round(query, k, timeouts, guards)
     try:
-        return _searched(opened, failures, query, k, timeouts, guards, names)
+        ask.run(names, open_source)
     finally:
-        for release in releases:
-            release()
-
-
-def _searched(opened, failures, query, k, timeouts, guards, names) -> FederatedResult:
-    for name, (source, _) in list(opened.items()):  # models load once, outside the deadline: a cold start is no fault
-        try:
-            source.warm()
-        except Exception as error:  # e.g. an encoder that cannot load: this source fails, the rest answer
-            del opened[name]
-            failures[name] = _failure(guards, name, error)
-    started = time.perf_counter()
-    asked = {}
-    for name, (source, used) in opened.items():
-        try:
-            asked[name] = (guards[name].submit(_timed_search, source, query, k, guards.settings.max_passage_chars),
-                           timeouts[name] - used)
-        except SourceUnavailable as error:
-            failures[name] = _failure(guards, name, error)
-    result = FederatedResult(ranked_lists={})
-    for name, (future, left) in asked.items():
-        try:
-            candidates, seconds = guards[name].wait(future, _left(left, started))
-        except FutureTimeout:
-            failures[name] = _failure(guards, name, _Late(f"no answer within {timeouts[name]:g} s"))
-        except Exception as error:  # any failure of one source is reported, never allowed to sink the others
-            failures[name] = _failure(guards, name, error)
-        else:
-            guards[name].breaker.succeeded()
-            result.ranked_lists[name] = candidates
-            result.seconds[name] = seconds
-    result.failures = [failures[n] for n in names if n in failures]
+        ask.release()
+    result = ask.result  # in the order asked, whatever the order they answered in: fusion breaks ties by it
+    result.ranked_lists = {n: result.ranked_lists[n] for n in names if n in result.ranked_lists}
+    result.failures = [ask.failures[n] for n in names if n in ask.failures]
     if not result.ranked_lists:
         raise AllSourcesFailed(result.failures)
-    result.wall_seconds = time.perf_counter() - started
     return result
+
+
+class _Round:
+    """One federated query: each source's call in flight (opening, then searching) against the source's own
+    deadline, which the time spent loading models moves on for every source (a cold start is no fault)."""
+
+    def __init__(self, query: str, k: int, timeouts: dict[str, float], guards: Guards):
+        self.query, self.k, self.timeouts, self.guards = query, k, timeouts, guards
+        self.started = time.perf_counter()
+        self.deadlines = {name: self.started + timeout for name, timeout in timeouts.items()}
+        self.pending: dict[Future, tuple[str, str]] = {}  # a call in flight → (its source, "open" or "search")
+        self.releases: dict[str, Callable[[], None]] = {}  # what lets go of each opened source
+        self.failures: dict[str, SourceFailure] = {}
+        self.result = FederatedResult(ranked_lists={})
+        self.warming = 0.0
+
+    def run(self, names: list[str], open_source: Opener) -> None:
+        for name in names:
+            try:
+                self.guards[name].admit()
+                self.pending[self.guards[name].submit(open_source, name)] = (name, "open")
+            except SourceUnavailable as error:
+                self.failures[name] = _failure(self.guards, name, error, admitted=error.reason != "open")
+        while self.pending:
+            soonest = min(self.deadlines[name] for name, _ in self.pending.values())
+            done, _ = wait(list(self.pending), timeout=max(0.0, soonest - time.perf_counter()),
+                           return_when=FIRST_COMPLETED)
+            for future in done:
+                self._returned(future, *self.pending.pop(future))
+            now = time.perf_counter()
+            for future, (name, step) in list(self.pending.items()):
+                if now >= self.deadlines[name] and not future.done():
+                    del self.pending[future]
+                    self._abandon(future, name, step)
+        self.result.wall_seconds = time.perf_counter() - self.started - self.warming
+
+    def _returned(self, future: Future, name: str, step: str) -> None:
+        try:
+            returned = future.result()
+        except Exception as error:  # any failure of one source is reported, never allowed to sink the others
+            self.failures[name] = _failure(self.guards, name, error)
+            return
+        if step == "search":
+            candidates, seconds = returned
+            self.guards[name].breaker.succeeded()
+            self.result.ranked_lists[name] = candidates
+            self.result.seconds[name] = seconds
+            return
+        source, self.releases[name] = returned
+        warming = time.perf_counter()
+        try:
+            source.warm()  # models load once, outside the deadline
+        except Exception as error:  # e.g. an encoder that cannot load: this source fails, the rest answer
+            self.failures[name] = _failure(self.guards, name, error)
+            return
+        finally:
+            self._moved_on(time.perf_counter() - warming)
+        try:
+            searching = self.guards[name].submit(_timed_search, source, self.query, self.k,
+                                                 self.guards.settings.max_passage_chars)
+        except SourceUnavailable as error:
+            self.failures[name] = _failure(self.guards, name, error)
+            return
+        self.pending[searching] = (name, "search")
+
+    def _moved_on(self, seconds: float) -> None:
+        self.warming += seconds
+        for name in self.deadlines:
+            self.deadlines[name] += seconds
+
+    def _abandon(self, future: Future, name: str, step: str) -> None:
+        """A call past its deadline: its source is let go of once the call returns (an open that ends late is
+        released then; a late search keeps its source held until it ends)."""
+        if step == "open":
+            self.guards[name].abandon(future, _release_opened)
+            late = _Late(f"not opened within {self.timeouts[name]:g} s")
+        else:
+            self.guards[name].abandon(future, lambda _, release=self.releases.pop(name): release())
+            late = _Late(f"no answer within {self.timeouts[name]:g} s")
+        self.failures[name] = _failure(self.guards, name, late)
+
+    def release(self) -> None:
+        for release in self.releases.values():
+            release()
+        self.releases = {}
+
+
+def _release_opened(future: Future) -> None:
+    if future.exception() is None:
+        future.result()[1]()
 
 
 def checked_sources(names: list[str], check: Callable[[str], object], timeouts: dict[str, float],

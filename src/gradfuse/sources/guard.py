@@ -129,22 +129,28 @@ class SourceGuard:
         return self._executor.submit(call, *args)
 
     def wait(self, future: Future, timeout: float, on_late: Callable[[Any], None] | None = None):
-        """The call's result within `timeout` s; past it the call is abandoned (FutureTimeout), its worker counted
-        as held until it returns, and `on_late` given what it returns then (to release what it opened)."""
+        """The call's result within `timeout` s; past it the call is abandoned (FutureTimeout, see `abandon`) and
+        `on_late` given what it returns then, if it returns (to release what it opened)."""
         try:
             return future.result(timeout=timeout)
         except FutureTimeout:
-            if not future.cancel():  # running: it holds its worker until it returns
-                with self._lock:
-                    self.late += 1
-                future.add_done_callback(lambda done: self._returned(done, on_late))
+            self.abandon(future, on_late and (lambda done: done.exception() is None and on_late(done.result())))
             raise
 
-    def _returned(self, future: Future, on_late) -> None:
+    def abandon(self, future: Future, on_return: Callable[[Future], None] | None = None) -> None:
+        """Give up on a call past its deadline: one not started is cancelled; a running one holds its worker,
+        counted as late, until it returns, and `on_return` is then given its future."""
+        if future.cancel():
+            return
+        with self._lock:
+            self.late += 1
+        future.add_done_callback(lambda done: self._returned(done, on_return))
+
+    def _returned(self, future: Future, on_return) -> None:
         with self._lock:
             self.late -= 1
-        if on_late is not None and future.exception() is None:
-            on_late(future.result())
+        if on_return is not None:
+            on_return(future)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
