@@ -5,6 +5,7 @@ too much or malformed JSON, as a broken node would."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import signal
 import threading
@@ -106,6 +107,22 @@ class _BrokenNode(BaseHTTPRequestHandler):
     def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
         good = {"source": "far", "doc_id": "d1", "text": "Pasta dough is flour and eggs.", "title": "Pasta"}
+        if self.mode == "trickle-headers":  # a header a byte at a time: httpx's per-read timeout never trips
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+            for _ in range(150):
+                self.wfile.write(b"a")
+                self.wfile.flush()
+                time.sleep(0.2)
+            return
+        if self.mode == "gzip-bomb":  # 40 MB of spaces in 40 KB
+            body = gzip.compress(b" " * 40_000_000, compresslevel=9)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         if self.mode == "trickle":
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -150,14 +167,27 @@ def broken_node():
     server.server_close()
 
 
-def test_a_remote_that_trickles_fails_within_its_timeout_whole_and_frees_its_worker(broken_node, tmp_path):
+@pytest.mark.parametrize("mode", ["trickle", "trickle-headers"])
+def test_a_remote_that_trickles_fails_within_its_timeout_whole_and_frees_its_worker(broken_node, tmp_path, mode):
     url, handler = broken_node
+    handler.mode = mode
     ws = with_remote(tmp_path, url, timeout_s=1.5)
     result = ws.search("pasta", method="rrf", k=3)
     assert result.failures[0].reason == "timeout" and result.candidates
     _wait_until(lambda: ws.guards["team"].late == 0, seconds=10)  # its own deadline ended the read, not the 30 s
     with pytest.raises(SourceError, match=r"did not answer within 1.5 s \(timeout_s\)"):
         ws.source("team").search("pasta", 3)
+
+
+def test_a_compressed_remote_reply_is_refused_unread(broken_node, tmp_path):
+    """Review of round 5: max_reply_mb counted bytes after decompression, and one read of a 25 KB zstd reply
+    decoded to 800 MB. Replies are asked for uncompressed; a compressed one is that source's failure."""
+    url, handler = broken_node
+    handler.mode = "gzip-bomb"
+    ws = with_remote(tmp_path, url, max_reply_mb=1)
+    result = ws.search("pasta", method="rrf", k=3)
+    assert [f.source for f in result.failures] == ["team"] and result.candidates
+    assert "sent a compressed reply (gzip), which is not read" in result.failures[0].detail
 
 
 @pytest.mark.parametrize("mode", ["huge", "huge-chunked"])

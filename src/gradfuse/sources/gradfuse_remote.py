@@ -11,6 +11,8 @@ source's failure with its reason; the other sources answer.
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -52,7 +54,11 @@ class RemoteGradfuse:
     def __init__(self, name: str, settings: RemoteSettings, timeout_s: float, mode: str = "hybrid"):
         self.name, self.settings, self.mode = name, settings, mode  # the remote's sources retrieve this way
         self._timeout_s = timeout_s
-        self._client = httpx.Client(base_url=settings.url.rstrip("/"), timeout=timeout_s, trust_env=False)
+        # A connection per request: its socket is known (see `_call`), so it can be cut at the deadline. Replies
+        # are read uncompressed, so `max_reply_mb` bounds what is held (a 25 KB zstd reply was 800 MB decoded).
+        self._client = httpx.Client(base_url=settings.url.rstrip("/"), timeout=timeout_s, trust_env=False,
+                                    limits=httpx.Limits(max_keepalive_connections=0),
+                                    headers={"Accept-Encoding": "identity"})
 
     def warm(self) -> None:
         """Nothing to load here: the remote embeds its own queries."""
@@ -89,29 +95,34 @@ class RemoteGradfuse:
         self._client.close()
 
     def _call(self, method: str, path: str, body: dict | None = None) -> bytes:
-        """The reply's body, read whole within `timeout_s` in all (httpx's timeout is per read: a server sending a
-        byte a second would never trip it) and at most `max_reply_mb`."""
+        """The reply's body, read whole within `timeout_s` in all and at most `max_reply_mb`. httpx's timeout is
+        per read, so a server sending a byte a second, in its body or in its headers, would never trip it: at the
+        deadline the connection is cut instead."""
         key = key_from(self.settings.key_env, "the server's key")
         headers = {"X-API-Key": key} if key else {}
         where, limit = self.settings.url, self.settings.max_reply_mb * 1024 * 1024
-        deadline = time.monotonic() + self._timeout_s
+        connection = _Connection(self._timeout_s)
         try:
-            with self._client.stream(method, path, json=body, headers=headers) as response:
+            with self._client.stream(method, path, json=body, headers=headers,
+                                     extensions={"trace": connection.trace}) as response:
+                if response.headers.get("content-encoding", "identity").lower() != "identity":
+                    raise SourceError(f"gradfuse server {where} sent a compressed reply "
+                                      f"({response.headers['content-encoding'][:40]}), which is not read")
                 if int(response.headers.get("content-length") or 0) > limit:
                     raise self._too_large()
                 chunks, size = [], 0
-                for chunk in response.iter_bytes():
+                for chunk in response.iter_raw():
                     size += len(chunk)
                     if size > limit:
                         raise self._too_large()
-                    if time.monotonic() > deadline:
-                        raise httpx.ReadTimeout("the whole reply took too long")
                     chunks.append(chunk)
-        except httpx.TimeoutException:
-            raise SourceError(f"gradfuse server {where} did not answer within {self._timeout_s:g} s "
-                              "(timeout_s)") from None
         except httpx.HTTPError as error:
+            if connection.cut or isinstance(error, httpx.TimeoutException):
+                raise SourceError(f"gradfuse server {where} did not answer within {self._timeout_s:g} s "
+                                  "(timeout_s)") from None
             raise SourceError(f"gradfuse server {where} cannot be reached ({type(error).__name__})") from None
+        finally:
+            connection.done()
         content = b"".join(chunks)
         if response.status_code == 401:
             raise SourceError(f"gradfuse server {where} refused the key"
@@ -124,6 +135,42 @@ class RemoteGradfuse:
     def _too_large(self) -> SourceError:
         return SourceError(f"gradfuse server {self.settings.url} sent a reply larger than "
                            f"{self.settings.max_reply_mb} MB (max_reply_mb), read no further")
+
+
+class _Connection:
+    """One request's connection, cut (shut down, which wakes a blocked read) if the request outlasts `seconds`."""
+
+    def __init__(self, seconds: float):
+        self._streams = []
+        self._lock = threading.Lock()
+        self.cut = False
+        self._timer = threading.Timer(seconds, self._cut)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def trace(self, event: str, info: dict) -> None:
+        """httpcore's hook: the new connection's stream, once connected."""
+        if event == "connection.connect_tcp.complete":
+            with self._lock:
+                self._streams.append(info["return_value"])
+                if self.cut:  # connected just after the deadline
+                    self._shut(info["return_value"])
+
+    def _cut(self) -> None:
+        with self._lock:
+            self.cut = True
+            for stream in self._streams:
+                self._shut(stream)
+
+    @staticmethod
+    def _shut(stream) -> None:
+        try:
+            stream.get_extra_info("socket").shutdown(socket.SHUT_RDWR)
+        except OSError:  # closed already
+            pass
+
+    def done(self) -> None:
+        self._timer.cancel()
 
 
 def _detail(content: bytes) -> str:
