@@ -220,15 +220,22 @@ def test_extractive_answers_and_evidence_contexts_keep_the_passage_numbers(tmp_p
     assert prompt.count("<passage id=") < 3  # passages with no kept sentence are left out, numbers kept
 
 
-def test_a_long_passage_goes_to_pysbd_in_windows_that_end_where_its_sentences_end(monkeypatch):
+@pytest.mark.parametrize("near_a_window_end", [False, True])
+def test_a_long_passage_goes_to_pysbd_in_windows_and_gets_pysbds_own_sentences(monkeypatch, near_a_window_end):
     """pysbd's time grows with the square of its input (400 KB took 211 s): it is given at most PYSBD_WINDOW
-    characters at a time, and the windows cost no sentence: the spans are those of pysbd over the whole text."""
+    characters at a time, and the windows cost no sentence: the spans are those of pysbd over the whole text, also
+    where a window would end inside "Dr. Smith" (the review of round 5 found windows cut there)."""
     from gradfuse import evidence
 
     words = ["delta", "Dr.", "clay", "3.5 mm", "river", "e.g.", "sand", "(layer 4)", "U.S.", "silt"]
     sentences = [f"Sample {i} of the {words[i % 10]} core holds {words[(i * 3) % 10]} and {words[(i * 7) % 10]}."
                  for i in range(300)]
     text = " ".join(sentences)  # about 15,000 characters in one paragraph
+    if near_a_window_end:
+        filler = "The committee reviewed the proposal in great detail and discussed its merits at length today. "
+        text = filler * 40 + "The report was prepared by Dr. Smith and his team at the institute " + \
+            "over many long months of work " * 20 + "in the end. " + filler * 5
+        assert evidence.PYSBD_WINDOW - 300 < text.find("Dr.") < evidence.PYSBD_WINDOW
     with monkeypatch.context() as whole_text:
         whole_text.setattr(evidence, "PYSBD_WINDOW", len(text))
         whole = sentence_spans(text)
@@ -236,5 +243,5 @@ def test_a_long_passage_goes_to_pysbd_in_windows_that_end_where_its_sentences_en
     real_segment = segmenter.segment
     monkeypatch.setattr(segmenter, "segment", lambda piece: given.append(len(piece)) or real_segment(piece))
     spans = sentence_spans(text)
-    assert len(given) >= 4 and max(given) <= evidence.PYSBD_WINDOW and sum(given) == len(text)
-    assert spans == whole and len(spans) >= 300
+    assert len(given) >= 2 and max(given) <= evidence.PYSBD_WINDOW and sum(given) < 2 * len(text)
+    assert spans == whole and len(spans) >= len(text) // 300

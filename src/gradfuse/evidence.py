@@ -145,36 +145,32 @@ def _block_sentences(block: str) -> list[tuple[int, int]]:
 
 
 # pysbd's time grows with the square of what it is given (20 KB 0.66 s, 400 KB 211 s): a longer piece goes to it in
-# windows of at most this many characters, each ending where a sentence likely ends, so splitting is linear.
+# windows of at most this many characters. A window's last sentence may be cut by the window's end, so it is split
+# again at the start of the next window, with what follows it: the spans are pysbd's own, found in linear time.
 PYSBD_WINDOW = 4000
-_LIKELY_END = re.compile(r"[.!?][\"')\]’”]*\s+(?=[\"'(‘“]?[A-Z0-9])")
 
 
-def _windows(text: str) -> list[tuple[int, int]]:
-    """`text` as spans of at most PYSBD_WINDOW characters, each cut after the last likely sentence end in the
-    second half of its window, or else at its last space, or else at the window's end."""
-    windows, start = [], 0
-    while len(text) - start > PYSBD_WINDOW:
-        end = start + PYSBD_WINDOW
-        ends = [m.end() for m in _LIKELY_END.finditer(text, start + PYSBD_WINDOW // 2, end)]
-        space = text.rfind(" ", start + PYSBD_WINDOW // 2, end)
-        cut = ends[-1] if ends else space + 1 if space > 0 else end
-        windows.append((start, cut))
-        start = cut
-    return [*windows, (start, len(text))]
+def _pysbd_segments(text: str) -> list[tuple[int, int]]:
+    segments, start = [], 0
+    while start < len(text):
+        end = min(len(text), start + PYSBD_WINDOW)
+        with _SPLITTING:
+            found = [(start + s.start, start + s.end) for s in _segmenter().segment(text[start:end])]
+        if end == len(text) or len(found) < 2:  # the last window, or one sentence longer than a window: kept as cut
+            segments += found
+            start = end
+        else:
+            segments += found[:-1]
+            start = found[-1][0]
+    return segments
 
 
 def _pysbd_sentences(piece: str) -> list[tuple[int, int]]:
     if not piece.strip():
         return []
     hidden = _INNER_DOT.sub("_", piece.replace("\n", " "))
-    segments = []
-    for window_start, window_end in _windows(hidden):
-        with _SPLITTING:
-            found = _segmenter().segment(hidden[window_start:window_end])
-        segments += [(window_start + s.start, window_start + s.end) for s in found]
     spans = []
-    for start, end in segments:
+    for start, end in _pysbd_segments(hidden):
         while start < end and piece[start].isspace():
             start += 1
         while end > start and piece[end - 1].isspace():
