@@ -14,6 +14,7 @@ from urllib.parse import quote
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp.server.mcpserver.resources.templates import ResourceSecurity
+from pydantic import ValidationError
 
 from gradfuse import __version__
 from gradfuse.generate.openai_http import EndpointError
@@ -22,7 +23,7 @@ from gradfuse.redact import redact
 from gradfuse.schemas import (answer_outcome, answer_record, candidate_record, citations_and_evidence,
                               failure_record, served_source_record)
 from gradfuse.server.admission import Busy, LMAdmission
-from gradfuse.server.requests import AskRequest, SearchRequest
+from gradfuse.server.requests import AskRequest, SearchRequest, error_line, field_errors
 from gradfuse.server.settings import ServerSettings
 from gradfuse.server.streams import Recorder, finished_answer, start_answer, unrecorded
 from gradfuse.sources.base import SourceError, check_source_name
@@ -72,6 +73,19 @@ def _told(tool):
     return call
 
 
+class _PlainErrors(MCPServer):
+    """The SDK tells a client of arguments of the wrong type ("k": "abc") with pydantic's whole dump (its input,
+    type and URL): here they are told like every other refusal, the argument and what is wrong with it."""
+
+    async def call_tool(self, name, arguments, context=None):
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as error:
+            if isinstance(error.__cause__, ValidationError):
+                raise ToolError(f"{name}: {error_line(field_errors(error.__cause__.errors()))}") from None
+            raise
+
+
 def build_mcp(workspace: Workspace, settings: ServerSettings, admission: LMAdmission | None = None,
               recorded: Recorder = unrecorded) -> MCPServer:
     """`recorded`: how a server records what each search saw of its sources (/sources, /metrics)."""
@@ -81,7 +95,7 @@ def build_mcp(workspace: Workspace, settings: ServerSettings, admission: LMAdmis
     # lines, httpx's request URLs among them, past gradfuse's redaction: the root logger is put back as it was.
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
-    server = MCPServer("gradfuse", version=__version__, instructions=INSTRUCTIONS)
+    server = _PlainErrors("gradfuse", version=__version__, instructions=INSTRUCTIONS)
     root.handlers[:], root.level = handlers, level
 
     @server.tool(description="Search every source (or those named) for passages on `query`; each passage comes with "
