@@ -176,6 +176,25 @@ def test_slides_are_units_with_their_title_and_notes(indexed):
     assert roadmap.text.count("Roadmap 2027") == 1
 
 
+def test_a_slides_table_is_prose_and_keeps_a_bar_in_a_cell_as_written(tmp_path):
+    """A slide's table is read as text, never split back into cells, so its "|" is not escaped (review of round 5:
+    "Basic \\| Pro" reached the index)."""
+    from pptx.util import Inches
+
+    deck = pptx.Presentation()
+    slide = deck.slides.add_slide(deck.slide_layouts[5])
+    slide.shapes.title.text = "Plans"
+    table = slide.shapes.add_table(2, 2, Inches(1), Inches(2), Inches(6), Inches(1)).table
+    for (row, column), text in {(0, 0): "plan", (0, 1): "price", (1, 0): "Basic | Pro", (1, 1): "10"}.items():
+        table.cell(row, column).text = text
+    (tmp_path / "deck").mkdir()
+    deck.save(str(tmp_path / "deck" / "plans.pptx"))
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    ws.index(SourceSpec("deck", "files", str(tmp_path / "deck")))
+    found = ws.search("price of the Basic plan", method="concat", k=1).candidates[0]
+    assert "plan | price\nBasic | Pro | 10" in found.text and "\\|" not in found.text
+
+
 def test_spreadsheet_rows_come_in_chunks_that_repeat_the_header_with_sheet_and_rows(indexed):
     ws, _ = indexed
     row = _search(ws, '"Region 97"', k=1)[0]

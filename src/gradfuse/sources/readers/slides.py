@@ -33,7 +33,8 @@ def read_pptx(data: bytes, name: str, reading: Reading) -> Parsed:
             if shape.has_text_frame and shape.text_frame.text.strip():
                 lines.append(shape.text_frame.text.strip())
             elif getattr(shape, "has_table", False) and shape.has_table:
-                lines += [row_text((cell.text for cell in row.cells), reading) for row in shape.table.rows]
+                lines += [row_text((cell.text for cell in row.cells), reading, escaped=False)
+                          for row in shape.table.rows]
         if slide.has_notes_slide and slide.notes_slide.notes_text_frame is not None:
             notes = slide.notes_slide.notes_text_frame.text.strip()
             if notes:

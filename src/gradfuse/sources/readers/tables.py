@@ -19,14 +19,15 @@ ROW_CHUNK_WORDS = 150  # a chunk's rows, header included, as far as they stay un
 SEPARATOR = " | "
 
 
-def row_text(cells: Iterable[object], reading: Reading) -> str:
+def row_text(cells: Iterable[object], reading: Reading, *, escaped: bool = True) -> str:
+    """One row's cells, bounded; `escaped=False` for a table that is read as prose (a slide's), never split back."""
     limits, texts = reading.limits, []
     for number, cell in enumerate(cells):
         if number == limits.max_columns:
             reading.note(f"rows cut to {limits.max_columns} columns (--max-columns)")
             break
         text = reading.capped(_cell(cell), limits.max_cell_chars, "cells", "--max-cell-chars")
-        texts.append(text.replace("|", r"\|"))
+        texts.append(text.replace("|", r"\|") if escaped else text)
     return SEPARATOR.join(texts)
 
 
