@@ -12,7 +12,9 @@ The sources (SciFact abstracts, 100 per source, from ../shared/data):
 The faults: `hang` (the second server and Chroma paused by SIGSTOP: four sources), and on both nodes `trickle` (a
 byte every 0.2 s), `crash` (half the reply, then the connection closed), `refuse` (nothing listens on the port) and
 `garbage` (200 with bytes that are not JSON). Half the clients' requests name two of the healthy sources, the other
-half name none (every source). The server runs its defaults ([guard]: 8 workers a source, a breaker opened by 5
+half name none (every source). Two rows without a fault: `none` (all eight answer) and `absent` (the "every
+source" requests name the four healthy ones only, as if the others did not exist: the least work the healthy
+requests can share the server with). The server runs its defaults ([guard]: 8 workers a source, a breaker opened by 5
 failures in a row, 30 s cool-down), with timeout_s = 3 for every source. After each fault ends, one request naming
 every source is sent every 0.5 s until no faulted source fails: that time is the recovery.
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import signal
 import socket
@@ -46,12 +49,12 @@ from gradfuse.eval.runner import commit_id, machine_description  # noqa: E402
 from gradfuse.sources.documents import IngestReport, read_beir_corpus  # noqa: E402
 from gradfuse.sources.encoder import load_encoder  # noqa: E402
 
-SCIFACT = Path(__file__).resolve().parents[2] / "shared" / "data" / "beir_scifact"
+SCIFACT = Path(os.environ.get("GRADFUSE_DATA") or ROOT.parent / "shared" / "data") / "beir_scifact"
 WORK = ROOT / ".gradfuse" / "bench" / "chaos"
 OUT = ROOT / "results" / "chaos"
 PER_SOURCE = 100
 HEALTHY = [f"notes-{i}" for i in range(4)]
-FAULTS = {"none": [], "hang": ["remote", "node-a", "node-b", "chroma"], "trickle": ["node-a", "node-b"],
+FAULTS = {"absent": [], "none": [], "hang": ["remote", "node-a", "node-b", "chroma"], "trickle": ["node-a", "node-b"],
           "crash": ["node-a", "node-b"], "refuse": ["node-a", "node-b"], "garbage": ["node-a", "node-b"]}
 CLIENTS = 4
 
@@ -173,7 +176,8 @@ def main_config(folder: Path, chroma: str, far: str, nodes: dict[str, NodeServer
     return config
 
 
-def client_loop(url: str, queries: list[str], stop: threading.Event, seed: int, log: list) -> None:
+def client_loop(url: str, queries: list[str], stop: threading.Event, seed: int, log: list,
+                every: list[str] | None) -> None:
     rng = random.Random(seed)
     with httpx.Client(base_url=url, timeout=60) as http:
         while not stop.is_set():
@@ -181,6 +185,8 @@ def client_loop(url: str, queries: list[str], stop: threading.Event, seed: int, 
             body = {"query": rng.choice(queries), "k": 5}
             if healthy_only:
                 body["sources"] = rng.sample(HEALTHY, 2)
+            elif every:
+                body["sources"] = every
             started = time.perf_counter()
             try:
                 reply = http.post("/search", json=body)
@@ -192,10 +198,11 @@ def client_loop(url: str, queries: list[str], stop: threading.Event, seed: int, 
                         "failures": {f["source"]: f["reason"] for f in payload.get("failures", [])}})
 
 
-def clients(url: str, queries: list[str], seconds: float, log: list) -> None:
-    """CLIENTS clients sending requests one after another for `seconds`, each request's outcome into `log`."""
+def clients(url: str, queries: list[str], seconds: float, log: list, every: list[str] | None = None) -> None:
+    """CLIENTS clients sending requests one after another for `seconds`, each request's outcome into `log`;
+    `every`: what the requests that name every source name instead (none: every source)."""
     stop = threading.Event()
-    threads = [threading.Thread(target=client_loop, args=(url, queries, stop, i, log)) for i in range(CLIENTS)]
+    threads = [threading.Thread(target=client_loop, args=(url, queries, stop, i, log, every)) for i in range(CLIENTS)]
     for thread in threads:
         thread.start()
     time.sleep(seconds)
@@ -291,7 +298,7 @@ def run(seconds: float) -> dict:
             print(f"{fault}: {seconds:g} s, faulted: {', '.join(faulted) or 'none'}", flush=True)
             log = []
             start_fault(fault, nodes, processes)
-            clients(url, queries, seconds, log)
+            clients(url, queries, seconds, log, HEALTHY if fault == "absent" else None)
             end_fault(fault, nodes, processes)
             results[fault] = {"faulted": faulted, **summary(log, faulted),
                               "recovery_s": recovery_seconds(url, queries[0], faulted) if faulted else None}
@@ -305,21 +312,23 @@ def write(results: dict, seconds: float) -> None:
               "clients": CLIENTS, "sources": 8, "documents_per_source": PER_SOURCE, "timeout_s": 3.0,
               "guard": "defaults (workers 8, breaker_failures 5, breaker_cooldown_s 30)"}
     (OUT / "results.json").write_text(json.dumps({**header, "faults": results}, indent=1) + "\n")
-    base = results["none"]["healthy_p50_ms"]
+    none, absent = results["none"]["healthy_p50_ms"], results["absent"]["healthy_p50_ms"]
     lines = ["# Chaos: each source fails alone", "",
              f"Commit {header['commit']}; {header['machine']}. Made by `make bench-chaos` (bench/chaos.py, whose "
              f"docstring says how): 8 sources behind one `gradfuse serve`, {CLIENTS} clients for {seconds:g} s per "
              "fault, timeout_s 3, [guard] defaults. \"Healthy\" requests name two of the four local sources; "
-             "\"every source\" requests name none. Recovery: from the fault's end until a request naming every "
-             "source has no faulted source failing (the breaker's cool-down is 30 s).", "",
-             "| fault | faulted sources | healthy requests | succeeded | p50 ms (× none) | p99 ms | every-source "
-             "requests answered | faults reported | failure reasons | recovery s |",
+             "\"every source\" requests name none (`absent`: the four healthy ones). Failure reasons count "
+             "(request, source) pairs. Recovery: from the fault's end until a request naming every source has no "
+             "faulted source failing (the breaker's cool-down is 30 s).", "",
+             "| fault | faulted sources | healthy requests | succeeded | p50 ms (× none, × absent) | p99 ms | "
+             "every-source requests answered | faults reported | failure reasons | recovery s |",
              "|---|---|---:|---:|---:|---:|---:|---:|---|---:|"]
     for fault, r in results.items():
         reported = "–" if r["all_source_faults_reported"] is None else f"{r['all_source_faults_reported']:.2f}"
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(r["failure_reasons"].items())) or "–"
         lines.append(f"| {fault} | {', '.join(r['faulted']) or '–'} | {r['healthy_requests']} | "
-                     f"{r['healthy_succeeded']:.3f} | {r['healthy_p50_ms']:.0f} ({r['healthy_p50_ms'] / base:.2f}×) | "
+                     f"{r['healthy_succeeded']:.3f} | {r['healthy_p50_ms']:.0f} ({r['healthy_p50_ms'] / none:.2f}×, "
+                     f"{r['healthy_p50_ms'] / absent:.2f}×) | "
                      f"{r['healthy_p99_ms']:.0f} | {r['all_source_answered']:.3f} | {reported} | {reasons} | "
                      f"{'–' if r['recovery_s'] is None else r['recovery_s']} |")
     (OUT / "results.md").write_text("\n".join(lines) + "\n")
