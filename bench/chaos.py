@@ -13,8 +13,9 @@ The faults: `hang` (the second server and Chroma paused by SIGSTOP: four sources
 byte every 0.2 s), `crash` (half the reply, then the connection closed), `refuse` (nothing listens on the port) and
 `garbage` (200 with bytes that are not JSON). Half the clients' requests name two of the healthy sources, the other
 half name none (every source). Two rows without a fault: `none` (all eight answer) and `absent` (the "every
-source" requests name the four healthy ones only, as if the others did not exist: the least work the healthy
-requests can share the server with). The server runs its defaults ([guard]: 8 workers a source, a breaker opened by 5
+source" requests name the four healthy ones only, as if the others did not exist). The load is closed: four
+requests are always in flight, so where all of them are cheap (`absent`) they compete for the two cores the most,
+and the healthy requests' p50 is higher there than in `none`, whose every-source requests wait on remotes. The server runs its defaults ([guard]: 8 workers a source, a breaker opened by 5
 failures in a row, 30 s cool-down), with timeout_s = 3 for every source. After each fault ends, one request naming
 every source is sent every 0.5 s until no faulted source fails: that time is the recovery.
 
