@@ -296,7 +296,7 @@ def chance_before(found: dict[str, np.ndarray]) -> float:
 def support_before(ws: Workspace, question: str, passages: list[Candidate]) -> float:
     evidence = sorted(ws.evidence(question, passages), key=lambda e: (e.passage, e.span))
     texts = [e.quoted() for e in evidence]
-    encoder = ws._encoder()
+    encoder = ws.query.encoder()
     cosines = encoder.encode_short(texts) @ encoder.encode_query(question) if texts else np.zeros(0)
     return chance_before(support.signals(question, texts, cosines, [e.passage for e in evidence]))
 
@@ -306,7 +306,7 @@ def scorer_rows(ws: Workspace, q: Question, method: str) -> dict:
     the gate over the first PASSAGE_CHARS characters of each, as answers were quoted before."""
     passages = ws.search(q.text, method=method, k=K).candidates
     row = {"id": q.id, "kind": q.kind}
-    encoder = ws._encoder()
+    encoder = ws.query.encoder()
     encoder._short.clear()  # the answers asked before encoded these sentences; a new question's are not yet
     encoder.encode_query(q.text)  # but its search has encoded the question itself
     cpu = time.process_time()  # the evidence step of an answer: its sentences scored, and "not found" or not
@@ -421,7 +421,7 @@ def qa_extractive(ws: Workspace) -> dict:
     often, and at what cost."""
     from evidence_budget import FOLDERS, Pools, question_sets
 
-    encoder = ws._encoder()
+    encoder = ws.query.encoder()
     pools = {name: Pools(name, encoder) for name in FOLDERS}
     out = {}
     for name, parts in question_sets().items():

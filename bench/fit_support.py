@@ -175,7 +175,7 @@ QA_POOLS_VERSION = 3  # raise when qa_pools changes: its pools are kept in CACHE
 def gathered() -> list[Pool]:
     """Every pool; the QA sets' from CACHE once made, the answer benchmark's anew (its questions change)."""
     ws, questions, _ = answers.build()
-    embedded = Embedded(ws._encoder())
+    embedded = Embedded(ws.query.encoder())
     path = CACHE / f"qa-pools-{QA_POOLS_VERSION}.pkl"
     if path.exists():
         qa = pickle.loads(path.read_bytes())

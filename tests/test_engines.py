@@ -469,4 +469,4 @@ def test_select_over_an_engine_holds_its_candidates_vectors_in_memory_not_in_the
     found = ws.search("Which planet has rings of ice?", method="select", k=3)
     assert found.candidates[0].doc_id == "saturn"
     assert sqlite3.connect(disk).execute("SELECT COUNT(*) FROM vectors").fetchone() == before
-    assert ws._embeddings.held >= len(PLANETS)
+    assert ws.query.embeddings.held >= len(PLANETS)

@@ -61,32 +61,39 @@ class Broken:
         return self._real.stats()
 
 
-class FaultyWorkspace(Workspace):
-    """Four built sources; `slow` hangs and `broken` raises whenever they are queried."""
+RELEASE = threading.Event()  # lets the hanging source's calls return when the tests are done
 
-    release = threading.Event()
+
+def faulty_workspace(config: Config) -> Workspace:
+    """A workspace whose source `slow` hangs and `broken` raises whenever they are queried (its catalog hands
+    them out wrapped)."""
+    ws = Workspace(config)
+    real_holding = ws.catalog.holding
 
     @contextmanager
-    def holding(self, name, retrieval=None):
-        with super().holding(name, retrieval) as real:
+    def holding(name, retrieval=None):
+        with real_holding(name, retrieval) as real:
             if name == "slow":
-                yield Hanging(real, self.release)
+                yield Hanging(real, RELEASE)
             elif name == "broken":
                 yield Broken(real)
             else:
                 yield real
 
+    ws.catalog.holding = holding
+    return ws
+
 
 @pytest.fixture(scope="module")
 def faulty(tmp_path_factory):
     root = tmp_path_factory.mktemp("faulty")
-    ws = FaultyWorkspace(Config(workspace=root / "ws", timeout_s=1.0))
+    ws = faulty_workspace(Config(workspace=root / "ws", timeout_s=1.0))
     ws.index(SourceSpec("astronomy", "jsonl", str(write_jsonl(root / "a.jsonl", ASTRONOMY))))
     ws.index(SourceSpec("cooking", "jsonl", str(write_jsonl(root / "c.jsonl", COOKING))))
     ws.index(SourceSpec("slow", "jsonl", str(write_jsonl(root / "s.jsonl", ASTRONOMY[:1]))))
     ws.index(SourceSpec("broken", "jsonl", str(write_jsonl(root / "b.jsonl", COOKING[:1]))))
     yield ws
-    FaultyWorkspace.release.set()
+    RELEASE.set()
 
 
 @pytest.fixture(scope="module")

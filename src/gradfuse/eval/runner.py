@@ -4,6 +4,9 @@ Order of work: build (or reuse) the sources; sample the query sets; retrieve onc
 cheap method; tune on the dev queries (best static source, ranx-learned fusion weights, stage-1 settings); run the
 scoring-LM methods on their subsample, caching each query's outcome on disk so an interrupted run resumes; tune the
 gradient/prior mix on the dev subsample. Nothing tuned ever sees a test query.
+
+Longer than the rest (about 460 lines) because those steps share one run's state (its queries, retrieved lists,
+caches and the tuned record) and are read in that order; tuning.py, outcome.py and report.py hold what stands alone.
 """
 
 from __future__ import annotations

@@ -122,7 +122,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        workspace._encoder()  # load once before the first request, not during it
+        workspace.query.encoder()  # load once before the first request, not during it
         if preload_lm and workspace.executor is LOCAL:  # replicas on a Ray cluster load their own
             from gradfuse.rerank import load_scorer
 

@@ -1,0 +1,173 @@
+"""The answer path: the passages' sentences scored as evidence → the chance they hold the answer (support) →
+"not found" below `[evidence] abstain_below` → the answer, quoted from the evidence or written by a generator with
+its citations.
+
+It may import the query pipeline (query.py), evidence.py, rerank/ and generate/, never a shell."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import closing
+from dataclasses import dataclass, field, replace
+import time
+
+from gradfuse.candidate import Candidate
+from gradfuse.config import Config
+from gradfuse.evidence import Evidence, excerpts, extractive_answer, not_found, passage_sentences
+from gradfuse.execute import Executor
+from gradfuse.generate import BUNDLED_GENERATOR, Citation, fit_to_window, make_generator, parse_citations
+from gradfuse.generate.local import load_tokenizer
+from gradfuse.generate.prompt import EXTRACTIVE, PASSAGE_CHARS, build_messages
+from gradfuse.query import QueryPipeline, SearchResult
+from gradfuse.rerank import support
+from gradfuse.rerank.sentences import LM_SENTENCE_SCORERS, EvidenceSettings, score_texts, within_passes
+from gradfuse.rerank.sentences import Passage as SentencePassage
+from gradfuse.sources.federated import SourceFailure
+
+
+@dataclass
+class _Prepared:
+    """What an answer is made from: the passages, the generator (None: extractive) and its prompt."""
+
+    result: SearchResult
+    model: object | None
+    messages: list[dict[str, str]]
+    dropped: list[Candidate]
+    evidence: list[Evidence]  # every sentence of the passages shown, best first
+    options: dict
+    support: float | None  # the chance that the passages hold the answer (`Workspace.support`)
+    abstained: bool  # below `[evidence] abstain_below`: the answer says "not found" and nothing is generated
+    within: float | None = None  # a second quoted sentence's value is this close to the first's (support only)
+
+    def extract(self) -> str:
+        quote = not_found if self.abstained else extractive_answer
+        return quote(self.evidence, within=self.within)
+
+
+@dataclass
+class Answer:
+    question: str
+    text: str
+    citations: list[Citation]
+    invalid_citations: list[int]  # numbers the model cited that match no passage
+    generator: str
+    search: SearchResult  # how the passages were chosen (selection decision, rerank scores)
+    timings: dict[str, float] = field(default_factory=dict)
+    dropped: list[Candidate] = field(default_factory=list)  # the lowest-ranked, left out to fit the window
+    evidence: list[Evidence] = field(default_factory=list)  # the passages' sentences it quotes, best first
+    support: float | None = None  # the chance that the passages hold the answer (`Workspace.support`)
+    abstained: bool = False  # the evidence was too weak: "not found in these sources", with what came closest
+
+    @property
+    def passages(self) -> list[Candidate]:
+        """What the generator saw, numbered from 1."""
+        return self.search.candidates[:len(self.search.candidates) - len(self.dropped)]
+
+    @property
+    def failures(self) -> list[SourceFailure]:
+        return self.search.failures
+
+
+
+class Answerer:
+    def __init__(self, config: Config, query: QueryPipeline, executor: Executor):
+        self.config, self.query, self.executor = config, query, executor
+
+    def ask(self, question: str, *, generator: str | None = None, context_k: int | None = None,
+            max_new_tokens: int | None = None, **search_options) -> Answer:
+        prepared = self._prepare(question, generator, context_k, max_new_tokens, search_options)
+        started = time.perf_counter()
+        text = prepared.extract() if prepared.model is None else prepared.model.generate(prepared.messages,
+                                                                                          **prepared.options)
+        return self._answer(question, text, prepared, time.perf_counter() - started)
+
+    def ask_stream(self, question: str, *, generator: str | None = None, context_k: int | None = None,
+                   max_new_tokens: int | None = None, **search_options) -> Iterator[SearchResult | str | Answer]:
+        prepared = self._prepare(question, generator, context_k, max_new_tokens, search_options)
+        yield prepared.result
+        started = time.perf_counter()
+        if prepared.model is None:
+            yield (text := prepared.extract())
+            yield self._answer(question, text, prepared, time.perf_counter() - started)
+            return
+        pieces = []
+        with closing(prepared.model.stream(prepared.messages, **prepared.options)) as stream:  # closed at once
+            for piece in stream:                                                               # when our reader stops
+                if piece:
+                    pieces.append(piece)
+                    yield piece
+        yield self._answer(question, "".join(pieces).strip(), prepared, time.perf_counter() - started)
+
+    @property
+    def extractive(self) -> bool:
+        """Whether an answer with no generator named is the evidence's own sentences (`[generator] answer`)."""
+        answer = self.config.answer
+        return answer == "extractive" or (answer == "auto" and self.config.generator == BUNDLED_GENERATOR)
+
+    def evidence(self, question: str, passages: list[Candidate], *, settings: EvidenceSettings | None = None,
+                 gold: str | None = None, chars: int | None = None) -> list[Evidence]:
+        settings = settings or self.config.evidence
+        if settings.scorer == "none" or not passages:
+            return []
+        shown = [c.text[:chars] for c in passages]
+        units = [SentencePassage(f"{c.title}: " if c.title else "", text, passage_sentences(c, text))
+                 for c, text in zip(passages, shown)]
+        if settings.target == "gold" and not gold:
+            raise ValueError("[evidence] target 'gold' needs a reference answer (gold)")
+        target = gold if settings.target == "gold" else None
+        if settings.scorer in LM_SENTENCE_SCORERS:  # on the executor, as stage 2's passes
+            units = within_passes(settings.scorer, units, settings.max_lm_passes)
+            fit, values = self.executor.sentences(settings.scorer, question, units, self.config.rerank,
+                                                  target=target, calibrated=settings.calibrated)
+            units, passages = units[:fit], passages[:fit]
+        scored = [Evidence.of(number, candidate, span, 0.0)
+                  for number, (candidate, unit) in enumerate(zip(passages, units), start=1) for span in unit.sentences]
+        if settings.scorer not in LM_SENTENCE_SCORERS:  # read as quoted: a table row with its column names
+            encoder = self.query.encoder()
+            values = score_texts(settings.scorer, question, [e.quoted() for e in scored], embed=encoder.encode_short,
+                                 query_vector=encoder.encode_query(question), passages=[e.passage for e in scored])
+        return sorted((replace(e, score=float(value)) for e, value in zip(scored, values, strict=True)),
+                      key=lambda e: -e.score)
+
+    def support(self, question: str, evidence: list[Evidence]) -> float | None:
+        if not evidence:
+            return None
+        return support.answered(support.quoted_signals(question, evidence, self.query.encoder()), support.model())
+
+    def _prepare(self, question, generator, context_k, max_new_tokens, search_options) -> _Prepared:
+        result = self.query.search(question, k=context_k or self.config.context_k, **search_options)
+        extractive = generator is None and self.extractive
+        model = None if extractive else make_generator(generator or self.config.generator,
+                                                       context_tokens=self.config.context_tokens,
+                                                       api_key_env=self.config.api_key_env)
+        max_new_tokens = max_new_tokens or self.config.max_new_tokens
+        if model is None:
+            messages, dropped = [], []
+        else:
+            messages, dropped = fit_to_window(question, result.candidates, model, max_new_tokens)
+        shown = result.candidates[: len(result.candidates) - len(dropped)]
+        started = time.perf_counter()
+        # A generator reads the start of each passage (PASSAGE_CHARS); a quoted answer can quote all of it.
+        evidence = self.evidence(question, shown, gold=search_options.get("gold"),
+                                 chars=None if model is None else PASSAGE_CHARS)
+        chance = self.support(question, evidence)
+        result.timings["evidence"] = time.perf_counter() - started
+        abstained = support.declines(question, evidence, chance, self.config.evidence.abstain_below)
+        if abstained:  # nothing to answer from: no generator writes one
+            model = None
+        if model is not None and self.config.context == "evidence" and evidence:
+            tokenizer = load_tokenizer(self.config.rerank.model)
+            kept = excerpts(evidence, lambda text: len(tokenizer.encode(text, add_special_tokens=False)),
+                            self.config.evidence_tokens)
+            messages = build_messages(question, shown, excerpts=kept)
+        options = {"max_new_tokens": max_new_tokens, "passages": len(shown) if self.config.cite_first else 0}
+        within = support.model().second_within if self.config.evidence.scorer == "support" else None
+        return _Prepared(result, model, messages, dropped, evidence, options, chance, abstained, within)
+
+    def _answer(self, question: str, text: str, prepared: _Prepared, seconds: float) -> Answer:
+        result = prepared.result
+        answer = Answer(question, text, [], [], prepared.model.name if prepared.model else EXTRACTIVE, result,
+                        {**result.timings, "generation": seconds}, prepared.dropped,
+                        prepared.evidence[: self.config.evidence.top], prepared.support, prepared.abstained)
+        answer.citations, answer.invalid_citations = parse_citations(text, answer.passages)
+        return answer

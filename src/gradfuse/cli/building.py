@@ -1,0 +1,183 @@
+"""`gradfuse index ...`, `build` and `sources`: building sources and listing them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from gradfuse.cli.common import (
+    ConfigOpt, Into, Language, SkipMalformed, SourceName, TableName, Wait, WorkspaceOpt, _run_guarded,
+    _workspace, app, console, escape, index_app,
+)
+from gradfuse.schemas import source_record
+from gradfuse.sources import BuildReport, SourceSpec
+from gradfuse.sources.readers import LIMIT_OPTIONS, ReaderLimits
+
+
+def _print_build(report: BuildReport) -> None:
+    if report.written is not None and report.status == "built":
+        console.print(f"[green]{report.name}[/]: {report.documents} documents in the table: {report.written} "
+                      f"written, {report.deleted} deleted, {report.embedded_now} embedded now "
+                      f"({report.seconds:.1f} s)")
+        return
+    if report.status == "unchanged":
+        console.print(f"[green]{report.name}[/]: unchanged ({report.documents} documents), nothing rebuilt")
+    else:
+        console.print(
+            f"[green]{report.name}[/]: built {report.documents} documents in {report.seconds:.1f} s "
+            f"({report.docs_per_second:.0f} docs/s; {report.embedded_now} embedded now"
+            + (f" by {report.encoder}" if report.encoder else "") + ", the rest from cache)")
+    for note in report.notes:
+        console.print(f"  [yellow]note:[/] {escape(note)}")
+    if report.formats:
+        console.print("  read: " + ", ".join(f"{count} {kind}" for kind, count in sorted(report.formats.items())))
+    problems = {k: v for k, v in report.ingest.items() if v}
+    if problems:
+        console.print(f"  [yellow]ingest:[/] {problems}")
+    if report.skipped:
+        console.print(f"  [yellow]skipped {len(report.skipped)} file(s)[/]: "
+                      + ", ".join(f"{count} {reason}" for reason, count in report.skipped_by_reason.items()))
+        for name, reason, detail in report.skipped:
+            console.print(f"    {escape(name)}: {reason} ({escape(detail)})")
+    if report.cut:
+        console.print("  [yellow]read in part, to a limit:[/]")
+        for cut in report.cut:
+            console.print(f"    {escape(cut)}")
+
+
+def _index(config, workspace, spec: SourceSpec, into=None, table=None, language=None, wait=False) -> None:
+    ws = _workspace(config, workspace)
+    _print_build(_run_guarded(lambda: ws.index(spec, into=into, table=table, language=language, progress=True,
+                                               wait=wait)))
+
+
+@index_app.command("beir")
+def index_beir(folder: Path, source: SourceName, skip_malformed: SkipMalformed = False, into: Into = None,
+               table: TableName = None, language: Language = None, config: ConfigOpt = None,
+               workspace: WorkspaceOpt = None, wait: Wait = False):
+    """A BEIR-style folder (corpus.jsonl with id/title/text)."""
+    _index(config, workspace, SourceSpec(source, "beir", str(folder), {"skip_malformed": skip_malformed}), into,
+           table, language, wait)
+
+
+@index_app.command("jsonl")
+def index_jsonl(
+    file: Path,
+    source: SourceName,
+    id_field: str = "id",
+    text_field: str = "text",
+    title_field: str = "title",
+    chunk_words: Annotated[int, typer.Option(help="Cut records into chunks of this many words (0: keep whole)")] = 0,
+    skip_malformed: SkipMalformed = False,
+    into: Into = None,
+    table: TableName = None,
+    language: Language = None,
+    config: ConfigOpt = None,
+    workspace: WorkspaceOpt = None,
+    wait: Wait = False,
+):
+    """A JSON-lines file, one document per line."""
+    options = {"id_field": id_field, "text_field": text_field, "title_field": title_field,
+               "skip_malformed": skip_malformed}
+    if chunk_words:
+        options["chunk_words"] = chunk_words
+    _index(config, workspace, SourceSpec(source, "jsonl", str(file), options), into, table, language, wait)
+
+
+@index_app.command("files")
+def index_files(
+    folder: Path,
+    source: SourceName,
+    chunk_words: int = 200,
+    chunk_overlap: int = 40,
+    links_outside: Annotated[bool, typer.Option(help="Also index files behind links that lead out of the folder "
+                                                     "(skipped and reported by default)")] = False,
+    max_file_mb: Annotated[int, typer.Option(help="Skip a larger file")] = ReaderLimits.max_file_mb,
+    max_pages: Annotated[int, typer.Option(help="Skip a PDF or deck with more pages or slides")] = ReaderLimits.max_pages,
+    max_rows: Annotated[int, typer.Option(help="Skip a spreadsheet with more rows")] = ReaderLimits.max_rows,
+    max_unzipped_mb: Annotated[int, typer.Option(
+        help="Skip an Office file whose parts unzip to more (a zip bomb)")] = ReaderLimits.max_unzipped_mb,
+    max_zip_entries: Annotated[int, typer.Option(
+        help="Skip an Office file with more parts in its zip")] = ReaderLimits.max_zip_entries,
+    deadline_s: Annotated[float, typer.Option(help="Skip a file not parsed within this time")] = ReaderLimits.deadline_s,
+    max_text_mb: Annotated[int, typer.Option(
+        help="Skip a file that produces more text (all its chunks)")] = ReaderLimits.max_text_mb,
+    max_chunks: Annotated[int, typer.Option(help="Skip a file that makes more chunks")] = ReaderLimits.max_chunks,
+    max_worker_mb: Annotated[int, typer.Option(
+        help="Memory of the process that parses; a file that needs more is skipped")] = ReaderLimits.max_worker_mb,
+    max_page_chars: Annotated[int, typer.Option(
+        help="Cut a PDF page's text at this many characters")] = ReaderLimits.max_page_chars,
+    max_cell_chars: Annotated[int, typer.Option(
+        help="Cut a table cell's text at this many characters")] = ReaderLimits.max_cell_chars,
+    max_columns: Annotated[int, typer.Option(help="Leave out a table row's cells after this many")] = ReaderLimits.max_columns,
+    max_header_chars: Annotated[int, typer.Option(
+        help="Cut what every chunk repeats (a table's header row, headings, a title) at this many characters"
+    )] = ReaderLimits.max_header_chars,
+    max_ocr_megapixels: Annotated[int, typer.Option(
+        help="Render a page for OCR at most this large (larger pages below 300 dpi)")] = ReaderLimits.max_ocr_megapixels,
+    ocr: Annotated[bool, typer.Option(help="Read PDF pages without a text layer with Tesseract "
+                                           "(apt-get install tesseract-ocr; pip install 'gradfuse[ocr]')")] = False,
+    into: Into = None,
+    table: TableName = None,
+    language: Language = None,
+    config: ConfigOpt = None,
+    workspace: WorkspaceOpt = None,
+    wait: Wait = False,
+):
+    """A folder of files: .txt, .md, .html, .pdf, .docx, .pptx, .xlsx, .csv (by content where the extension lies),
+    cut into overlapping chunks inside each page, section, slide or sheet, which keep where they stand."""
+    given = locals()
+    limits = {name: given[name] for name in LIMIT_OPTIONS}
+    options = {"chunk_words": chunk_words, "chunk_overlap": chunk_overlap,
+               **{k: v for k, v in limits.items() if v != getattr(ReaderLimits, k)},
+               **({"links_outside": True} if links_outside else {})}
+    _index(config, workspace, SourceSpec(source, "files", str(folder), options), into, table, language, wait)
+
+
+@index_app.command("run")
+def index_run(
+    run: Path,
+    source: SourceName,
+    corpus: Annotated[Path, typer.Option(help="corpus.jsonl holding the run's documents")],
+    queries: Annotated[Optional[Path], typer.Option(help="queries.jsonl (default: beside the corpus)")] = None,
+    config: ConfigOpt = None,
+    workspace: WorkspaceOpt = None,
+    wait: Wait = False,
+):
+    """A TREC run file (qid Q0 docid rank score tag): answers the queries it was made for."""
+    options = {"corpus": str(corpus.resolve())}
+    if queries:
+        options["queries"] = str(queries.resolve())
+    _index(config, workspace, SourceSpec(source, "run", str(run), options), wait=wait)
+
+
+@app.command()
+def build(config: ConfigOpt = None, workspace: WorkspaceOpt = None):
+    """Build every source declared in the config file (unchanged ones are skipped)."""
+    ws = _workspace(config, workspace)
+    for report in _run_guarded(lambda: ws.build_configured(progress=True)):
+        _print_build(report)
+
+
+@app.command()
+def sources(config: ConfigOpt = None, workspace: WorkspaceOpt = None,
+            as_json: Annotated[bool, typer.Option("--json")] = False):
+    """Each built source: kind, documents, index size, encoder, when it was built (or why it cannot be read)."""
+    ws = _workspace(config, workspace)
+    health = _run_guarded(ws.source_health)
+    if as_json:
+        print(json.dumps([source_record(*entry).model_dump() for entry in health], indent=2))
+        return
+    table = Table("source", "kind", "documents", "index", "encoder", "retrieval", "built (UTC)", "input")
+    for name, s, error in health:
+        if s is None:
+            table.add_row(escape(name), "[red]unreadable[/]", "-", "-", "-", "-", "-", escape(error))
+        else:
+            size = f"{s.index_bytes / 1e6:.1f} MB" if s.index_bytes is not None else "-"
+            table.add_row(escape(s.name), s.kind, str(s.documents), size,
+                          s.encoder or "-", s.retrieval, s.built_at, escape(s.input))
+    console.print(table if health else f"no sources built in {ws.root}")

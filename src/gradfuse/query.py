@@ -1,0 +1,112 @@
+"""The query pipeline: retrieve (each source's own ranking, concurrently, sources/federated.py) → select the
+sources (stage 1) → rank their passages (fusion, or stage 2's scoring LM), by one method (methods.py).
+
+It may import sources/, selection/, rerank/, methods.py and execute/, never the answer path or a shell."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from gradfuse.candidate import Candidate
+from gradfuse.checked import MAX_DEPTH
+from gradfuse.config import Config
+from gradfuse.execute import Executor
+from gradfuse.methods import PIPELINE_METHODS, MethodContext, check_method, run_method, spec_of
+from gradfuse.rerank import RerankOutcome
+from gradfuse.selection import SelectionDecision, SelectionSettings
+from gradfuse.sources.catalog import SourceCatalog
+from gradfuse.sources.encoder import EmbeddingCache, embedding_text, load_encoder
+from gradfuse.sources.federated import FederatedResult, SourceFailure, ask_sources
+
+
+@dataclass
+class SearchResult:
+    query: str
+    method: str
+    candidates: list[Candidate]  # ranked by the method, best first, cut to k
+    ranked_lists: dict[str, list[Candidate]]  # what each answering source returned
+    failures: list[SourceFailure]
+    timings: dict[str, float] = field(default_factory=dict)  # seconds: retrieval, ranking, source:<name>
+    selection: SelectionDecision | None = None  # stage 1's decision (select, gro)
+    rerank: RerankOutcome | None = None  # stage 2's pass (gradient, gro, the LM baselines, the oracles)
+
+
+
+class QueryPipeline:
+    def __init__(self, config: Config, catalog: SourceCatalog, executor: Executor):
+        self.config, self.catalog, self.executor = config, catalog, executor
+        self._embeddings: EmbeddingCache | None = None
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            embeddings, self._embeddings = self._embeddings, None
+        if embeddings is not None:
+            embeddings.close()
+
+    def search(self, query: str, *, method: str | None = None, k: int | None = None, sources: list[str] | None = None,
+               retrieval: str | None = None, timeout_s: float | None = None, depth: int | None = None,
+               gold: str | None = None, **rerank_options) -> SearchResult:
+        method = method or self.config.method
+        names = self.catalog.resolve(sources)
+        check_method(method, names)
+        if method.startswith("single:"):
+            names = [method.removeprefix("single:")]
+        k = k or self.config.k
+        federated = self.retrieve(query, sources=names, retrieval=retrieval, timeout_s=timeout_s,
+                                  depth=max(k, depth or self.config.depth))
+        return self.rank(query, federated, method=method, k=k, gold=gold, **rerank_options)
+
+    def retrieve(self, query: str, *, sources: list[str] | None = None, retrieval: str | None = None,
+                 timeout_s: float | None = None, depth: int | None = None) -> FederatedResult:
+        if not query.strip():
+            raise ValueError("the query is empty")
+        if depth is not None and not 1 <= depth <= MAX_DEPTH:
+            raise ValueError(f"depth must be 1 to {MAX_DEPTH} (candidates asked of each source)")
+        names = self.catalog.resolve(sources)
+        return ask_sources(names, lambda name: self.catalog.lease(name, retrieval), query,
+                           depth or self.config.depth, self.catalog.timeouts(names, timeout_s), self.catalog.guards)
+
+    def rank(self, query: str, federated: FederatedResult, *, method: str | None = None, k: int | None = None,
+             gold: str | None = None, selection: SelectionSettings | None = None, **rerank_options) -> SearchResult:
+        method = method or self.config.method
+        check_method(method, list(federated.ranked_lists) + [f.source for f in federated.failures])
+        k = k or self.config.k
+        started = time.perf_counter()
+        context = None
+        if method in PIPELINE_METHODS:  # only they need the encoder's and the scoring LM's view
+            rerank = replace(self.config.rerank, **rerank_options)
+            if spec_of(method, rerank.scorer).target and rerank.target == "gold" and not gold:
+                raise ValueError(f"method {method!r} with target 'gold' needs a reference answer (gold)")
+            context = MethodContext(
+                question=query, query_vector=self.encoder().encode_query(query), embed=self.embed,
+                selection=selection or self.config.selection, rerank=rerank, gold=gold, k=k,
+                executor=self.executor,
+            )
+        weights = {n: self.config.settings(n).weight for n in federated.ranked_lists}
+        ranked = run_method(method, federated.ranked_lists, weights=weights, context=context)
+        timings = {"retrieval": federated.wall_seconds, "ranking": time.perf_counter() - started, **ranked.seconds}
+        timings.update({f"source:{n}": s for n, s in federated.seconds.items()})
+        return SearchResult(query, method, ranked.candidates[:k], federated.ranked_lists, federated.failures,
+                            timings, ranked.selection, ranked.rerank)
+
+    def encoder(self):
+        return load_encoder(self.config.encoder)
+
+    def embed(self, candidates: list[Candidate]) -> np.ndarray:
+        """Candidate vectors from the workspace cache: indexed passages hit it on disk; an engine's or a remote's
+        are encoded and held in memory, bounded (sources/encoder.py)."""
+        with self._lock:
+            if self._embeddings is None:
+                self._embeddings = EmbeddingCache(self.config.workspace / "cache" / "embeddings.sqlite",
+                                                  self.encoder())
+        return self._embeddings.embed([embedding_text(c.title, c.text) for c in candidates], keep=False)
+
+    @property
+    def embeddings(self) -> EmbeddingCache | None:
+        """The candidate vectors' cache, once a method has needed it."""
+        return self._embeddings

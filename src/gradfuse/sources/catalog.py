@@ -1,0 +1,224 @@
+"""A workspace's sources: which exist (built indexes, PostgreSQL tables, engines and remotes from the config,
+retrievers a caller added), building them, each one opened (reopened when a build publishes a new version, the old
+one closed once no request holds it), their health, and their guards (each source's workers and breaker). What
+decides which sources a question may reach, routing and permissions, plugs in here.
+
+It may import sources/ and config.py, never the query pipeline or the answer path."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from gradfuse.config import Config
+from gradfuse.sources import (
+    BuildReport,
+    Source,
+    SourceError,
+    SourceSpec,
+    SourceStats,
+    UnknownSource,
+    build_source,
+    built_source_names,
+    check_source_name,
+    misnamed_source_folders,
+    open_source,
+)
+from gradfuse.sources.base import current_version
+from gradfuse.sources.engines import open_engine
+from gradfuse.sources.federated import checked_sources
+from gradfuse.sources.guard import Guards
+from gradfuse.sources.postgres import (
+    PostgresSettings,
+    PostgresSource,
+    PostgresTable,
+    default_table,
+    register,
+    registered,
+    safe_url,
+)
+from gradfuse.sources.postgres_load import load_into_postgres
+from gradfuse.sources.retriever import RetrieverSource
+
+
+@dataclass(eq=False)
+class _Opened:
+    """One opened version of a source, and how many requests hold it."""
+
+    version: object  # a version folder, or a table's settings
+    source: Source
+    users: int = 0
+    retired: bool = False  # a newer version is published: close when the last user is done
+
+    def close(self) -> None:
+        if hasattr(self.source, "close"):
+            self.source.close()
+
+
+class SourceCatalog:
+    def __init__(self, config: Config):
+        self.config = config
+        self.root = config.workspace
+        # (name, mode) → the opened source, at a version folder or a table's settings
+        self._sources: dict[tuple[str, str], _Opened] = {}
+        self._tables: dict[str, PostgresTable] = {}  # one connection pool per database table
+        self._added: dict[str, Source] = {}  # sources given as objects (add)
+        self._lock = threading.Lock()
+        self.guards = Guards(config.guard)  # each source's workers and breaker (sources/guard.py)
+
+    def close(self) -> None:
+        """Close every opened source and database pool (from this thread: a pool left to the garbage collector was
+        closed from its own worker thread, which cannot join itself)."""
+        with self._lock:
+            opened, self._sources = list(self._sources.values()), {}
+            tables, self._tables = list(self._tables.values()), {}
+        self.guards.close()
+        for source in opened:
+            source.close()
+        for table in tables:
+            table.close()
+
+    # --- building
+
+    def index(self, spec: SourceSpec, *, into: str | None = None, table: str | None = None,
+              language: str | None = None, progress: bool = False, wait: bool = False) -> BuildReport:
+        if into is None:
+            return build_source(self.root, spec, encoder=self.config.encoder, progress=progress, wait=wait)
+        if spec.kind == "run":
+            raise ValueError("a TREC run source answers only its own queries and cannot be loaded into a database")
+        settings = PostgresSettings(table=table or default_table(spec.name), url=safe_url(into),
+                                    **({"language": language} if language else {}))
+        report = load_into_postgres(self.root, spec, settings, into, encoder=self.config.encoder, progress=progress)
+        register(self.root / "sources" / spec.name, settings)
+        return report
+
+    def build_configured(self, *, progress: bool = False) -> list[BuildReport]:
+        specs = [s.spec for s in self.config.sources.values() if s.spec is not None]
+        if not specs:
+            raise SourceError("the config file declares no source to build ([sources.NAME] with kind and path)")
+        return [self.index(spec, progress=progress) for spec in specs]
+
+    def add(self, name: str, retriever) -> None:
+        if name in set(built_source_names(self.root)) | set(self.config.sources):
+            raise SourceError(f"a source named {name!r} exists already in this workspace")
+        self._added[check_source_name(name)] = RetrieverSource(name, retriever)
+
+    # --- which sources
+
+    def names(self) -> list[str]:
+        configured = [n for n, s in self.config.sources.items() if s.postgres is not None or s.engine is not None]
+        names = sorted(set(built_source_names(self.root)) | set(configured) | set(self._added))
+        return [n for n in names if self.config.settings(n).enabled]
+
+    def resolve(self, requested: list[str] | None) -> list[str]:
+        """The sources a request names (checked, each once), or every enabled one."""
+        available = self.names()
+        if not available:
+            raise SourceError(f"no sources are built in {self.root}: run `gradfuse index ...` first")
+        if not requested:
+            return available
+        unknown = [n for n in requested if n not in available]
+        if unknown:
+            listing = f"(available: {', '.join(available)})"
+            raise UnknownSource(f"unknown source(s) {', '.join(unknown)} {listing}", f"sources: unknown source {listing}")
+        return list(dict.fromkeys(requested))
+
+    def held_elsewhere(self, name: str) -> bool:
+        settings = self.config.settings(name)
+        return name in self._added or \
+            (settings.postgres or settings.engine or registered(self.root / "sources" / name)) is not None
+
+    def timeouts(self, names: list[str], timeout_s: float | None = None) -> dict[str, float]:
+        return {n: timeout_s or self.config.settings(n).timeout_s or self.config.timeout_s for n in names}
+
+    # --- opening
+
+    def source(self, name: str, retrieval: str | None = None) -> Source:
+        return self._current(name, retrieval).source
+
+    @contextmanager
+    def holding(self, name: str, retrieval: str | None = None) -> Iterator[Source]:
+        opened = self._current(name, retrieval, hold=True)
+        try:
+            yield opened.source
+        finally:
+            with self._lock:
+                opened.users -= 1
+                done = opened.retired and opened.users == 0
+            if done:
+                opened.close()
+
+    def lease(self, name: str, retrieval: str | None) -> tuple[Source, Callable[[], None]]:
+        """The source held open (see `holding`), and what lets go of it: opened on the source's own worker."""
+        held = self.holding(name, retrieval)
+        return held.__enter__(), lambda: held.__exit__(None, None, None)
+
+    def _current(self, name: str, retrieval: str | None, *, hold: bool = False) -> _Opened:
+        check_source_name(name)  # a name is a folder here: no other path may be reached through it
+        if name in self._added:  # an object the caller keeps: never replaced by a publish, never closed here
+            return _Opened(self._added[name], self._added[name], users=int(hold))
+        mode = retrieval or self.config.settings(name).retrieval or self.config.retrieval
+        postgres = self.config.settings(name).postgres or registered(self.root / "sources" / name)
+        engine = self.config.settings(name).engine
+        version = postgres or engine or current_version(self.root / "sources" / name)
+        with self._lock:
+            opened = self._sources.get((name, mode))
+            if opened is not None and opened.version == version:
+                opened.users += hold
+                return opened
+        # Opened outside the lock: connecting to a database may take its timeout, and must not hold up the other
+        # sources of the same request.
+        if postgres:
+            source = self._open_postgres(name, postgres, mode)
+        elif engine:
+            source = open_engine(name, engine, self.config.settings(name).timeout_s or self.config.timeout_s, mode)
+        else:
+            source = open_source(self.root, name, mode=mode, version=version if version else None)
+        opened = _Opened(version, source, users=int(hold))
+        retired = []
+        with self._lock:
+            # Let go of every older version of this source (all modes): its files were deleted when the new one
+            # was published; each is closed now, or when the requests still using it finish.
+            for key in [k for k, o in self._sources.items() if k[0] == name and o.version != version]:
+                old = self._sources.pop(key)
+                old.retired = True
+                if old.users == 0:
+                    retired.append(old)
+            if (name, mode) in self._sources and self._sources[(name, mode)].version == version:
+                retired.append(opened)  # another thread opened the same version meanwhile: keep theirs
+                opened = self._sources[(name, mode)]
+                opened.users += hold
+            else:
+                self._sources[(name, mode)] = opened
+        for old in retired:
+            old.close()
+        return opened
+
+    def _open_postgres(self, name: str, settings: PostgresSettings, mode: str) -> Source:
+        with self._lock:
+            table = self._tables.get(name)
+        if table is None or table.settings != settings:
+            timeout = self.config.settings(name).timeout_s or self.config.timeout_s
+            replaced, table = table, PostgresTable(name, settings, timeout_s=timeout)
+            with self._lock:
+                self._tables[name] = table
+            if replaced is not None:
+                replaced.close()
+        return PostgresSource(table, mode=mode, encoder=self.config.encoder)
+
+    # --- health
+
+    def health(self, *, databases: bool = True,
+               stats: bool = True) -> list[tuple[str, SourceStats | None, str | None]]:
+        health = [(name, None, "skipped: not a valid source name (1 to 64 ASCII letters, digits, '-' or '_'); "
+                               "rename the folder to use it")
+                  for name in misnamed_source_folders(self.root)]
+        names = [n for n in self.names() if databases or not self.held_elsewhere(n)]
+        return health + checked_sources(names, lambda name: self._stats_of(name, stats), self.timeouts(names),
+                                        self.guards)
+
+    def _stats_of(self, name: str, stats: bool) -> SourceStats | None:
+        with self.holding(name) as source:
+            return source.stats() if stats else None
