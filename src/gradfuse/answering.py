@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import closing
-from dataclasses import dataclass, field, replace
 import time
+from dataclasses import dataclass, field, replace
 
 from gradfuse.candidate import Candidate
 from gradfuse.config import Config
 from gradfuse.evidence import Evidence, excerpts, extractive_answer, not_found, passage_sentences
-from gradfuse.execute import Executor
 from gradfuse.generate import BUNDLED_GENERATOR, Citation, fit_to_window, make_generator, parse_citations
 from gradfuse.generate.local import load_tokenizer
 from gradfuse.generate.prompt import EXTRACTIVE, PASSAGE_CHARS, build_messages
@@ -68,10 +67,15 @@ class Answer:
         return self.search.failures
 
 
-
 class Answerer:
-    def __init__(self, config: Config, query: QueryPipeline, executor: Executor):
-        self.config, self.query, self.executor = config, query, executor
+    """Answers from what `query` finds; its settings and executor are the pipeline's (one copy of each)."""
+
+    def __init__(self, query: QueryPipeline):
+        self.query = query
+
+    @property
+    def config(self) -> Config:
+        return self.query.config
 
     def ask(self, question: str, *, generator: str | None = None, context_k: int | None = None,
             max_new_tokens: int | None = None, **search_options) -> Answer:
@@ -117,7 +121,7 @@ class Answerer:
         target = gold if settings.target == "gold" else None
         if settings.scorer in LM_SENTENCE_SCORERS:  # on the executor, as stage 2's passes
             units = within_passes(settings.scorer, units, settings.max_lm_passes)
-            fit, values = self.executor.sentences(settings.scorer, question, units, self.config.rerank,
+            fit, values = self.query.executor.sentences(settings.scorer, question, units, self.config.rerank,
                                                   target=target, calibrated=settings.calibrated)
             units, passages = units[:fit], passages[:fit]
         scored = [Evidence.of(number, candidate, span, 0.0)

@@ -35,7 +35,6 @@ class SearchResult:
     rerank: RerankOutcome | None = None  # stage 2's pass (gradient, gro, the LM baselines, the oracles)
 
 
-
 class QueryPipeline:
     def __init__(self, config: Config, catalog: SourceCatalog, executor: Executor):
         self.config, self.catalog, self.executor = config, catalog, executor
@@ -102,8 +101,7 @@ class QueryPipeline:
         are encoded and held in memory, bounded (sources/encoder.py)."""
         with self._lock:
             if self._embeddings is None:
-                self._embeddings = EmbeddingCache(self.config.workspace / "cache" / "embeddings.sqlite",
-                                                  self.encoder())
+                self._embeddings = EmbeddingCache(self.catalog.root / "cache" / "embeddings.sqlite", self.encoder())
         return self._embeddings.embed([embedding_text(c.title, c.text) for c in candidates], keep=False)
 
     @property

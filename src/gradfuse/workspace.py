@@ -1,10 +1,15 @@
 """The library API that the CLI, the server, MCP, the OpenAI endpoint and the framework components are thin shells
 over: a short facade over the source catalog (sources/catalog.py), the query pipeline (query.py) and the answer
-path (answering.py). What a shell needs that is not here gets a module of its own, not a method here."""
+path (answering.py). What a shell needs that is not here gets a module of its own, not a method here.
+
+Its methods hand over to those parts and do not call each other: a subclass that overrides one changes that call
+only. To change how a step works for every path, wrap or replace the part that owns it (`catalog`, `query`,
+`answers`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from gradfuse.answering import Answer, Answerer
@@ -30,7 +35,7 @@ class Workspace:
         self.catalog = SourceCatalog(config)
         self.guards = self.catalog.guards  # each source's workers and breaker (sources/guard.py)
         self.query = QueryPipeline(config, self.catalog, executor or LOCAL)
-        self.answers = Answerer(config, self.query, executor or LOCAL)
+        self.answers = Answerer(self.query)
 
     @classmethod
     def open(cls, config_file: Path | None = None, *, workspace: Path | None = None) -> Workspace:
@@ -38,23 +43,25 @@ class Workspace:
 
     @property
     def config(self) -> Config:
+        """The settings; one set here reaches every part (not the workspace folder, nor the guards: made once)."""
         return self._config
 
     @config.setter
     def config(self, config: Config) -> None:
-        """Settings changed in place (not the workspace folder, nor the guards: they are made once)."""
-        self._config = self.catalog.config = self.query.config = self.answers.config = config
+        self._config = self.catalog.config = self.query.config = config
 
     @property
     def executor(self) -> Executor:
+        """Where stage 2's and the evidence's LM passes run (gradfuse.execute); `gradfuse serve` sets a Ray one."""
         return self.query.executor
 
     @executor.setter
     def executor(self, executor: Executor) -> None:
-        self.query.executor = self.answers.executor = executor
+        self.query.executor = executor
 
     def close(self) -> None:
-        """Close every opened source, database pool and the embedding cache."""
+        """Close every opened source, database pool and the embedding cache (from this thread: a pool left to
+        the garbage collector was closed from its own worker thread, which cannot join itself)."""
         self.catalog.close()
         self.query.close()
 
@@ -90,7 +97,7 @@ class Workspace:
         once no request holds it (see `holding`)."""
         return self.catalog.source(name, retrieval)
 
-    def holding(self, name: str, retrieval: str | None = None):
+    def holding(self, name: str, retrieval: str | None = None) -> AbstractContextManager[Source]:
         """The source, held open for the duration (a context manager): a publish meanwhile closes it only when the
         last holder is done (86 publishes left 124 descriptors open on deleted files, and their disk space held)."""
         return self.catalog.holding(name, retrieval)
