@@ -135,7 +135,7 @@ def test_a_long_query_time_embedding_lets_a_concurrent_short_one_through_between
     encoder = load_encoder("all-MiniLM-L6-v2")
     cache = EmbeddingCache(tmp_path / "cache" / "embeddings.sqlite", encoder)
     words = "storm pressure rings ice moon orbit dust crater basalt plume".split()
-    long_texts = [" ".join(words[(i + j) % 10] + str(i) for j in range(150)) for i in range(320)]  # 10 turns
+    long_texts = [" ".join(words[(i + j) % 10] + str(i) for j in range(150)) for i in range(96)]  # 3 turns
     started, finished = threading.Event(), []
     real_encode = encoder.encode
 

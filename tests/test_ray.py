@@ -162,9 +162,12 @@ def test_an_eval_on_the_cluster_gives_the_local_numbers_even_when_a_node_dies(cl
 
         survived, output = _eval(bench, tmp_path / "lost-node", "--ray", cluster.address,
                                  during=kill_the_worker_mid_run)
-        # It started on both nodes' replicas (one run, not one whole and one with a failure: each takes a minute),
-        # noticed the dead one and carried on, with the local numbers.
-        assert "2 CPU scorer replica(s)" in output and "lost" in output
+        # It started with both nodes' replicas (one run, not one whole and one with a failure: each takes a
+        # minute; the second may still be starting when the first is ready), noticed the dead one and carried on,
+        # with the local numbers.
+        assert re.search(r"run on the Ray cluster \S+: (2 CPU scorer replica\(s\)|1 CPU scorer replica\(s\), "
+                         r"1 starting)", output), output[:300]
+        assert "lost" in output
         assert _numbers(survived) == _numbers(local)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
