@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 

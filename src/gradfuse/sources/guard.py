@@ -128,13 +128,12 @@ class SourceGuard:
                                                 "by calls past their deadline ([guard] workers)")
         return self._executor.submit(call, *args)
 
-    def wait(self, future: Future, timeout: float, on_late: Callable[[Any], None] | None = None):
-        """The call's result within `timeout` s; past it the call is abandoned (FutureTimeout, see `abandon`) and
-        `on_late` given what it returns then, if it returns (to release what it opened)."""
+    def wait(self, future: Future, timeout: float):
+        """The call's result within `timeout` s; past it the call is abandoned (FutureTimeout, see `abandon`)."""
         try:
             return future.result(timeout=timeout)
         except FutureTimeout:
-            self.abandon(future, on_late and (lambda done: done.exception() is None and on_late(done.result())))
+            self.abandon(future)
             raise
 
     def abandon(self, future: Future, on_return: Callable[[Future], None] | None = None) -> None:
