@@ -64,6 +64,11 @@ Example (every key optional)::
     breaker_failures = 5             # failures in a row that open a source's circuit breaker (0: never)
     breaker_cooldown_s = 30.0        # an open breaker's pause before one request probes the source again
     max_passage_chars = 20000        # a longer passage from a source is cut to this (its length kept in cut_from)
+    [routing]                        # before retrieval (gradfuse.selection.routing.RoutingSettings)
+    above = 32                       # a question that may reach more sources than this is routed
+    budget = 24                      # to this many of them, chosen from their summaries
+    router = "summary"               # summary | redde
+    max_open = 128                   # sources held open at once; the least recently used beyond it is closed
     [sources.scifact]
     kind = "beir"                    # beir | jsonl | files | run
     path = "../shared/data/beir_scifact"
@@ -105,6 +110,7 @@ from gradfuse.checked import FILE_SETTINGS, Count, Depth, Flag, Seconds, Text, W
 from gradfuse.rerank import RerankSettings
 from gradfuse.rerank.sentences import EvidenceSettings
 from gradfuse.selection import SelectionSettings
+from gradfuse.selection.routing import RoutingSettings
 from gradfuse.server.settings import ServerSettings
 from gradfuse.sources.base import SourceSpec, check_source_name
 from gradfuse.sources.engines import ENGINE_KINDS
@@ -163,6 +169,7 @@ class Config:
     evidence: EvidenceSettings = field(default_factory=EvidenceSettings)
     server: ServerSettings = field(default_factory=ServerSettings)
     guard: GuardSettings = field(default_factory=GuardSettings)
+    routing: RoutingSettings = field(default_factory=RoutingSettings)
 
     def settings(self, source: str) -> SourceSettings:
         return self.sources.get(source, SourceSettings())
@@ -196,7 +203,7 @@ def _parse(path: Path) -> Config:
             setattr(config, key, float(value) if isinstance(getattr(config, key), float) else value)
     for section, settings_type in (("selection", SelectionSettings), ("rerank", RerankSettings),
                                    ("evidence", EvidenceSettings), ("server", ServerSettings),
-                                   ("guard", GuardSettings)):
+                                   ("guard", GuardSettings), ("routing", RoutingSettings)):
         setattr(config, section, _checked(settings_type, raw.pop(section, {}), f"{path} [{section}]"))
     config.encoder = _checked(_Encoder, raw.pop("encoder", {}), f"{path} [encoder]").get("model", config.encoder)
     for name, table in raw.pop("sources", {}).items():

@@ -1,4 +1,5 @@
-"""The query pipeline: retrieve (each source's own ranking, concurrently, sources/federated.py) → select the
+"""The query pipeline: route (above `[routing] above` sources, only the sources their summaries pick are asked:
+selection/routing.py) → retrieve (each source's own ranking, concurrently, sources/federated.py) → select the
 sources (stage 1) → rank their passages (fusion, or stage 2's scoring LM), by one method (methods.py).
 
 It may import sources/, selection/, rerank/, methods.py and execute/, never the answer path or a shell."""
@@ -18,6 +19,7 @@ from gradfuse.execute import Executor
 from gradfuse.methods import PIPELINE_METHODS, MethodContext, check_method, run_method, spec_of
 from gradfuse.rerank import RerankOutcome
 from gradfuse.selection import SelectionDecision, SelectionSettings
+from gradfuse.selection.routing import RoutingDecision, route
 from gradfuse.sources.catalog import SourceCatalog
 from gradfuse.sources.encoder import EmbeddingCache, embedding_text, load_encoder
 from gradfuse.sources.federated import FederatedResult, SourceFailure, ask_sources
@@ -30,8 +32,9 @@ class SearchResult:
     candidates: list[Candidate]  # ranked by the method, best first, cut to k
     ranked_lists: dict[str, list[Candidate]]  # what each answering source returned
     failures: list[SourceFailure]
-    timings: dict[str, float] = field(default_factory=dict)  # seconds: retrieval, ranking, source:<name>
+    timings: dict[str, float] = field(default_factory=dict)  # seconds: routing, retrieval, ranking, source:<name>
     selection: SelectionDecision | None = None  # stage 1's decision (select, gro)
+    routing: RoutingDecision | None = None  # which sources were asked at all (above `[routing] above` sources)
     rerank: RerankOutcome | None = None  # stage 2's pass (gradient, gro, the LM baselines, the oracles)
 
 
@@ -56,9 +59,24 @@ class QueryPipeline:
         if method.startswith("single:"):
             names = [method.removeprefix("single:")]
         k = k or self.config.k
+        routing, started = None, time.perf_counter()
+        if not method.startswith("single:") and len(names) > self.config.routing.above:
+            routing = self.route(query, names)
+            names = routing.asked
+        routed = time.perf_counter() - started
         federated = self.retrieve(query, sources=names, retrieval=retrieval, timeout_s=timeout_s,
                                   depth=max(k, depth or self.config.depth))
-        return self.rank(query, federated, method=method, k=k, gold=gold, **rerank_options)
+        result = self.rank(query, federated, method=method, k=k, gold=gold, **rerank_options)
+        if routing is not None:
+            result.routing, result.timings["routing"] = routing, routed
+        return result
+
+    def route(self, query: str, names: list[str]) -> RoutingDecision:
+        """The sources among `names` that `query` is sent to, from their summaries (`[routing]`)."""
+        if not query.strip():
+            raise ValueError("the query is empty")
+        table, unscored = self.catalog.summaries.table(names)
+        return route(self.encoder().encode_query(query), table, self.config.routing, unscored)
 
     def retrieve(self, query: str, *, sources: list[str] | None = None, retrieval: str | None = None,
                  timeout_s: float | None = None, depth: int | None = None) -> FederatedResult:

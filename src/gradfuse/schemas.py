@@ -98,6 +98,14 @@ class SelectionRecord(BaseModel):
     relevance: dict[str, float | None]
 
 
+class RoutingRecord(BaseModel):
+    router: str = Field(description="summary (GRO-RAG selection on the sources' summaries) or redde")
+    budget: int = Field(description="sources a routed question is sent to ([routing] budget)")
+    asked: list[str] = Field(description="the sources the question was sent to")
+    unscored: dict[str, str] = Field(description="sources asked without a summary to judge them by, and why")
+    skipped: dict[str, str] = Field(description="source -> why it was not asked")
+
+
 class RerankRecord(BaseModel):
     scorer: str = Field(description="gradient, loo, loo-greedy, upr, relevance or cross-encoder")
     score_key: str = Field(description="the candidate score it ranks by, before the mix with the prior")
@@ -113,8 +121,10 @@ class SearchRecord(BaseModel):
     candidates: list[CandidateRecord]
     failures: list[FailureRecord] = Field(description="sources that timed out or raised; the others answered")
     selection: SelectionRecord | None = None
+    routing: RoutingRecord | None = Field(None, description="which sources were asked at all (more sources than "
+                                                            "[routing] above)")
     rerank: RerankRecord | None = None
-    timings: dict[str, float] = Field(description="seconds: retrieval, selection, prior, target, lm_pass, "
+    timings: dict[str, float] = Field(description="seconds: routing, retrieval, selection, prior, target, lm_pass, "
                                                   "generation, ranking, source:<name>")
 
 
@@ -152,6 +162,7 @@ class AnswerRecord(BaseModel):
     generator_note: str = Field(description="who wrote the answer, in words a reader can weigh it by")
     method: str
     selection: SelectionRecord | None = None
+    routing: RoutingRecord | None = None
     rerank: RerankRecord | None = None
     timings: dict[str, float]
     evidence: list[EvidenceRecord] = Field(default_factory=list, description="the passages' sentences the answer "
@@ -203,6 +214,14 @@ def _selection(result: SearchResult) -> SelectionRecord | None:
     )
 
 
+def _routing(result: SearchResult) -> RoutingRecord | None:
+    decision = result.routing
+    if decision is None:
+        return None
+    return RoutingRecord(router=decision.router, budget=decision.budget, asked=decision.asked,
+                         unscored=decision.unscored, skipped=decision.skipped)
+
+
 def _rerank(result: SearchResult) -> RerankRecord | None:
     outcome = result.rerank
     if outcome is None:
@@ -215,7 +234,7 @@ def search_record(result: SearchResult) -> SearchRecord:
     return SearchRecord(
         query=result.query, method=result.method, candidates=[candidate_record(c) for c in result.candidates],
         failures=[failure_record(f) for f in result.failures], selection=_selection(result),
-        rerank=_rerank(result), timings=result.timings,
+        routing=_routing(result), rerank=_rerank(result), timings=result.timings,
     )
 
 
@@ -228,7 +247,8 @@ def answer_record(answer: Answer) -> AnswerRecord:
         dropped=[candidate_record(c) for c in answer.dropped],
         failures=[failure_record(f) for f in answer.failures], generator=answer.generator,
         generator_note=describe_generator(answer.generator),
-        method=answer.search.method, selection=_selection(answer.search), rerank=_rerank(answer.search),
+        method=answer.search.method, selection=_selection(answer.search), routing=_routing(answer.search),
+        rerank=_rerank(answer.search),
         timings=answer.timings, evidence=[evidence_record(e) for e in answer.evidence], support=answer.support,
         abstained=answer.abstained,
     )

@@ -79,6 +79,17 @@ def _print_candidates(result: SearchResult) -> None:
 
 
 def print_explanation(result: SearchResult) -> None:
+    routing = result.routing
+    if routing is not None:
+        skipped = routing.skipped
+        console.print(f"[bold]Routing[/] ({routing.router}): asked {len(routing.asked)} sources, skipped "
+                      f"{len(skipped)}: {escape(', '.join(routing.asked))}")
+        for name, why in routing.unscored.items():
+            console.print(f"  [yellow]asked unjudged[/] {escape(name)}: {escape(why)}")
+        for name, why in list(skipped.items())[:5]:
+            console.print(f"  [yellow]skipped[/] {escape(name)}: {escape(why)}")
+        if len(skipped) > 5:
+            console.print(f"  ... and {len(skipped) - 5} more (--json lists them all)")
     decision = result.selection
     if decision is not None:
         console.print("[bold]Stage 1: sources[/] (gain = relevance − λ·redundancy with those chosen before)")

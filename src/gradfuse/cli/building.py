@@ -88,6 +88,35 @@ def index_jsonl(
     _index(config, workspace, SourceSpec(source, "jsonl", str(file), options), into, table, language, wait)
 
 
+@index_app.command("each")
+def index_each(
+    kind: Annotated[str, typer.Argument(help="jsonl (each *.jsonl file), files or beir (each subfolder)")],
+    folder: Path,
+    skip_malformed: SkipMalformed = False,
+    config: ConfigOpt = None,
+    workspace: WorkspaceOpt = None,
+):
+    """One source for each JSON-lines file or subfolder of FOLDER, named after it: hundreds of sources (one per
+    team, product or customer) in one command, read with each kind's defaults."""
+    if kind not in ("jsonl", "files", "beir"):
+        raise typer.BadParameter(f"kind {kind!r} is not one of jsonl, files, beir")
+    entries = sorted(p for p in folder.iterdir() if (p.suffix == ".jsonl" if kind == "jsonl" else p.is_dir()))
+    if not entries:
+        raise typer.BadParameter(f"{folder} holds no {'*.jsonl file' if kind == 'jsonl' else 'subfolder'}")
+    ws = _workspace(config, workspace)
+    built, unchanged = 0, 0
+    for entry in entries:
+        options = {"skip_malformed": skip_malformed} if kind != "files" else {}
+        spec = _run_guarded(lambda: SourceSpec(entry.stem if kind == "jsonl" else entry.name, kind, str(entry),
+                                               options))
+        report = _run_guarded(lambda: ws.index(spec))
+        built, unchanged = built + (report.status == "built"), unchanged + (report.status == "unchanged")
+        if report.notes or report.skipped or any(report.ingest.values()):
+            _print_build(report)
+    console.print(f"[green]{len(entries)} sources[/] from {escape(str(folder))}: {built} built, {unchanged} "
+                  "unchanged")
+
+
 @index_app.command("files")
 def index_files(
     folder: Path,

@@ -11,10 +11,15 @@ term minus a pairwise penalty with non-negative weights, hence submodular: the m
 shrink as S grows, so adding, one at a time, the source with the largest marginal gain is the right algorithm
 (the classic greedy for submodular maximisation, as in maximal marginal relevance). It stops when the best gain
 falls below `threshold` or `max_sources` are chosen; the best source is always kept so every query is answered.
+
+Its cost is linear in the number of sources: the greedy reads only the redundancy of each source with those
+already chosen (at most `max_sources`), and none at all when lambda is 0. Up to ALL_PAIRS_UP_TO sources every pair
+is computed anyway, so that tuning can replay the decision for another lambda without the vectors.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,6 +28,7 @@ from gradfuse.checked import FILE_SETTINGS, Count, Number, Text, Weight
 
 
 SELECT_FUSIONS = ("rrf", "combsum-z", "concat", "dense")
+ALL_PAIRS_UP_TO = 16
 
 
 @dataclass(frozen=True)
@@ -88,24 +94,38 @@ def select_sources(
     documents = {s: vectors[: settings.candidates] for s, vectors in documents.items()}
     names = list(documents)
     relevance = {s: source_relevance(query, documents[s], settings.top) for s in names}
-    redundancy = {
-        s: {t: source_redundancy(documents[s], documents[t]) for t in names if t != s} for s in names
-    }
-    return choose_sources(relevance, redundancy, settings)
+    known: dict[str, dict[str, float]] = {s: {} for s in names}
+
+    def redundancy(s: str, t: str) -> float:
+        if t not in known[s]:
+            known[s][t] = known[t][s] = source_redundancy(documents[s], documents[t])
+        return known[s][t]
+
+    if len(names) <= ALL_PAIRS_UP_TO:
+        for i, s in enumerate(names):
+            for t in names[i + 1:]:
+                redundancy(s, t)
+    return choose_sources(relevance, redundancy, settings, known)
 
 
 def choose_sources(
-    relevance: dict[str, float], redundancy: dict[str, dict[str, float]], settings: SelectionSettings
+    relevance: dict[str, float], redundancy: dict[str, dict[str, float]] | Callable[[str, str], float],
+    settings: SelectionSettings, known: dict[str, dict[str, float]] | None = None,
 ) -> SelectionDecision:
-    """The greedy maximisation of F(S) on given relevance and redundancy values; a source without candidates has
-    relevance -inf and is never chosen. Split from `select_sources` so tuning can replay it without embeddings."""
+    """The greedy maximisation of F(S) on given relevance and redundancy values (a table, or a function of two
+    sources whose values it has computed are in `known`); a source without candidates has relevance -inf and is
+    never chosen. Split from `select_sources` so tuning can replay it without embeddings."""
+    if not callable(redundancy):
+        known, table = redundancy, redundancy
+        redundancy = lambda s, t: table[s][t]  # noqa: E731
     names = list(relevance)
-    decision = SelectionDecision(chosen=[], dropped={}, relevance=relevance, redundancy=redundancy)
+    decision = SelectionDecision(chosen=[], dropped={}, relevance=relevance, redundancy=known or {})
     remaining = [s for s in names if np.isfinite(relevance[s])]
     decision.dropped.update({s: "returned no candidates" for s in names if not np.isfinite(relevance[s])})
     while remaining:
         chosen = decision.sources
-        penalties = {s: settings.redundancy_weight * sum(redundancy[s][t] for t in chosen) for s in remaining}
+        weight = settings.redundancy_weight
+        penalties = {s: weight * sum(redundancy(s, t) for t in chosen) if weight else 0.0 for s in remaining}
         gains = {s: relevance[s] - penalties[s] for s in remaining}
         best = max(remaining, key=lambda s: (gains[s], s))
         if len(chosen) >= settings.max_sources:

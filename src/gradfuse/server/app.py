@@ -14,7 +14,7 @@ from pathlib import Path
 from fastapi import Depends, FastAPI, HTTPException, Request, Security
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.middleware.trustedhost import TrustedHostMiddleware
-from fastapi.responses import FileResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from fastapi.security import APIKeyHeader
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
@@ -44,6 +44,7 @@ from gradfuse.server.metrics import ServerMetrics
 from gradfuse.server.openai_chat import add_chat_routes
 from gradfuse.server.streams import EventStream, finished_answer, start_answer
 from gradfuse.server.settings import ServerSettings
+from gradfuse.server.summaries import served_summary
 from gradfuse.sources.federated import AllSourcesFailed, SourceFailure
 from gradfuse.workspace import Answer, SearchResult, Workspace
 
@@ -231,6 +232,13 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
                 last_failure=f"{failure[1].reason}: {failure[1].detail}" if failure else None,
             ))
         return records
+
+    @app.get("/sources/{name}/summary", dependencies=guarded, responses={404: {"description": "it has no summary"},
+                                                                                 422: {"description": "no such source"}})
+    def summary_endpoint(name: str) -> Response:
+        """A source's summary (its topics' centroids and a sample of its passage vectors, float16 in base64), which
+        a gradfuse that asks this one routes by."""
+        return JSONResponse(served_summary(workspace, name))
 
     @app.get("/options", dependencies=guarded, response_model=Options)
     def options_endpoint() -> Options:

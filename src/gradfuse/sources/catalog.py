@@ -1,13 +1,15 @@
 """A workspace's sources: which exist (built indexes, PostgreSQL tables, engines and remotes from the config,
 retrievers a caller added), building them, each one opened (reopened when a build publishes a new version, the old
-one closed once no request holds it), their health, and their guards (each source's workers and breaker). What
-decides which sources a question may reach, routing and permissions, plugs in here.
+one closed once no request holds it; at most `[routing] max_open` held open, the least recently used closed
+beyond), their summaries (what routing reads), their health, and their guards (each source's workers and breaker).
+What decides which sources a question may reach, routing and permissions, plugs in here.
 
 It may import sources/ and config.py, never the query pipeline or the answer path."""
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,6 +43,7 @@ from gradfuse.sources.postgres import (
 )
 from gradfuse.sources.postgres_load import load_into_postgres
 from gradfuse.sources.retriever import RetrieverSource
+from gradfuse.sources.summaries import Summaries
 
 
 @dataclass(eq=False)
@@ -61,12 +64,13 @@ class SourceCatalog:
     def __init__(self, config: Config):
         self.config = config
         self.root = config.workspace
-        # (name, mode) → the opened source, at a version folder or a table's settings
-        self._sources: dict[tuple[str, str], _Opened] = {}
+        # (name, mode) → the opened source, at a version folder or a table's settings; least recently used first
+        self._sources: OrderedDict[tuple[str, str], _Opened] = OrderedDict()
         self._tables: dict[str, PostgresTable] = {}  # one connection pool per database table
         self._added: dict[str, Source] = {}  # sources given as objects (add)
         self._lock = threading.Lock()
         self.guards = Guards(config.guard)  # each source's workers and breaker (sources/guard.py)
+        self.summaries = Summaries(self)  # what routing reads (sources/summaries.py)
 
     def close(self) -> None:
         """Close every opened source and database pool (from this thread: a pool left to the garbage collector was
@@ -74,6 +78,7 @@ class SourceCatalog:
         with self._lock:
             opened, self._sources = list(self._sources.values()), {}
             tables, self._tables = list(self._tables.values()), {}
+        self.summaries.close()
         self.guards.close()
         for source in opened:
             source.close()
@@ -167,6 +172,7 @@ class SourceCatalog:
             opened = self._sources.get((name, mode))
             if opened is not None and opened.version == version:
                 opened.users += hold
+                self._sources.move_to_end((name, mode))
                 return opened
         # Opened outside the lock: connecting to a database may take its timeout, and must not hold up the other
         # sources of the same request.
@@ -192,9 +198,31 @@ class SourceCatalog:
                 opened.users += hold
             else:
                 self._sources[(name, mode)] = opened
-        for old in retired:
+            evicted = self._over_limit(keep=(name, mode))
+        for old in retired + [closing for _, closing in evicted]:
             old.close()
+        for key, _ in evicted:
+            self.guards.release(key[0])
         return opened
+
+    def _over_limit(self, keep: tuple[str, str]) -> list:
+        """Take out the least recently used sources that no request holds, beyond `[routing] max_open`, never
+        `keep` (the one just asked for); called with the lock held, the caller closes them."""
+        evicted = []
+        for key in list(self._sources):
+            if len(self._sources) <= self.config.routing.max_open:
+                break
+            if key != keep and self._sources[key].users == 0:
+                evicted.append((key, self._sources.pop(key)))
+        return evicted
+
+    def summary_fingerprint(self, name: str) -> str | None:
+        """What a sampled summary depends on beyond the data (see Summaries); None for a source built here."""
+        settings = self.config.settings(name)
+        if name in self._added:
+            return f"added {name}"
+        held = settings.postgres or settings.engine or registered(self.root / "sources" / name)
+        return None if held is None else repr(held)
 
     def _open_postgres(self, name: str, settings: PostgresSettings, mode: str) -> Source:
         with self._lock:

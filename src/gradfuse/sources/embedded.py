@@ -21,6 +21,7 @@ from gradfuse.sources.base import TIE_SLACK, SourceStats, rank_by_score, read_ma
 from gradfuse.sources.docstore import DocStore
 from gradfuse.sources.documents import Document
 from gradfuse.sources.encoder import EmbeddingCache, embedding_text, load_encoder
+from gradfuse.sources.summary import write_summary
 
 RETRIEVAL_MODES = ("bm25", "dense", "hybrid")
 HYBRID_RRF_K = 60
@@ -93,8 +94,8 @@ def build_ann_index(vectors: np.ndarray, *, seed: int = 0):
 
 
 def write_embedded_index(version: Path, documents: list[Document], cache: EmbeddingCache, progress: bool) -> int:
-    """BM25 index and the embedding matrix for `documents`, whose order defines their row numbers, and for a large
-    source the approximate index over that matrix."""
+    """BM25 index and the embedding matrix for `documents`, whose order defines their row numbers, the source's
+    summary (what routing reads), and for a large source the approximate index over that matrix."""
     (version / "bm25").mkdir()
     index = tantivy.Index(_schema(), path=str(version / "bm25"))
     writer = index.writer(heap_size=200_000_000, num_threads=1)
@@ -104,6 +105,7 @@ def write_embedded_index(version: Path, documents: list[Document], cache: Embedd
     writer.wait_merging_threads()
     vectors = cache.embed([embedding_text(d.title, d.text) for d in documents], progress=progress)
     np.save(version / "embeddings.npy", vectors)
+    write_summary(version, vectors)
     if len(vectors) >= ANN_MIN_VECTORS:
         import faiss
 

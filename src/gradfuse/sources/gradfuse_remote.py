@@ -23,6 +23,7 @@ from gradfuse.candidate import Candidate, Location
 from gradfuse.checked import FILE_SETTINGS, Count, Text
 from gradfuse.sources.base import SourceError, SourceStats, check_source_name
 from gradfuse.sources.stores import check_address, key_from
+from gradfuse.sources.summary import SourceSummary
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,27 @@ class RemoteGradfuse:
         return SourceStats(name=self.name, kind=self.kind, documents=sum(r.documents or 0 for r in asked),
                            index_bytes=None, encoder=None, built_at="-",
                            input=f"{self.settings.url} ({len(asked)} sources)", retrieval=self.mode)
+
+    def summary(self, encoder: str) -> SourceSummary:
+        """The remote's own summaries of the sources this one asks, as one (for routing here)."""
+        names = self.settings.sources or [r.name for r in self._read(_SOURCE_LIST, self._call("GET", "/sources"),
+                                                                      "source list")]
+        merged = None
+        for remote in names:
+            sent = self._read(_Summary, self._call("GET", f"/sources/{remote}/summary"), "summary")
+            if sent.encoder != encoder:
+                raise SourceError(f"gradfuse server {self.settings.url}: {remote}'s summary is in {sent.encoder}'s "
+                                  f"space, not {encoder}'s")
+            try:
+                summary = SourceSummary.from_wire(sent.documents, sent.dimension, sent.centroids, sent.shares,
+                                                  sent.sample)
+            except ValueError as error:
+                raise SourceError(f"gradfuse server {self.settings.url} sent a malformed summary of {remote} "
+                                  f"({error})") from None
+            merged = summary if merged is None else merged.merged(summary)
+        if merged is None:
+            raise SourceError(f"gradfuse server {self.settings.url} has no sources")
+        return merged
 
     def _read(self, shape, body: bytes, what: str):
         """The reply read as `shape`, strictly: a malformed row fails this source, with where and why."""
@@ -234,3 +256,13 @@ class _Listed(BaseModel):
 
 
 _SOURCE_LIST = TypeAdapter(list[_Listed])
+
+
+class _Summary(BaseModel):
+    model_config = _STRICT
+    documents: int = Field(ge=0)
+    encoder: str
+    dimension: int = Field(ge=1, le=65_536)
+    centroids: str
+    shares: list[float]
+    sample: str

@@ -105,7 +105,7 @@ class SourceGuard:
     def __init__(self, name: str, settings: GuardSettings):
         self.name, self.settings = name, settings
         self.breaker = Breaker(settings.breaker_failures, settings.breaker_cooldown_s)
-        self._executor = ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix=f"gradfuse-{name}")
+        self._executor: ThreadPoolExecutor | None = None  # made on the first call, let go by `release`
         self._lock = threading.Lock()
         self.late = 0  # calls abandoned past their deadline that still hold a worker
 
@@ -126,7 +126,11 @@ class SourceGuard:
             if self.late >= self.settings.workers:
                 raise SourceUnavailable("busy", f"busy: all {self.settings.workers} of its workers are still held "
                                                 "by calls past their deadline ([guard] workers)")
-        return self._executor.submit(call, *args)
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=self.settings.workers,
+                                                    thread_name_prefix=f"gradfuse-{self.name}")
+            executor = self._executor
+        return executor.submit(call, *args)
 
     def wait(self, future: Future, timeout: float):
         """The call's result within `timeout` s; past it the call is abandoned (FutureTimeout, see `abandon`)."""
@@ -151,8 +155,21 @@ class SourceGuard:
         if on_return is not None:
             on_return(future)
 
+    def release(self) -> None:
+        """Let the idle workers go (the source was closed: at 1,000 sources they would be thousands of threads);
+        workers held by late calls stay, and so does the breaker. The next call makes them again."""
+        with self._lock:
+            if self.late:
+                return
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False)
+
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
 
 
 class Guards:
@@ -169,6 +186,12 @@ class Guards:
             if guard is None:
                 guard = self._guards[name] = SourceGuard(name, self.settings)
             return guard
+
+    def release(self, name: str) -> None:
+        with self._lock:
+            guard = self._guards.get(name)
+        if guard is not None:
+            guard.release()
 
     def state(self, name: str) -> BreakerState:
         with self._lock:

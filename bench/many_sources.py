@@ -1,0 +1,316 @@
+"""Routing before retrieval at 100 and 1,000 sources (results/many_sources/).
+
+Six shared corpora (TREC DL19 passages, SciFact, DBpedia-entity sample, Cranfield, HotpotQA, PubMedQA; 33k
+passages) are pooled and split into N sources two ways, as federated-search testbeds are built: by topic (k-means
+over the passage vectors, so a source is a knowledge base on one subject) and at random (every source holds every
+subject: the case routing cannot help, reported beside it). One source in ten is served by a second `gradfuse serve`
+and asked through a `kind = "gradfuse"` source. The queries are a seeded sample of each corpus's judged queries,
+split into dev (the routing budget is chosen there) and test (reported).
+
+Each configuration is asked the test queries warm (every query once before the timed pass) with the default
+method, by three ways of choosing the sources: asking every source (routing off, every source held open), routing
+by the sources' summaries (the default), and ReDDE, a sample-based resource-selection baseline, at the same
+budget. Reported: nDCG@10 with a paired randomisation test against asking every source, the share of relevant
+passages whose source was asked, sources asked per question, p50/p90 latency, the process's memory and open files.
+
+Run: make bench-many-sources (about 40 min on 2 cores; the passage vectors are computed once and kept in
+.gradfuse/bench/many-sources/cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from live_server import gradfuse_serve  # noqa: E402  (the tests' helper)
+
+from gradfuse import Workspace  # noqa: E402
+from gradfuse.config import load_config  # noqa: E402
+from gradfuse.eval.runner import commit_id, machine_description  # noqa: E402
+from gradfuse.eval.stats import paired_p_value, per_query  # noqa: E402
+from gradfuse.selection.routing import RoutingSettings  # noqa: E402
+from gradfuse.sources.encoder import EmbeddingCache, embedding_text, load_encoder  # noqa: E402
+
+DATA = Path(os.environ.get("GRADFUSE_DATA") or ROOT.parent / "shared" / "data")
+CORPORA = {"dl19": "trec_dl19_passage", "scifact": "beir_scifact", "dbpedia": "beir_dbpedia_entity_sample",
+           "cranfield": "classic_cranfield", "hotpotqa": "hotpotqa_train100_hipporag", "pubmedqa": "pubmedqa_pqal"}
+# The two larger corpora are cut to a seeded subset that holds every passage judged relevant, so that the vectors
+# take minutes, not half an hour, on 2 cores (16k passages in all).
+MAX_PASSAGES = {"dl19": 6000, "scifact": 2000}
+QUERIES_PER_CORPUS = 25
+DEV_SHARE = 1 / 3
+SIZES = (100, 1000)
+SPLITS = ("topic", "random")
+REMOTE_EVERY = 10  # one source in ten is behind the second gradfuse
+BUDGETS = (8, 16, 24, 32, 48)  # tried on dev
+WORK = ROOT / ".gradfuse" / "bench" / "many-sources"
+OUT = ROOT / "results" / "many_sources"
+
+
+@dataclass
+class Query:
+    query_id: str
+    text: str
+    corpus: str
+    relevant: dict[str, int]  # pooled doc id → grade
+
+
+@dataclass
+class Ranking:  # what eval.stats.per_query reads
+    ranking: list[tuple[str, float]]
+
+
+def pooled_corpus() -> tuple[list[dict], list[Query]]:
+    documents, queries = [], []
+    rng = np.random.default_rng(0)
+    for short, folder in CORPORA.items():
+        rows = [json.loads(line) for line in open(DATA / folder / "corpus.jsonl")]
+        judged: dict[str, dict[str, int]] = {}
+        for line in open(DATA / folder / "qrels.tsv"):
+            query_id, doc_id, grade = line.rstrip("\n").split("\t")
+            if int(grade) > 0:
+                judged.setdefault(query_id, {})[doc_id] = int(grade)
+        if short in MAX_PASSAGES:
+            relevant = {d for grades in judged.values() for d in grades}
+            rest = [i for i, r in enumerate(rows) if str(r["id"]) not in relevant]
+            fill = set(rng.permutation(rest)[: max(0, MAX_PASSAGES[short] - (len(rows) - len(rest)))].tolist())
+            rows = [r for i, r in enumerate(rows) if str(r["id"]) in relevant or i in fill]
+        ids = {str(r["id"]) for r in rows}
+        documents += [{"id": f"{short}-{r['id']}", "title": r.get("title") or "", "text": r["text"]} for r in rows]
+        judged = {q: {f"{short}-{d}": g for d, g in grades.items() if d in ids} for q, grades in judged.items()}
+        judged = {q: grades for q, grades in judged.items() if grades}
+        texts = {str(r["id"]): r["text"] for r in map(json.loads, open(DATA / folder / "queries.jsonl"))}
+        usable = sorted(q for q in judged if q in texts)
+        for query_id in rng.permutation(usable)[:QUERIES_PER_CORPUS]:
+            queries.append(Query(f"{short}-{query_id}", texts[query_id], short, judged[query_id]))
+    return documents, queries
+
+
+def vectors_of(documents: list[dict]) -> np.ndarray:
+    (WORK / "cache").mkdir(parents=True, exist_ok=True)
+    cache = EmbeddingCache(WORK / "cache" / "embeddings.sqlite", load_encoder("all-MiniLM-L6-v2"))
+    try:
+        return cache.embed([embedding_text(d["title"], d["text"]) for d in documents], progress=True)
+    finally:
+        cache.close()
+
+
+def split(vectors: np.ndarray, size: int, how: str) -> np.ndarray:
+    """Each passage's source number."""
+    if how == "random":
+        return np.random.default_rng(0).permutation(len(vectors)) % size
+    import faiss
+
+    kmeans = faiss.Kmeans(vectors.shape[1], size, niter=20, seed=0, spherical=True)
+    kmeans.train(np.ascontiguousarray(vectors, dtype=np.float32))
+    return kmeans.index.search(np.ascontiguousarray(vectors, dtype=np.float32), 1)[1][:, 0]
+
+
+def source_name(how: str, size: int, number: int) -> str:
+    return f"{how}{size}-{number:04d}"
+
+
+def build(documents: list[dict], owners: np.ndarray, how: str, size: int) -> tuple[Path, Path, list[str]]:
+    """The local and the remote workspace of one configuration (the remote's sources are every REMOTE_EVERY-th),
+    each built by one `gradfuse index each` over a folder of JSONL files."""
+    name = f"{how}{size}"
+    local_in, remote_in = WORK / "inputs" / name / "local", WORK / "inputs" / name / "remote"
+    for folder in (local_in, remote_in):
+        folder.mkdir(parents=True, exist_ok=True)
+    names = []
+    for number in range(size):
+        rows = [documents[i] for i in np.flatnonzero(owners == number)]
+        if not rows:
+            continue
+        source = source_name(how, size, number)
+        names.append(source)
+        target = (remote_in if number % REMOTE_EVERY == REMOTE_EVERY - 1 else local_in) / f"{source}.jsonl"
+        if not target.exists():
+            target.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for workspace, folder in ((WORK / name, local_in), (WORK / "remote", remote_in)):
+        cache = workspace / "cache" / "embeddings.sqlite"
+        if not cache.exists():  # the vectors computed once, shared
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.symlink_to(WORK / "cache" / "embeddings.sqlite")
+        started = time.perf_counter()
+        _gradfuse("index", "each", "jsonl", str(folder), "--workspace", str(workspace))
+        print(f"{name}: built {folder.name} sources in {time.perf_counter() - started:.0f} s", flush=True)
+    return WORK / name, remote_in, names
+
+
+def _gradfuse(*args: str) -> None:
+    subprocess.run([str(Path(sys.executable).parent / "gradfuse"), *args], check=True, stdout=subprocess.DEVNULL)
+
+
+def open_configuration(workspace: Path, remote_in: Path, url: str) -> Workspace:
+    """The workspace with its remote sources declared (each one of the second gradfuse's sources)."""
+    lines = [f'workspace = "{workspace.name}"']
+    for file in sorted(remote_in.glob("*.jsonl")):
+        lines += [f"[sources.{file.stem}]", 'kind = "gradfuse"', f'url = "{url}"', f'sources = ["{file.stem}"]']
+    config_file = workspace.parent / f"{workspace.name}.toml"
+    config_file.write_text("\n".join(lines) + "\n")
+    return Workspace(load_config(config_file))
+
+
+def run(ws: Workspace, queries: list[Query], routing: RoutingSettings, owner_of: dict[str, str], *,
+        timed: bool = True) -> dict:
+    ws.config.routing = routing
+    for query in queries if timed else []:  # warm: sources opened, candidate vectors cached
+        ws.search(query.text)
+    seconds, asked, outcomes, recall = [], [], {}, []
+    for query in queries:
+        started = time.perf_counter()
+        result = ws.search(query.text)
+        seconds.append(time.perf_counter() - started)
+        called = set(result.routing.asked if result.routing else result.ranked_lists) | \
+            {f.source for f in result.failures}
+        asked.append(len(called))
+        outcomes[query.query_id] = Ranking([(_doc_key(c), c.scores.get("prior", c.native_score) or 0.0)
+                                            for c in result.candidates])
+        recall.append(np.mean([owner_of[d] in called for d in query.relevant]))
+        if result.failures:
+            print(f"  {query.query_id}: failed {[(f.source, f.detail) for f in result.failures]}", flush=True)
+    qrels = {q.query_id: q.relevant for q in queries}
+    ndcg = per_query(qrels, outcomes, [q.query_id for q in queries], ["ndcg@10"])["ndcg@10"]
+    return {"ndcg@10": [ndcg[q.query_id] for q in queries], "source_recall": recall, "asked": asked,
+            "seconds": seconds, "rss_mb": _rss_mb(), "open_files": len(os.listdir("/proc/self/fd")),
+            "open_sources": len(ws.catalog._sources)}
+
+
+def _doc_key(candidate) -> str:
+    # a remote's passage is `<its source>/<doc id>` here (its source has the same name there)
+    return candidate.doc_id.removeprefix(candidate.source + "/")
+
+
+def _rss_mb() -> float:
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def summary_row(name: str, way: str, measured: dict, reference: dict | None) -> dict:
+    ndcg = np.array(measured["ndcg@10"])
+    row = {"configuration": name, "sources asked by": way, "nDCG@10": float(ndcg.mean()),
+           "source recall": float(np.mean(measured["source_recall"])),
+           "sources asked": float(np.mean(measured["asked"])),
+           "p50 ms": 1000 * float(np.percentile(measured["seconds"], 50)),
+           "p90 ms": 1000 * float(np.percentile(measured["seconds"], 90)),
+           "RSS MB": measured["rss_mb"], "open files": measured["open_files"],
+           "sources open": measured["open_sources"]}
+    if reference is not None:
+        base = np.array(reference["ndcg@10"])
+        row["delta vs all"] = float(ndcg.mean() - base.mean())
+        row["p (paired)"] = paired_p_value(ndcg, base)
+        row["calls saved"] = 1 - float(np.mean(measured["asked"]) / np.mean(reference["asked"]))
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    parser.add_argument("--splits", nargs="+", default=list(SPLITS))
+    parser.add_argument("--configuration", help=argparse.SUPPRESS)  # one configuration, in its own process
+    parser.add_argument("--remote", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    documents, queries = pooled_corpus()
+    order = np.random.default_rng(1).permutation(len(queries))
+    dev = [queries[i] for i in order[: int(len(queries) * DEV_SHARE)]]
+    test = [queries[i] for i in order[int(len(queries) * DEV_SHARE):]]
+    if args.configuration:
+        measure(args.configuration, args.remote, dev, test)
+        return 0
+    print(f"{len(documents)} passages, {len(dev)} dev and {len(test)} test queries", flush=True)
+    vectors = vectors_of(documents)
+    names = []
+    for how in args.splits:
+        for size in args.sizes:
+            owners = split(vectors, size, how)
+            build(documents, owners, how, size)
+            owner_of = {d["id"]: source_name(how, size, int(o)) for d, o in zip(documents, owners)}
+            (WORK / f"{how}{size}-owners.json").write_text(json.dumps(owner_of))
+            names.append(f"{how}{size}")
+    rows, tuning, raw = [], {}, {}
+    with gradfuse_serve(WORK / "remote", log=WORK / "remote.log") as url:
+        for name in names:  # each in a process of its own, so that its memory is its own
+            subprocess.run([sys.executable, __file__, "--configuration", name, "--remote", url], check=True)
+            measured = json.loads((WORK / f"{name}.json").read_text())
+            rows += measured["rows"]
+            tuning[name], raw[name] = measured["tuning"], measured["raw"]
+    write(rows, tuning, raw, dev, test, resource.getrlimit(resource.RLIMIT_NOFILE))
+    return 0
+
+
+def measure(name: str, url: str, dev: list[Query], test: list[Query]) -> None:
+    owner_of = json.loads((WORK / f"{name}-owners.json").read_text())
+    remote_in = WORK / "inputs" / name / "remote"
+    rows, tuning, raw = [], {}, {}
+    with open_configuration(WORK / name, remote_in, url) as ws:
+        count = len(ws.source_names())
+        ws.catalog.summaries.make(ws.source_names())  # the remote sources' summaries, ahead of the questions
+        every = RoutingSettings(above=100_000, max_open=count + 10)
+        # dev: the smallest budget whose nDCG@10 is within 0.005 of asking every source
+        tuning["all"] = float(np.mean(run(ws, dev, every, owner_of, timed=False)["ndcg@10"]))
+        for budget in BUDGETS:
+            tuning[budget] = float(np.mean(run(ws, dev, RoutingSettings(budget=budget), owner_of,
+                                               timed=False)["ndcg@10"]))
+        budget = next((b for b in BUDGETS if tuning[b] >= tuning["all"] - 0.005), BUDGETS[-1])
+        tuning["chosen"] = budget
+        print(name, "dev", tuning, flush=True)
+        reference = run(ws, test, every, owner_of)
+        rows.append(summary_row(name, "every source", reference, None))
+        raw["all"] = reference
+        for router in ("summary", "redde"):
+            for routed in sorted({budget, RoutingSettings().budget}):
+                measured = run(ws, test, RoutingSettings(router=router, budget=routed), owner_of)
+                rows.append(summary_row(name, f"routing: {router}, budget {routed}", measured, reference))
+                raw[f"{router}-{routed}"] = measured
+        for row in rows:
+            print(json.dumps(row), flush=True)
+    (WORK / f"{name}.json").write_text(json.dumps({"rows": rows, "tuning": tuning, "raw": raw}))
+
+
+def write(rows: list[dict], tuning: dict, raw: dict, dev: list[Query], test: list[Query], limits) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    header = {"commit": commit_id(), "machine": machine_description(), "routing defaults": vars(RoutingSettings()),
+              "dev queries": len(dev), "test queries": len(test), "queries per corpus": QUERIES_PER_CORPUS,
+              "open files limit": limits[0]}
+    (OUT / "results.json").write_text(json.dumps({**header, "rows": rows, "dev nDCG@10 by budget": tuning,
+                                                  "per query": raw}, indent=1, default=str))
+    columns = list(rows[0])
+    for row in rows:
+        columns += [c for c in row if c not in columns]
+    lines = ["# Routing before retrieval at 100 and 1,000 sources", "",
+             f"Commit {header['commit']}; {header['machine']}. Made by `make bench-many-sources` "
+             f"(bench/many_sources.py, whose docstring says how). {len(test)} test queries ({len(dev)} dev), "
+             f"routing defaults {header['routing defaults']}.", "",
+             "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(row.get(c)) for c in columns) + " |")
+    lines += ["", "Dev nDCG@10 by routing budget (summary router; `all`: every source asked):", ""]
+    for name, values in tuning.items():
+        lines.append(f"- {name}: " + ", ".join(f"{k}: {v:.3f}" for k, v in values.items()))
+    (OUT / "results.md").write_text("\n".join(lines) + "\n")
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 10 else f"{value:.0f}"
+    return str(value)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,140 @@
+"""Routing: which sources a question is sent to at all, from their summaries (sources/summary.py), before any
+source is asked. Stage 1 then chooses among the sources that answered.
+
+Above `[routing] above` sources, a question goes to `budget` of them:
+
+- `summary` (the default): the GRO-RAG selection run on summaries. A source's score is its best topic centroid's
+  cosine to the query; with `redundancy_weight` > 0 the budget is filled greedily, each source's gain being its score
+  minus lambda times its redundancy with the closest source already routed (the centroid sets' mean best match),
+  so a mirror of a routed source gives way to a source that adds something.
+- `redde`: the classic sample-based baseline (ReDDE, Si & Callan 2003): the sources' sampled passages form one
+  small index; a source's score is how many of the query's top `REDDE_TOP` sampled passages are its own, each
+  standing for documents/sample passages of the source.
+
+Every score is one matrix product over all sources' summaries, and the redundancy is computed only against the
+sources already routed: the cost grows linearly with the number of sources.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from gradfuse.checked import FILE_SETTINGS, Count, NonNegative, Seconds, Weight
+from gradfuse.sources.summary import SummaryTable
+
+ROUTERS = ("summary", "redde")
+REDDE_TOP = 100  # sampled passages whose owners are counted (the estimate of where the relevant documents are)
+
+
+@dataclass(frozen=True)
+class RoutingSettings:
+    """`[routing]` in gradfuse.toml."""
+
+    __pydantic_config__ = FILE_SETTINGS
+    above: NonNegative = 32  # route only a question that may reach more sources than this (0: always)
+    budget: Count = 24  # sources a routed question is sent to
+    router: Literal["summary", "redde"] = "summary"
+    redundancy_weight: Weight = 0.0
+    refresh_s: Seconds = 3600.0  # an engine's or a remote's summary is made again when older (sources/summaries.py)
+    # Sources held open at once (each holds files, a database connection or a client): the least recently used
+    # beyond it is closed, and opened again when next asked.
+    max_open: Count = 128
+
+
+@dataclass
+class RoutingDecision:
+    router: str
+    asked: list[str]  # the sources the question was sent to, in the catalog's order
+    scores: dict[str, float]  # every scored source's routing score
+    budget: int
+    unscored: dict[str, str] = field(default_factory=dict)  # asked without a score (no summary yet): why
+    reasons: dict[str, str] = field(default_factory=dict)  # a skipped source's reason where it is not its score
+
+    @property
+    def skipped(self) -> dict[str, str]:
+        """Every source not asked, best-scored first, and why (built when read: at 1,000 sources, 976 lines)."""
+        asked = set(self.asked)
+        scored = [self.scores[s] for s in self.asked if s in self.scores]
+        lowest = min(scored) if scored else float("nan")
+        best_first = sorted(self.scores.items(), key=lambda item: -item[1])
+        return {s: self.reasons.get(s) or f"routed out by {self.router}: score {score:.3f} below the "
+                                           f"{self.budget} asked (lowest asked {lowest:.3f})"
+                for s, score in best_first if s not in asked}
+
+
+def route(query: np.ndarray, table: SummaryTable, settings: RoutingSettings,
+          unscored: dict[str, str] | None = None) -> RoutingDecision:
+    """The sources `query` (an L2-normalised encoder vector) is sent to: `unscored` ones always (they cannot be
+    judged), then the best-scored of `table` up to the budget."""
+    unscored = dict(unscored or {})
+    room = max(0, settings.budget - len(unscored))
+    scores = (_redde_scores if settings.router == "redde" else _summary_scores)(query, table)
+    decision = RoutingDecision(settings.router, [], dict(zip(table.names, scores.tolist())), settings.budget,
+                               unscored)
+    if settings.redundancy_weight > 0 and settings.router == "summary":
+        chosen = _greedy(scores, table, settings.redundancy_weight, room, decision.reasons)
+    else:
+        chosen = _best(scores, room)
+    picked = set(unscored) | {table.names[i] for i in chosen}
+    decision.asked = [n for n in list(unscored) + table.names if n in picked]
+    return decision
+
+
+def _best(scores: np.ndarray, count: int) -> list[int]:
+    """Indexes of the `count` highest scores (ties by position, so a decision is the same every time)."""
+    if count <= 0 or len(scores) == 0:
+        return []
+    order = np.lexsort((np.arange(len(scores)), -scores))
+    return order[:count].tolist()
+
+
+def _summary_scores(query: np.ndarray, table: SummaryTable) -> np.ndarray:
+    if not table.names:
+        return np.zeros(0)
+    return np.maximum.reduceat(table.centroids @ query.astype(np.float32), table.centroid_starts).astype(np.float64)
+
+
+def _redde_scores(query: np.ndarray, table: SummaryTable) -> np.ndarray:
+    if not table.names:
+        return np.zeros(0)
+    cosines = table.sample @ query.astype(np.float32)
+    owners = np.repeat(np.arange(len(table.names)), np.diff(np.append(table.sample_starts, len(table.sample))))
+    top = np.argsort(-cosines, kind="stable")[:REDDE_TOP]
+    sampled = np.bincount(owners, minlength=len(table.names)).astype(np.float64)
+    counts = np.bincount(owners[top], minlength=len(table.names)).astype(np.float64)
+    estimate = counts * table.documents / np.maximum(sampled, 1)
+    # Sources with no sampled passage in the top are ordered by their best sampled cosine, below every counted one.
+    best = np.maximum.reduceat(cosines, table.sample_starts).astype(np.float64)
+    return np.where(estimate > 0, estimate + 2.0, best)
+
+
+def _redundancy(a: np.ndarray, b: np.ndarray) -> float:
+    similarity = a @ b.T
+    return float((similarity.max(axis=1).mean() + similarity.max(axis=0).mean()) / 2)
+
+
+def _greedy(scores: np.ndarray, table: SummaryTable, weight: float, count: int, reasons: dict[str, str]) -> list[int]:
+    """Fill the budget by gain = score - weight * (redundancy with the closest routed source), among the 3 x budget
+    best-scored sources: a penalty only lowers a gain, and this bounds the work by the budget, not the sources."""
+    shortlist = _best(scores, 3 * count)
+    closest = dict.fromkeys(shortlist, 0.0)
+    closest_to: dict[int, int] = {}
+    chosen: list[int] = []
+    while shortlist and len(chosen) < count:
+        gains = {i: scores[i] - weight * closest[i] for i in shortlist}
+        best = max(shortlist, key=lambda i: (gains[i], -i))
+        chosen.append(best)
+        shortlist.remove(best)
+        rows = table.centroid_rows(best)
+        for i in shortlist:
+            redundancy = _redundancy(table.centroid_rows(i), rows)
+            if redundancy > closest[i]:
+                closest[i], closest_to[i] = redundancy, best
+    for i in shortlist:
+        if i in closest_to and scores[i] >= min(scores[j] for j in chosen):
+            reasons[table.names[i]] = (f"routed out: score {scores[i]:.3f} minus redundancy penalty "
+                                       f"{weight * closest[i]:.3f} (with {table.names[closest_to[i]]})")
+    return chosen

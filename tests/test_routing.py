@@ -1,0 +1,210 @@
+"""Routing before retrieval: summaries made at build (and sent by another gradfuse), only the routed sources asked,
+what was skipped and why, a stage 1 that reads only the pairs it needs, and a bounded set of open sources."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from conftest import ASTRONOMY, COOKING, write_jsonl
+from live_server import gradfuse_serve
+
+from gradfuse import SourceSpec, Workspace
+from gradfuse.cli import app
+from gradfuse.config import Config, load_config
+from gradfuse.schemas import search_record
+from gradfuse.selection import SelectionSettings, choose_sources, select_sources, source_redundancy
+from gradfuse.selection.routing import RoutingSettings, route
+from gradfuse.sources.summary import SUMMARY_FILE, SourceSummary, SummaryTable, summarize
+
+TOPICS = {
+    "astronomy": ASTRONOMY,
+    "cooking": COOKING[:2],
+    "sailing": [
+        {"id": "knots", "text": "A bowline knot makes a fixed loop at the end of a mooring line on a sailboat."},
+        {"id": "tack", "text": "To tack, the sailor turns the bow of the boat through the wind."},
+    ],
+    "gardening": [
+        {"id": "compost", "text": "Compost made from kitchen scraps and leaves feeds the soil of a vegetable garden."},
+        {"id": "prune", "text": "Prune roses in late winter, cutting just above an outward-facing bud."},
+    ],
+    "finance": [
+        {"id": "bonds", "text": "When interest rates rise, the prices of existing bonds fall."},
+        {"id": "index", "text": "An index fund holds every stock of a market index at low cost."},
+    ],
+    "music": [
+        {"id": "violin", "text": "A violin has four strings tuned in fifths: G, D, A and E."},
+        {"id": "chord", "text": "A major chord stacks a root, a major third and a perfect fifth."},
+    ],
+}
+
+
+def unit(v) -> np.ndarray:
+    v = np.asarray(v, dtype=np.float32)
+    return v / np.linalg.norm(v, axis=-1, keepdims=True)
+
+
+def summary_at(*points) -> SourceSummary:
+    rows = unit(points)
+    return SourceSummary(documents=10 * len(rows), centroids=rows, shares=np.full(len(rows), 1 / len(rows)),
+                         sample=rows)
+
+
+def test_route_sends_the_question_to_the_best_summaries_and_says_why_each_other_was_skipped():
+    table = SummaryTable.stack({"a": summary_at([1, 0, 0]), "b": summary_at([0.9, 0.1, 0]),
+                                "c": summary_at([0, 1, 0]), "d": summary_at([0, 0, 1], [0.7, 0.7, 0])})
+    decision = route(unit([1, 0, 0]), table, RoutingSettings(budget=2), {"e": "no summary: reasons"})
+    # the unscored source cannot be judged: it is asked, and takes one of the budget's places
+    assert decision.asked == ["e", "a"]
+    assert list(decision.skipped) == ["b", "d", "c"]  # best-scored first
+    assert all("routed out by summary" in why for why in decision.skipped.values())
+    decision = route(unit([1, 0, 0]), table, RoutingSettings(budget=3))
+    assert decision.asked == ["a", "b", "d"]  # d by its second topic
+    assert decision.scores["d"] == pytest.approx(0.7071, abs=1e-3)
+
+
+def test_with_a_redundancy_weight_a_mirror_of_a_routed_source_gives_way():
+    table = SummaryTable.stack({"manuals": summary_at([1, 0.1, 0]), "manuals-mirror": summary_at([1, 0.1, 0]),
+                                "tickets": summary_at([0.8, 0, 0.6])})
+    query = unit([1, 0, 0.2])
+    assert route(query, table, RoutingSettings(budget=2)).asked == ["manuals", "manuals-mirror"]
+    decision = route(query, table, RoutingSettings(budget=2, redundancy_weight=0.5))
+    assert decision.asked == ["manuals", "tickets"]
+    assert "redundancy penalty" in decision.skipped["manuals-mirror"] and "manuals" in decision.skipped["manuals-mirror"]
+
+
+def test_redde_counts_each_sources_sampled_passages_among_the_best_scaled_by_its_size(monkeypatch):
+    monkeypatch.setattr("gradfuse.selection.routing.REDDE_TOP", 3)
+    small = SourceSummary(10, unit([[1, 0]]), np.ones(1), unit([[1, 0.05], [1, 0.06]]))
+    large = SourceSummary(1000, unit([[0, 1]]), np.ones(1), unit([[1, 0.2], [0, 1]]))
+    far = SourceSummary(50, unit([[0, 1]]), np.ones(1), unit([[-1, 1]]))
+    table = SummaryTable.stack({"small": small, "large": large, "far": far})
+    scores = route(unit([1, 0]), table, RoutingSettings(router="redde", budget=1)).scores
+    # the top 3 sampled: small's two (2 x 10/2) and one of large's (1 x 1000/2); far's none, ranked below by cosine
+    assert scores["large"] > scores["small"] > 0 > scores["far"]
+
+
+def test_a_summary_is_small_and_survives_the_wire():
+    vectors = unit(np.random.default_rng(0).normal(size=(500, 384)))
+    summary = summarize(vectors)
+    assert summary.documents == 500 and len(summary.centroids) == 8 and len(summary.sample) == 16
+    assert summary.shares.sum() == pytest.approx(1.0)
+    assert np.allclose(np.linalg.norm(summary.centroids, axis=1), 1, atol=1e-5)
+    sent = summary.wire("all-MiniLM-L6-v2")
+    back = SourceSummary.from_wire(sent["documents"], sent["dimension"], sent["centroids"], sent["shares"],
+                                   sent["sample"])
+    assert np.allclose(back.centroids, summary.centroids, atol=1e-3) and back.documents == 500
+    with pytest.raises(ValueError):
+        SourceSummary.from_wire(500, 384, sent["centroids"], sent["shares"][:-1], sent["sample"])
+    assert len(summarize(vectors[:20]).centroids) == 1  # a small source is one topic
+
+
+def test_stage_one_reads_only_the_redundancy_it_needs_and_decides_as_with_every_pair():
+    rng = np.random.default_rng(0)
+    query = unit(rng.normal(size=32))
+    documents = {f"s{i:02d}": unit(rng.normal(size=(5, 32)) + 2 * query * (i % 4)) for i in range(40)}
+    for weight in (0.0, 0.5):
+        settings = SelectionSettings(redundancy_weight=weight, threshold=-10, max_sources=4)
+        decision = select_sources(query, documents, settings)
+        pairs = sum(len(row) for row in decision.redundancy.values()) // 2
+        # lambda 0 reads no pair; otherwise each source left against each one chosen (the last one too: the gains
+        # of those dropped are reported), 4 x 40 at most, not 40 x 39
+        assert pairs == (0 if weight == 0 else sum(40 - step for step in range(1, 5)))
+        every = {s: {t: source_redundancy(documents[s], documents[t]) for t in documents if t != s}
+                 for s in documents}
+        relevance = decision.relevance
+        assert decision.sources == choose_sources(relevance, every, settings).sources
+    few = select_sources(query, dict(list(documents.items())[:6]), SelectionSettings())
+    assert all(len(row) == 5 for row in few.redundancy.values())  # small: every pair, for tuning's replay
+
+
+@pytest.fixture(scope="module")
+def topical(tmp_path_factory):
+    """Six one-topic sources built by `gradfuse index each`."""
+    root = tmp_path_factory.mktemp("topical")
+    for name, rows in TOPICS.items():
+        write_jsonl(root / "inputs" / f"{name}.jsonl", rows)
+    (root / "inputs" / "notes.txt").write_text("not a JSONL file: left alone")
+    result = CliRunner().invoke(app, ["index", "each", "jsonl", str(root / "inputs"), "--workspace",
+                                      str(root / "ws")])
+    assert result.exit_code == 0, result.output
+    assert "6 sources" in result.output and "6 built" in result.output
+    return root
+
+
+def routed_workspace(root, **routing) -> Workspace:
+    return Workspace(Config(workspace=root / "ws", routing=RoutingSettings(**routing)))
+
+
+def test_only_the_routed_sources_are_asked_and_the_result_says_what_was_skipped(topical):
+    assert all((p / "CURRENT").is_file() for p in (topical / "ws" / "sources").iterdir())
+    version = next((topical / "ws" / "sources" / "sailing").glob("v-*"))
+    assert (version / SUMMARY_FILE).is_file()
+    with routed_workspace(topical, above=3, budget=2) as ws:
+        result = ws.search("How do I tie a loop at the end of a mooring line?")
+        assert len(result.routing.asked) == 2 and "sailing" in result.routing.asked
+        assert set(result.ranked_lists) | {f.source for f in result.failures} == set(result.routing.asked)
+        assert {name for name, _ in ws.catalog._sources} == set(result.routing.asked)  # the rest never opened
+        assert set(result.routing.skipped) == set(TOPICS) - set(result.routing.asked)
+        assert result.candidates[0].source == "sailing" and "routing" in result.timings
+        record = json.loads(search_record(result).model_dump_json())
+        assert record["routing"]["asked"] == result.routing.asked and len(record["routing"]["skipped"]) == 4
+        # at or under `above` sources nothing is routed: today's behaviour
+        assert ws.search("bowline", sources=["sailing", "music", "finance"]).routing is None
+        # a request that names one source (single:) is never routed away from it
+        assert ws.search("bowline", method="single:music").routing is None
+
+
+def test_at_most_max_open_sources_stay_open_and_a_closed_one_opens_again(topical):
+    with routed_workspace(topical, above=100, max_open=2) as ws:
+        first = ws.catalog.source("astronomy")
+        for name in ("music", "finance", "gardening"):
+            assert ws.search("chords and strings", sources=[name], method="rrf").candidates
+            assert len(ws.catalog._sources) <= 2
+        assert first._searcher is None  # the least recently used was closed
+        assert ws.guards["astronomy"]._executor is None
+        again = ws.search("Phobos and Deimos", sources=["astronomy"], method="rrf")
+        assert again.candidates[0].doc_id == "mars"
+
+
+def test_a_rebuilt_source_is_routed_by_its_new_summary(tmp_path):
+    for name in ("astronomy", "cooking", "finance"):
+        write_jsonl(tmp_path / "in" / f"{name}.jsonl", TOPICS[name])
+    with Workspace(Config(workspace=tmp_path / "ws", routing=RoutingSettings(above=1, budget=1))) as ws:
+        for name in ("astronomy", "cooking", "finance"):
+            ws.index(SourceSpec(name, "jsonl", str(tmp_path / "in" / f"{name}.jsonl")))
+        before = ws.search("a bowline knot on a sailboat").routing
+        write_jsonl(tmp_path / "in" / "finance.jsonl", TOPICS["sailing"])  # finance now holds the sailing notes
+        ws.index(SourceSpec("finance", "jsonl", str(tmp_path / "in" / "finance.jsonl")))
+        after = ws.search("a bowline knot on a sailboat").routing
+        assert after.asked == ["finance"] and after.scores["finance"] > before.scores["finance"] + 0.2
+
+
+@pytest.fixture(scope="module")
+def remote(tmp_path_factory, topical):
+    """Another gradfuse serving the six topical sources."""
+    with gradfuse_serve(topical / "ws") as url:
+        yield url
+
+
+def test_a_remote_gradfuse_sends_its_summaries_and_is_routed_by_them(remote, tmp_path):
+    lines = ['workspace = "ws"', "[routing]", "above = 1", "budget = 1"]
+    for name in ("sailing", "finance"):
+        lines += [f"[sources.team-{name}]", 'kind = "gradfuse"', f'url = "{remote}"', f'sources = ["{name}"]']
+    (tmp_path / "gradfuse.toml").write_text("\n".join(lines) + "\n")
+    with Workspace(load_config(tmp_path / "gradfuse.toml")) as ws:
+        ws.index(SourceSpec("music", "jsonl", str(write_jsonl(tmp_path / "music.jsonl", TOPICS["music"]))))
+        unjudged = ws.search("Do bond prices fall when interest rates rise?")
+        # no summary yet: both remotes are asked (unjudged), and their summaries are being made meanwhile
+        assert set(unjudged.routing.unscored) == {"team-sailing", "team-finance"}
+        assert ws.catalog.summaries.make(["team-sailing", "team-finance"]) == {"team-sailing": "", "team-finance": ""}
+        routed = ws.search("Do bond prices fall when interest rates rise?")
+        assert routed.routing.asked == ["team-finance"] and not routed.routing.unscored
+        assert routed.candidates[0].doc_id == "finance/bonds"
+        cached = list((tmp_path / "ws" / "cache" / "summaries").glob("team-finance-*.npz"))
+        assert len(cached) == 1  # kept for the next start
+    with Workspace(load_config(tmp_path / "gradfuse.toml")) as ws:  # restarted: read from the cache
+        assert ws.search("Do bond prices fall when interest rates rise?").routing.asked == ["team-finance"]
