@@ -233,6 +233,107 @@ def chroma_server(tmp_path_factory):
         yield url, process, urlsplit(url).port
 
 
+# --- a sample of an engine's passages, read through its own client (what routing summarises) ------------------------
+
+# 40 passages in order, every seventh without a title; `n` is each one's place, for the engines' own filters
+SAMPLED = [{"id": f"p{n:02}", "title": f"Topic {n % 5}" if n % 7 else "", "text": f"Passage {n} on topic {n % 5}.",
+            "n": n} for n in range(40)]
+
+
+def _sample_vectors():
+    import numpy as np
+
+    return np.random.default_rng(0).random((len(SAMPLED), 8)).tolist()  # sampling reads no vectors: any will do
+
+
+def _embedding_texts(rows) -> list[str]:
+    from gradfuse.sources.encoder import embedding_text
+
+    return [embedding_text(r["title"], r["text"]) for r in rows]
+
+
+def _assert_samples(source, *, first: int, spread: bool) -> None:
+    """`source` holds SAMPLED's first `first` passages: a sample of 10 is 10 of their embedding texts (spread over
+    them, into the last quarter, where the engine reads by offset) and a limit past the count returns them all."""
+    texts = _embedding_texts(SAMPLED[:first])
+    count, sample = source.sample_texts(10)
+    assert count == first and len(sample) == len(set(sample)) == 10 and set(sample) <= set(texts)
+    if spread:
+        assert set(sample) & set(texts[-(first // 4):])  # not the first rows only
+    count, everything = source.sample_texts(first + 5)
+    assert count == first and sorted(everything) == sorted(texts)
+
+
+def test_a_lancedb_table_and_a_qdrant_and_milvus_collection_sample_their_own_passages(tmp_path):
+    pytest.importorskip("lancedb")
+    import lancedb
+    from pymilvus import MilvusClient
+    from qdrant_client import QdrantClient, models
+
+    from gradfuse.sources.engines import open_engine
+    from gradfuse.sources.lance_table import LanceSettings
+    from gradfuse.sources.milvus_collection import MilvusSettings
+    from gradfuse.sources.qdrant_collection import QdrantSettings
+
+    vectors = _sample_vectors()
+    lancedb.connect(str(tmp_path / "lance")).create_table(
+        "notes", [{**r, "vector": v} for r, v in zip(SAMPLED, vectors)])
+    qdrant = QdrantClient(path=str(tmp_path / "qdrant"))
+    qdrant.create_collection("notes", vectors_config=models.VectorParams(size=8, distance=models.Distance.COSINE))
+    qdrant.upsert("notes", [models.PointStruct(id=r["n"], vector=v, payload={**r, "name": r["id"]})
+                            for r, v in zip(SAMPLED, vectors)])
+    qdrant.close()  # the embedded mode: one client at a time
+    milvus = MilvusClient(str(tmp_path / "milvus.db"))
+    milvus.create_collection("notes", dimension=8, id_type="string", max_length=64, vector_field_name="emb")
+    milvus.insert("notes", [{"id": r["id"], "emb": v, "body": r["text"], "heading": r["title"], "n": r["n"]}
+                            for r, v in zip(SAMPLED, vectors)])
+    milvus.close()
+    stores = {"lancedb": (LanceSettings, dict(uri=str(tmp_path / "lance"), table="notes", title_field="title"),
+                          "n < 20", True),
+              "qdrant": (QdrantSettings, dict(uri=str(tmp_path / "qdrant"), collection="notes", id_field="name",
+                                              title_field="title"),
+                         {"must": [{"key": "n", "range": {"lt": 20}}]}, False),  # Qdrant draws at random
+              "milvus": (MilvusSettings, dict(uri=str(tmp_path / "milvus.db"), collection="notes", text_field="body",
+                                              title_field="heading", vector_field="emb"), "n < 20", True)}
+    for settings, fields, first_half, spread in stores.values():
+        for only, first in (("", len(SAMPLED)), (first_half, 20)):  # the whole collection, then what `filter` keeps
+            source = open_engine("store", settings(**fields, filter=only), 10.0, "dense")
+            _assert_samples(source, spread=spread, first=first)
+            getattr(source, "close", lambda: None)()
+
+
+def test_a_chroma_collection_samples_its_own_passages_through_its_server(chroma_server):
+    import chromadb
+
+    from gradfuse.sources.chroma_collection import ChromaSettings
+    from gradfuse.sources.engines import open_engine
+
+    url, _, port = chroma_server
+    chromadb.HttpClient(host="127.0.0.1", port=port).create_collection("sampled", embedding_function=None).add(
+        ids=[r["id"] for r in SAMPLED], documents=[r["text"] for r in SAMPLED], embeddings=_sample_vectors(),
+        metadatas=[{"n": r["n"], **({"name": r["title"]} if r["title"] else {})} for r in SAMPLED])
+    for only, first in (("", len(SAMPLED)), ({"n": {"$lt": 20}}, 20)):
+        source = open_engine("store", ChromaSettings(uri=url, collection="sampled", title_field="name", filter=only),
+                             10.0, "dense")
+        _assert_samples(source, spread=True, first=first)
+
+
+def test_a_sample_its_engine_refuses_fails_as_the_sources_error(tmp_path):
+    pytest.importorskip("lancedb")
+    import lancedb
+
+    from gradfuse.sources.base import SourceError
+    from gradfuse.sources.engines import open_engine
+    from gradfuse.sources.lance_table import LanceSettings
+
+    lancedb.connect(str(tmp_path / "lance")).create_table(
+        "notes", [{**r, "vector": v} for r, v in zip(SAMPLED, _sample_vectors())])
+    wrong = open_engine("store", LanceSettings(uri=str(tmp_path / "lance"), table="notes", filter="no_column = 1"),
+                        10.0, "dense")  # opens: LanceDB reads the filter only when asked
+    with pytest.raises(SourceError, match="table 'notes' cannot be sampled .*no_column"):
+        wrong.sample_texts(10)
+
+
 def test_a_paused_chroma_server_fails_its_source_within_its_timeout_opening_or_asking(tmp_path, chroma_server):
     """Round 5: with `chroma run` paused by SIGSTOP, `/search` with `timeout_s: 2` and `GET /sources` hung past 40 s
     (Chroma's client has no timeout, and opening a source had no deadline)."""

@@ -14,7 +14,7 @@ from gradfuse import SourceSpec, Workspace
 from gradfuse.cli import app
 from gradfuse.config import Config, ConfigError, SourceSettings, load_config
 from gradfuse.sources.local_postgres import LocalPostgres
-from gradfuse.sources.postgres import PostgresSettings
+from gradfuse.sources.postgres import PostgresError, PostgresSettings, PostgresSource, PostgresTable
 
 MARS_QUERY = "which planet has the moons Phobos and Deimos"
 
@@ -143,6 +143,39 @@ def test_the_statement_timeout_stops_a_query_on_the_server(pg, loaded):
         waiting = blocker.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchone()[0]
     assert {f.source for f in result.failures} == {"astro"} and result.candidates[0].source == "local"
     assert waiting == 0
+
+
+def test_a_table_samples_its_rows_embedding_texts(loaded):
+    from gradfuse.sources.encoder import embedding_text
+
+    ws = loaded[0]
+    texts = [embedding_text(r["title"], r["text"]) for r in ASTRONOMY + COOKING[:2]]
+    count, sample = ws.source("astro", "bm25").sample_texts(3)
+    assert count == 5 and len(sample) == len(set(sample)) == 3 and set(sample) <= set(texts)
+    count, everything = ws.source("astro", "bm25").sample_texts(10)
+    assert count == 5 and sorted(everything) == sorted(texts)
+
+
+def test_a_large_table_is_sampled_over_its_pages_not_from_its_first_rows(pg):
+    table = f"many_{time.monotonic_ns()}"
+    with psycopg.connect(pg.url) as conn:  # a team's own table: every tenth row without a title
+        conn.execute(f"CREATE TABLE {table} (doc_id text PRIMARY KEY, title text, text text)")
+        conn.execute(f"INSERT INTO {table} SELECT 'r' || n, CASE WHEN n % 10 > 0 THEN 'Row ' || n END, "
+                     "'Passage number ' || n FROM generate_series(1, 5000) AS n")
+    opened = PostgresTable("many", PostgresSettings(table=table, url=pg.url), timeout_s=10.0)
+    try:
+        source = PostgresSource(opened, mode="bm25", encoder="all-MiniLM-L6-v2")
+        count, sample = source.sample_texts(10)
+        numbers = [int(text.rpartition(" ")[2]) for text in sample]
+        assert count == 5000 and len(set(sample)) == 10
+        assert sample == [f"Row {n}\nPassage number {n}" if n % 10 else f"Passage number {n}" for n in numbers]
+        assert max(numbers) > 1000  # drawn over the table: ten of the first thousand rows only is a 1e-7 chance
+        with psycopg.connect(pg.url) as conn:
+            conn.execute(f"DROP TABLE {table}")
+        with pytest.raises(PostgresError, match=f"table {table} cannot be sampled: .*does not exist"):
+            source.sample_texts(10)
+    finally:
+        opened.close()
 
 
 def test_a_wrong_url_a_missing_table_and_a_missing_extension_are_clear(pg, tmp_path, loaded):

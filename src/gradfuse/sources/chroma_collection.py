@@ -15,7 +15,10 @@ import httpx
 from gradfuse.candidate import Candidate
 from gradfuse.checked import Text
 from gradfuse.sources.base import SourceError, SourceStats
+from gradfuse.sources.encoder import embedding_text
 from gradfuse.sources.stores import StoreSettings, engine_client
+
+SAMPLE_WINDOWS = 8  # reads of consecutive rows that make a sample: few requests, still spread over the collection
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,12 +62,51 @@ class ChromaCollection:
         found = self._collection.query(query_embeddings=[s.query_vector(query)], n_results=k, where=s.filter or None,
                                        include=["documents", "metadatas", "distances"])
         rows = zip(found["ids"][0], found["documents"][0], found["metadatas"][0], found["distances"][0])
-        return [s.candidate(self.name, rank, {**(metadata or {}), "id": doc_id, "text": document}, -distance,
-                            self._score_kind)
+        return [s.candidate(self.name, rank, _row(doc_id, document, metadata), -distance, self._score_kind)
                 for rank, (doc_id, document, metadata, distance) in enumerate(rows, start=1)]
+
+    def sample_texts(self, limit: int) -> tuple[int, list[str]]:
+        """The passages the collection holds (those `filter` matches) and the embedding texts of up to `limit` of
+        them, read in windows spread over the collection."""
+        s = self.settings
+        try:
+            # Chroma counts a whole collection only: a filtered one is counted by its ids.
+            count = len(self._collection.get(where=s.filter, include=[])["ids"]) if s.filter \
+                else self._collection.count()
+            pages = [self._collection.get(where=s.filter or None, limit=size, offset=offset,
+                                          include=["documents", "metadatas"])
+                     for offset, size in sample_windows(count, limit)]
+        except Exception as error:  # the client's own errors, ValueError and connection errors
+            raise SourceError(f"chroma {s.uri}: collection {s.collection!r} cannot be sampled "
+                              f"({type(error).__name__}: {str(error)[:200]})") from None
+        return count, [sample_text(s, self.name, _row(doc_id, document, metadata)) for page in pages
+                       for doc_id, document, metadata in zip(page["ids"], page["documents"], page["metadatas"])]
 
     def stats(self) -> SourceStats:
         return self.settings.stats(self, self.settings.collection, self._collection.count())
+
+
+def sample_windows(count: int, limit: int) -> list[tuple[int, int]]:
+    """(offset, size) of at most SAMPLE_WINDOWS runs of rows, min(count, limit) rows in all, spread evenly over
+    `count` rows (the rows left out are spread between them): engines that read by offset sample this way."""
+    wanted = min(count, limit)
+    if wanted == count:
+        return [(0, count)] if count else []
+    skipped = count - wanted
+    windows = [(i * wanted // SAMPLE_WINDOWS + i * skipped // SAMPLE_WINDOWS,
+                (i + 1) * wanted // SAMPLE_WINDOWS - i * wanted // SAMPLE_WINDOWS) for i in range(SAMPLE_WINDOWS)]
+    return [(offset, size) for offset, size in windows if size]
+
+
+def sample_text(settings: StoreSettings, source: str, row: dict) -> str:
+    """A store's row as the text its passage is embedded as, its text and title read as `search` reads them."""
+    passage = settings.candidate(source, 0, row, 0.0, "")
+    return embedding_text(passage.title, passage.text)
+
+
+def _row(doc_id: str, document: str | None, metadata: dict | None) -> dict:
+    """A Chroma record as the row a store's settings read: its metadata, its id and its document (as `text`)."""
+    return {**(metadata or {}), "id": doc_id, "text": document}
 
 
 def _reachable(uri: str, key: str | None, timeout_s: float) -> None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from gradfuse.candidate import Candidate
 from gradfuse.checked import Text
 from gradfuse.sources.base import SourceError, SourceStats
+from gradfuse.sources.chroma_collection import sample_text, sample_windows
 from gradfuse.sources.embedded import hybrid_depth, rrf_in_source
 from gradfuse.sources.stores import StoreSettings, engine_client
 
@@ -64,6 +65,20 @@ class LanceTable:
     def _where(self, search):
         """The search restricted to the rows `filter` (SQL) matches, filtered before the nearest are taken."""
         return search.where(self.settings.filter, prefilter=True) if self.settings.filter else search
+
+    def sample_texts(self, limit: int) -> tuple[int, list[str]]:
+        """The rows the table holds (those `filter` matches) and the embedding texts of up to `limit` of them, read
+        in windows spread over the table."""
+        s = self.settings
+        columns = [s.id_field, s.text_field, *([s.title_field] if s.title_field else [])]  # not the vectors
+        try:
+            count = self._table.count_rows(s.filter or None)
+            rows = [row for offset, size in sample_windows(count, limit)
+                    for row in self._where(self._table.search()).select(columns).offset(offset).limit(size).to_list()]
+        except Exception as error:  # LanceDB raises ValueError, OSError and its own errors
+            raise SourceError(f"lancedb {s.uri}: table {s.table!r} cannot be sampled "
+                              f"({type(error).__name__}: {str(error)[:200]})") from None
+        return count, [sample_text(s, self.name, row) for row in rows]
 
     def stats(self) -> SourceStats:
         return self.settings.stats(self, self.settings.table, self._table.count_rows())

@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from gradfuse.candidate import Candidate
 from gradfuse.checked import Text
 from gradfuse.sources.base import SourceError, SourceStats
+from gradfuse.sources.chroma_collection import sample_text, sample_windows
 from gradfuse.sources.stores import StoreSettings, engine_client
 
 _SIMILARITIES = ("COSINE", "IP")
+_QUERY_WINDOW = 16_384  # Milvus answers a query only within its first rows (offset + limit, max_query_result_window)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,14 +52,32 @@ class MilvusCollection:
     def warm(self) -> None:
         self.settings.warm()
 
-    def search(self, query: str, k: int) -> list[Candidate]:
+    def _fields(self) -> list[str]:
         s = self.settings
-        fields = [s.id_field, s.text_field, *([s.title_field] if s.title_field else []), *s.metadata_fields]
+        return [s.id_field, s.text_field, *([s.title_field] if s.title_field else []), *s.metadata_fields]
+
+    def search(self, query: str, k: int) -> list[Candidate]:
+        s, fields = self.settings, self._fields()
         (hits,) = self._client.search(s.collection, data=[s.query_vector(query)], limit=k, anns_field=s.vector_field,
                                       output_fields=fields, filter=s.filter, timeout=self._timeout)
         return [s.candidate(self.name, rank, {s.id_field: hit["id"], **hit["entity"]}, self._sign * hit["distance"],
                             self._score_kind)
                 for rank, hit in enumerate(hits, start=1)]
+
+    def sample_texts(self, limit: int) -> tuple[int, list[str]]:
+        """The rows the collection holds (those `filter` matches) and the embedding texts of up to `limit` of them,
+        read in windows spread over its first 16,384 rows (Milvus Lite draws no random sample)."""
+        s = self.settings
+        try:
+            (counted,) = self._client.query(s.collection, filter=s.filter, output_fields=["count(*)"],
+                                            timeout=self._timeout)
+            rows = [row for offset, size in sample_windows(min(counted["count(*)"], _QUERY_WINDOW), limit)
+                    for row in self._client.query(s.collection, filter=s.filter, output_fields=self._fields(),
+                                                  limit=size, offset=offset, timeout=self._timeout)]
+        except Exception as error:  # pymilvus raises its own exceptions
+            raise SourceError(f"milvus {s.uri}: collection {s.collection!r} cannot be sampled "
+                              f"({type(error).__name__}: {str(error)[:200]})") from None
+        return counted["count(*)"], [sample_text(s, self.name, row) for row in rows]
 
     def stats(self) -> SourceStats:
         rows = int(self._client.get_collection_stats(self.settings.collection).get("row_count", 0))

@@ -267,6 +267,26 @@ class PostgresSource:
                          native_rank=rank, parent_id=parent_id, span=(start, end) if start is not None else None,
                          location=Location.from_json(location), retrieval_ranks=ranks[0] if ranks else {})
 
+    def sample_texts(self, limit: int) -> tuple[int, list[str]]:
+        """The rows the table holds and the embedding texts of up to `limit` of them, drawn at random over the
+        table."""
+        import psycopg
+
+        from gradfuse.sources.encoder import embedding_text
+
+        s = self._table.settings
+        try:
+            count = self._run(f"SELECT count(*) FROM {s.table}", {}, [])[0][0]
+            # SYSTEM reads only the pages it draws (a large table is not scanned): about four times the rows wanted,
+            # and at least 1,000, so that enough come back; random() picks among them.
+            percent = min(100.0, 100.0 * max(4 * limit, 1000) / max(count, 1))
+            rows = self._run(f"SELECT {self._select_list()} FROM {s.table} TABLESAMPLE SYSTEM (%(percent)s::real) "
+                             "ORDER BY random() LIMIT %(limit)s", {"percent": percent, "limit": limit}, [])
+        except psycopg.Error as error:  # the pool's timeout included
+            raise PostgresError(f"postgres source {self.name!r}: {self._table.where} cannot be sampled: "
+                                f"{driver_message(error)}") from error
+        return count, [embedding_text(title, text) for _, title, text, *_ in rows]
+
     def stats(self) -> SourceStats:
         s, metadata = self._table.settings, self._table.metadata
         with self._table.pool.connection() as conn:

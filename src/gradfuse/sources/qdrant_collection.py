@@ -14,6 +14,7 @@ from typing import ClassVar
 from gradfuse.candidate import Candidate
 from gradfuse.checked import Text
 from gradfuse.sources.base import SourceError, SourceStats
+from gradfuse.sources.chroma_collection import sample_text
 from gradfuse.sources.stores import StoreSettings, engine_client
 
 _DISTANCES = ("Euclid", "Manhattan")  # lower is closer
@@ -65,9 +66,25 @@ class QdrantCollection:
         s = self.settings
         found = self._client.query_points(s.collection, query=s.query_vector(query), using=s.vector_field or None,
                                           limit=k, with_payload=True, query_filter=self._filter).points
-        return [s.candidate(self.name, rank, {s.id_field: point.id, **(point.payload or {})}, self._sign * point.score,
-                            self._score_kind)
+        return [s.candidate(self.name, rank, self._row(point), self._sign * point.score, self._score_kind)
                 for rank, point in enumerate(found, start=1)]
+
+    def _row(self, point) -> dict:
+        """A point as the row the settings read: its payload, its own id where the payload has no `id_field`."""
+        return {self.settings.id_field: point.id, **(point.payload or {})}
+
+    def sample_texts(self, limit: int) -> tuple[int, list[str]]:
+        """The points the collection holds (those `filter` matches) and the embedding texts of up to `limit` of
+        them, drawn at random by Qdrant over the whole collection."""
+        s, models = self.settings, engine_client("qdrant_client", "models")
+        try:
+            count = self._client.count(s.collection, count_filter=self._filter, exact=True).count
+            points = self._client.query_points(s.collection, query=models.SampleQuery(sample=models.Sample.RANDOM),
+                                               limit=limit, with_payload=True, query_filter=self._filter).points
+        except Exception as error:  # the client raises ValueError locally, its own errors from a server
+            raise SourceError(f"qdrant {s.uri}: collection {s.collection!r} cannot be sampled "
+                              f"({type(error).__name__}: {str(error)[:200]})") from None
+        return count, [sample_text(s, self.name, self._row(point)) for point in points]
 
     def stats(self) -> SourceStats:
         count = self._client.count(self.settings.collection, exact=True).count
