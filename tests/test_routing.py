@@ -208,3 +208,24 @@ def test_a_remote_gradfuse_sends_its_summaries_and_is_routed_by_them(remote, tmp
         assert len(cached) == 1  # kept for the next start
     with Workspace(load_config(tmp_path / "gradfuse.toml")) as ws:  # restarted: read from the cache
         assert ws.search("Do bond prices fall when interest rates rise?").routing.asked == ["team-finance"]
+
+
+def test_an_engines_summary_is_made_from_a_sample_read_through_its_own_client(tmp_path):
+    lancedb = pytest.importorskip("lancedb")
+    from gradfuse.sources.encoder import load_encoder
+
+    rows = TOPICS["sailing"] + TOPICS["gardening"]
+    vectors = load_encoder("all-MiniLM-L6-v2").encode([r["text"] for r in rows])
+    lancedb.connect(str(tmp_path / "lance")).create_table(
+        "notes", [{"id": r["id"], "text": r["text"], "vector": v.tolist()} for r, v in zip(rows, vectors)])
+    (tmp_path / "gradfuse.toml").write_text(f'workspace = "ws"\n[routing]\nabove = 1\nbudget = 1\n'
+                                            f'[sources.store]\nkind = "lancedb"\nuri = "{tmp_path / "lance"}"\n'
+                                            'table = "notes"\n')
+    with Workspace(load_config(tmp_path / "gradfuse.toml")) as ws:
+        for name in ("astronomy", "finance"):
+            ws.index(SourceSpec(name, "jsonl", str(write_jsonl(tmp_path / f"{name}.jsonl", TOPICS[name]))))
+        assert ws.catalog.summaries.make(["store"]) == {"store": ""}
+        summary, _ = ws.catalog.summaries.get("store")
+        assert summary.documents == len(rows) and len(summary.sample) == len(rows)
+        routed = ws.search("When should roses be pruned?")
+        assert routed.routing.asked == ["store"] and routed.candidates[0].doc_id == "prune"

@@ -15,10 +15,7 @@ import httpx
 from gradfuse.candidate import Candidate
 from gradfuse.checked import Text
 from gradfuse.sources.base import SourceError, SourceStats
-from gradfuse.sources.encoder import embedding_text
-from gradfuse.sources.stores import StoreSettings, engine_client
-
-SAMPLE_WINDOWS = 8  # reads of consecutive rows that make a sample: few requests, still spread over the collection
+from gradfuse.sources.stores import StoreSettings, engine_client, sample_text, sample_windows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,24 +81,6 @@ class ChromaCollection:
 
     def stats(self) -> SourceStats:
         return self.settings.stats(self, self.settings.collection, self._collection.count())
-
-
-def sample_windows(count: int, limit: int) -> list[tuple[int, int]]:
-    """(offset, size) of at most SAMPLE_WINDOWS runs of rows, min(count, limit) rows in all, spread evenly over
-    `count` rows (the rows left out are spread between them): engines that read by offset sample this way."""
-    wanted = min(count, limit)
-    if wanted == count:
-        return [(0, count)] if count else []
-    skipped = count - wanted
-    windows = [(i * wanted // SAMPLE_WINDOWS + i * skipped // SAMPLE_WINDOWS,
-                (i + 1) * wanted // SAMPLE_WINDOWS - i * wanted // SAMPLE_WINDOWS) for i in range(SAMPLE_WINDOWS)]
-    return [(offset, size) for offset, size in windows if size]
-
-
-def sample_text(settings: StoreSettings, source: str, row: dict) -> str:
-    """A store's row as the text its passage is embedded as, its text and title read as `search` reads them."""
-    passage = settings.candidate(source, 0, row, 0.0, "")
-    return embedding_text(passage.title, passage.text)
 
 
 def _row(doc_id: str, document: str | None, metadata: dict | None) -> dict:

@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from gradfuse.candidate import Candidate
 from gradfuse.checked import Text
 from gradfuse.sources.base import SourceError, SourceStats
-from gradfuse.sources.chroma_collection import sample_text, sample_windows
 from gradfuse.sources.embedded import hybrid_depth, rrf_in_source
-from gradfuse.sources.stores import StoreSettings, engine_client
+from gradfuse.sources.stores import StoreSettings, engine_client, sample_text, sample_windows
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from gradfuse.candidate import Candidate
 from gradfuse.checked import Text
 from gradfuse.sources.base import SourceError, SourceStats
-from gradfuse.sources.chroma_collection import sample_text, sample_windows
-from gradfuse.sources.stores import StoreSettings, engine_client
+from gradfuse.sources.stores import StoreSettings, engine_client, sample_text, sample_windows
 
 _SIMILARITIES = ("COSINE", "IP")
 _QUERY_WINDOW = 16_384  # Milvus answers a query only within its first rows (offset + limit, max_query_result_window)

@@ -14,8 +14,7 @@ from typing import ClassVar
 from gradfuse.candidate import Candidate
 from gradfuse.checked import Text
 from gradfuse.sources.base import SourceError, SourceStats
-from gradfuse.sources.chroma_collection import sample_text
-from gradfuse.sources.stores import StoreSettings, engine_client
+from gradfuse.sources.stores import StoreSettings, engine_client, sample_text
 
 _DISTANCES = ("Euclid", "Manhattan")  # lower is closer
 

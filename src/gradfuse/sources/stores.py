@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from gradfuse.candidate import Candidate
 from gradfuse.checked import FILE_SETTINGS, LOOPBACK, Text
 from gradfuse.sources.base import SourceError, SourceStats
-from gradfuse.sources.encoder import DEFAULT_ENCODER
+from gradfuse.sources.encoder import DEFAULT_ENCODER, embedding_text
 
 _VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -140,3 +140,24 @@ class StoreSettings:
         return SourceStats(name=source.name, kind=source.kind, documents=documents, index_bytes=None,
                            encoder=self.query_encoder, built_at="-", input=f"{self.uri} · {where}",
                            retrieval=source.mode)
+
+
+SAMPLE_WINDOWS = 8  # reads of consecutive rows that make a sample: few requests, still spread over the collection
+
+
+def sample_windows(count: int, limit: int) -> list[tuple[int, int]]:
+    """(offset, size) of at most SAMPLE_WINDOWS runs of rows, min(count, limit) rows in all, spread evenly over
+    `count` rows (the rows left out are spread between them): engines that read by offset sample this way."""
+    wanted = min(count, limit)
+    if wanted == count:
+        return [(0, count)] if count else []
+    skipped = count - wanted
+    windows = [(i * wanted // SAMPLE_WINDOWS + i * skipped // SAMPLE_WINDOWS,
+                (i + 1) * wanted // SAMPLE_WINDOWS - i * wanted // SAMPLE_WINDOWS) for i in range(SAMPLE_WINDOWS)]
+    return [(offset, size) for offset, size in windows if size]
+
+
+def sample_text(settings: StoreSettings, source: str, row: dict) -> str:
+    """A store's row as the text its passage is embedded as, its text and title read as `search` reads them."""
+    passage = settings.candidate(source, 0, row, 0.0, "")
+    return embedding_text(passage.title, passage.text)
