@@ -208,6 +208,9 @@ def test_a_remote_gradfuse_sends_its_summaries_and_is_routed_by_them(remote, tmp
         assert len(cached) == 1  # kept for the next start
     with Workspace(load_config(tmp_path / "gradfuse.toml")) as ws:  # restarted: read from the cache
         assert ws.search("Do bond prices fall when interest rates rise?").routing.asked == ["team-finance"]
+    made = CliRunner().invoke(app, ["summarize", "--config", str(tmp_path / "gradfuse.toml")])
+    assert made.exit_code == 0, made.output
+    assert "team-sailing: summarised" in made.output and "music: built here" in made.output
 
 
 def test_an_engines_summary_is_made_from_a_sample_read_through_its_own_client(tmp_path):

@@ -193,6 +193,27 @@ def build(config: ConfigOpt = None, workspace: WorkspaceOpt = None):
 
 
 @app.command()
+def summarize(
+    source: Annotated[Optional[list[str]], typer.Option("--source", "-s", help="A source to summarise (repeat; "
+                                                                                "default: every one)")] = None,
+    config: ConfigOpt = None, workspace: WorkspaceOpt = None,
+):
+    """Make the routing summaries of the sources an engine, a database or another gradfuse holds, from a sample
+    read through their own client (built sources have theirs from the build). Routing makes a missing one on its
+    own in the background, asking the source every time until then: this makes them now."""
+    ws = _workspace(config, workspace)
+    names = _run_guarded(lambda: ws.catalog.resolve(source))
+    outcome = _run_guarded(lambda: ws.catalog.summaries.make(names))
+    for name in names:
+        if name not in outcome:
+            console.print(f"[green]{escape(name)}[/]: built here, summarised by its build")
+        elif outcome[name]:
+            console.print(f"[yellow]{escape(name)}[/]: {escape(outcome[name])}")
+        else:
+            console.print(f"[green]{escape(name)}[/]: summarised")
+
+
+@app.command()
 def sources(config: ConfigOpt = None, workspace: WorkspaceOpt = None,
             as_json: Annotated[bool, typer.Option("--json")] = False):
     """Each built source: kind, documents, index size, encoder, when it was built (or why it cannot be read)."""
