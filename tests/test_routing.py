@@ -56,11 +56,13 @@ def summary_at(*points) -> SourceSummary:
 def test_route_sends_the_question_to_the_best_summaries_and_says_why_each_other_was_skipped():
     table = SummaryTable.stack({"a": summary_at([1, 0, 0]), "b": summary_at([0.9, 0.1, 0]),
                                 "c": summary_at([0, 1, 0]), "d": summary_at([0, 0, 1], [0.7, 0.7, 0])})
-    decision = route(unit([1, 0, 0]), table, RoutingSettings(budget=2), {"e": "no summary: reasons"})
+    decision = route(unit([1, 0, 0]), table, RoutingSettings(budget=2), {"e": "no summary: reasons"}, ["f"])
     # the unscored source cannot be judged: it is asked, and takes one of the budget's places
     assert decision.asked == ["e", "a"]
-    assert list(decision.skipped) == ["b", "d", "c"]  # best-scored first
-    assert all("routed out by summary" in why for why in decision.skipped.values())
+    skipped = decision.skipped
+    assert list(skipped) == ["b", "d", "c", "f"]  # best-scored first
+    assert skipped.pop("f") == "holds no passages"
+    assert all("routed out by summary" in why for why in skipped.values())
     decision = route(unit([1, 0, 0]), table, RoutingSettings(budget=3))
     assert decision.asked == ["a", "b", "d"]  # d by its second topic
     assert decision.scores["d"] == pytest.approx(0.7071, abs=1e-3)

@@ -75,8 +75,8 @@ class QueryPipeline:
         """The sources among `names` that `query` is sent to, from their summaries (`[routing]`)."""
         if not query.strip():
             raise ValueError("the query is empty")
-        table, unscored = self.catalog.summaries.table(names)
-        return route(self.encoder().encode_query(query), table, self.config.routing, unscored)
+        table, unscored, empty = self.catalog.summaries.table(names)
+        return route(self.encoder().encode_query(query), table, self.config.routing, unscored, empty)
 
     def retrieve(self, query: str, *, sources: list[str] | None = None, retrieval: str | None = None,
                  timeout_s: float | None = None, depth: int | None = None) -> FederatedResult:

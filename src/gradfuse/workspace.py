@@ -93,8 +93,9 @@ class Workspace:
 
     def source(self, name: str, retrieval: str | None = None) -> Source:
         """The opened source, reopened when a build (in this or another process) has published a new version,
-        so a long-running server answers from the latest index without a restart. A replaced version is closed
-        once no request holds it (see `holding`)."""
+        so a long-running server answers from the latest index without a restart. A replaced version, or one
+        beyond `[routing] max_open` open sources, is closed once no request holds it: to use it for longer than a
+        call, hold it (`holding`)."""
         return self.catalog.source(name, retrieval)
 
     def holding(self, name: str, retrieval: str | None = None) -> AbstractContextManager[Source]:

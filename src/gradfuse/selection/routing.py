@@ -66,14 +66,16 @@ class RoutingDecision:
 
 
 def route(query: np.ndarray, table: SummaryTable, settings: RoutingSettings,
-          unscored: dict[str, str] | None = None) -> RoutingDecision:
+          unscored: dict[str, str] | None = None, empty: list[str] = ()) -> RoutingDecision:
     """The sources `query` (an L2-normalised encoder vector) is sent to: `unscored` ones always (they cannot be
-    judged), then the best-scored of `table` up to the budget."""
+    judged), then the best-scored of `table` up to the budget; `empty` ones never."""
     unscored = dict(unscored or {})
     room = max(0, settings.budget - len(unscored))
     scores = (_redde_scores if settings.router == "redde" else _summary_scores)(query, table)
     decision = RoutingDecision(settings.router, [], dict(zip(table.names, scores.tolist())), settings.budget,
                                unscored)
+    for name in empty:
+        decision.scores[name], decision.reasons[name] = float("-inf"), "holds no passages"
     if settings.redundancy_weight > 0 and settings.router == "summary":
         chosen = _greedy(scores, table, settings.redundancy_weight, room, decision.reasons)
     else:

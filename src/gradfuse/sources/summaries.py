@@ -36,6 +36,7 @@ class Summaries:
         self._built: dict[str, tuple[int, SourceSummary | None]] = {}  # name → (pointer mtime, summary)
         self._made: dict[str, tuple[str, float, SourceSummary | None, str]] = {}  # name → (key, when, summary, why)
         self._stacked: tuple[tuple, SummaryTable] | None = None
+        self._generation = 0  # counts every summary read or made: the stacked table is made again when it moves
         self._lock = threading.Lock()
         self._pending: set[str] = set()
         self._queue: queue.Queue[str | None] = queue.Queue()
@@ -45,20 +46,24 @@ class Summaries:
         if self._worker is not None:
             self._queue.put(None)
 
-    def table(self, names: Iterable[str]) -> tuple[SummaryTable, dict[str, str]]:
-        """The summaries of `names` stacked, and the names without one (asked always), each with why."""
-        summaries, unscored = {}, {}
+    def table(self, names: Iterable[str]) -> tuple[SummaryTable, dict[str, str], list[str]]:
+        """The summaries of `names` stacked; the names without one (asked always), each with why; and the empty
+        ones (never asked)."""
+        summaries, unscored, empty = {}, {}, []
+        generation = self._generation  # before reading: a change meanwhile makes the next call stack again
         for name in names:
             summary, why = self.get(name)
             if summary is None:
                 unscored[name] = why
             elif summary.documents and len(summary.centroids):
                 summaries[name] = summary
-        key = tuple((n, id(s)) for n, s in summaries.items())
+            else:
+                empty.append(name)
         with self._lock:
+            key = (tuple(summaries), generation)
             if self._stacked is None or self._stacked[0] != key:
                 self._stacked = (key, SummaryTable.stack(summaries))
-            return self._stacked[1], unscored
+            return self._stacked[1], unscored, empty
 
     def get(self, name: str) -> tuple[SourceSummary | None, str]:
         """A source's summary, or None and why it has none."""
@@ -79,6 +84,8 @@ class Summaries:
         if known is None or known[0] != stamp:
             version = current_version(source_dir)
             known = self._built[name] = (stamp, read_summary(version) if version else None)
+            with self._lock:
+                self._generation += 1
         return known[1], "no summary: a TREC run source answers only its own queries"
 
     def _made_summary(self, name: str, fingerprint: str) -> tuple[SourceSummary | None, str]:
@@ -101,6 +108,7 @@ class Summaries:
         made = (key, path.stat().st_mtime, SourceSummary.load(path), "")
         with self._lock:
             self._made[name] = made
+            self._generation += 1
         return made
 
     def _path(self, name: str, key: str) -> Path:
@@ -147,6 +155,7 @@ class Summaries:
                 summary.save(path)
             with self._lock:
                 self._made[name] = (key, time.time(), summary, why)
+                self._generation += 1
             outcome[name] = why
         return outcome
 
