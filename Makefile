@@ -51,8 +51,8 @@ clean:
 # Benchmarks report numbers into committed files under results/; they are not tests. Each benchmark file in
 # benchmarks/ also has a small --quick variant whose expected scores sit next to it (checked by the tests).
 BENCHMARKS := federated qa dl19
-.PHONY: bench bench-chaos bench-skeleton bench-serve bench-postgres bench-engines bench-conversation bench-stage2 bench-defaults bench-conditional bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-indexing bench-precision bench-many-sources $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
-bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-defaults bench-stage2 bench-conditional bench-serve bench-postgres bench-engines bench-conversation bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-indexing bench-precision bench-chaos bench-many-sources
+.PHONY: bench bench-chaos bench-skeleton bench-serve bench-postgres bench-engines bench-conversation bench-stage2 bench-defaults bench-conditional bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-indexing bench-precision bench-many-sources bench-few-sources $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
+bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-defaults bench-stage2 bench-conditional bench-serve bench-postgres bench-engines bench-conversation bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-indexing bench-precision bench-chaos bench-many-sources bench-few-sources
 
 bench-skeleton: install
 	$(BIN)/python bench/skeleton_scifact.py
@@ -64,6 +64,10 @@ bench-chaos: install
 # Routing before retrieval at 100 and 1,000 sources, a tenth behind a second gradfuse (results/many_sources/; ~40 min).
 bench-many-sources: install
 	$(BIN)/python bench/many_sources.py
+
+# At 4 and 8 sources (never routed): this checkout against the commit before routing (results/many_sources/few.md).
+bench-few-sources: install
+	$(BIN)/python bench/few_sources.py
 
 bench-serve: install
 	$(BIN)/python bench/serve_load.py

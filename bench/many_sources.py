@@ -139,6 +139,8 @@ def build(documents: list[dict], owners: np.ndarray, how: str, size: int) -> tup
         if not target.exists():
             target.write_text("".join(json.dumps(r) + "\n" for r in rows))
     for workspace, folder in ((WORK / name, local_in), (WORK / "remote", remote_in)):
+        if not any(folder.iterdir()):  # a few sources: none behind the remote
+            continue
         cache = workspace / "cache" / "embeddings.sqlite"
         if not cache.exists():  # the vectors computed once, shared
             cache.parent.mkdir(parents=True, exist_ok=True)
@@ -166,6 +168,7 @@ def open_configuration(workspace: Path, remote_in: Path, url: str) -> Workspace:
 def run(ws: Workspace, queries: list[Query], routing: RoutingSettings, owner_of: dict[str, str], *,
         timed: bool = True) -> dict:
     ws.config.routing = routing
+    ws.catalog.trim()  # down to this run's max_open
     for query in queries if timed else []:  # warm: sources opened, candidate vectors cached
         ws.search(query.text)
     seconds, asked, outcomes, recall = [], [], {}, []

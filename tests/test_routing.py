@@ -170,6 +170,9 @@ def test_at_most_max_open_sources_stay_open_and_a_closed_one_opens_again(topical
         assert ws.guards["astronomy"]._executor is None
         again = ws.search("Phobos and Deimos", sources=["astronomy"], method="rrf")
         assert again.candidates[0].doc_id == "mars"
+        ws.config.routing = RoutingSettings(above=100, max_open=1)
+        ws.catalog.trim()
+        assert list(ws.catalog._sources) == [("astronomy", "hybrid")]
 
 
 def test_a_rebuilt_source_is_routed_by_its_new_summary(tmp_path):

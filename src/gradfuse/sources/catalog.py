@@ -199,13 +199,24 @@ class SourceCatalog:
             else:
                 self._sources[(name, mode)] = opened
             evicted = self._over_limit(keep=(name, mode))
-        for old in retired + [closing for _, closing in evicted]:
+        for old in retired:
             old.close()
-        for key, _ in evicted:
-            self.guards.release(key[0])
+        self._close(evicted)
         return opened
 
-    def _over_limit(self, keep: tuple[str, str]) -> list:
+    def trim(self) -> None:
+        """Close now the least recently used sources beyond `[routing] max_open` that no request holds (each
+        opening does it; this is for a limit just lowered)."""
+        with self._lock:
+            evicted = self._over_limit(keep=None)
+        self._close(evicted)
+
+    def _close(self, evicted: list) -> None:
+        for key, opened in evicted:
+            opened.close()
+            self.guards.release(key[0])
+
+    def _over_limit(self, keep: tuple[str, str] | None) -> list:
         """Take out the least recently used sources that no request holds, beyond `[routing] max_open`, never
         `keep` (the one just asked for); called with the lock held, the caller closes them."""
         evicted = []

@@ -1,0 +1,111 @@
+"""At 4 to 10 sources nothing is routed: this checks that such a workspace is not slower or worse than before
+routing existed (results/many_sources/few.md).
+
+The pooled corpus of bench/many_sources.py is split by topic into 4 and into 8 sources. The same test queries are
+asked, warm, with the default method, by this checkout and by the commit before routing (BASE, checked out beside
+it), each in its own process, twice in alternation (so that neither has the machine's warmer half). Reported: each
+one's nDCG@10 with a paired randomisation test, and its p50/p90 latency.
+
+Run: make bench-few-sources (after make bench-many-sources, whose passage vectors it reuses; about 5 min).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+WORK = Path(__file__).resolve().parents[1] / ".gradfuse" / "bench" / "many-sources"
+
+BASE = "fda5698"  # the last commit before routing
+SIZES = (4, 8)
+ROUNDS = 2
+
+
+def measure(name: str) -> None:
+    """In a process whose gradfuse is the checkout being measured (so it imports nothing else of this folder): the
+    test queries, warm, then timed."""
+    from gradfuse import Workspace
+    from gradfuse.config import Config
+    from gradfuse.eval.stats import per_query
+
+    class Ranking:  # what per_query reads
+        def __init__(self, ranking):
+            self.ranking = ranking
+
+    test = json.loads((WORK / "test-queries.json").read_text())
+    with Workspace(Config(workspace=WORK / name)) as ws:
+        for query in test:
+            ws.search(query["text"])
+        seconds, outcomes = [], {}
+        for query in test:
+            started = time.perf_counter()
+            result = ws.search(query["text"])
+            seconds.append(time.perf_counter() - started)
+            outcomes[query["query_id"]] = Ranking([(c.doc_id, 0.0) for c in result.candidates])
+    ids = [q["query_id"] for q in test]
+    ndcg = per_query({q["query_id"]: q["relevant"] for q in test}, outcomes, ids, ["ndcg@10"])["ndcg@10"]
+    print(json.dumps({"ndcg@10": [ndcg[q] for q in ids], "seconds": seconds}))
+
+
+def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--measure":
+        measure(sys.argv[2])
+        return 0
+    from dataclasses import asdict
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from many_sources import DEV_SHARE, OUT, build, pooled_corpus, split, vectors_of
+
+    from gradfuse.eval.runner import commit_id, machine_description
+    from gradfuse.eval.stats import paired_p_value
+
+    documents, queries = pooled_corpus()
+    order = np.random.default_rng(1).permutation(len(queries))
+    test = [asdict(queries[i]) for i in order[int(len(queries) * DEV_SHARE):]]
+    (WORK / "test-queries.json").write_text(json.dumps(test))
+    vectors = vectors_of(documents)
+    base = WORK / "base-checkout"
+    if not base.exists():
+        subprocess.run(["git", "worktree", "add", "--detach", str(base), BASE], check=True, cwd=Path(__file__).parents[1])
+    checkouts = {"before routing": base / "src", "this checkout": Path(__file__).resolve().parents[1] / "src"}
+    rows = []
+    for size in SIZES:
+        build(documents, split(vectors, size, "topic"), "topic", size)
+        runs = {label: [] for label in checkouts}
+        for _ in range(ROUNDS):
+            for label, src in checkouts.items():
+                env = {**os.environ, "PYTHONPATH": str(src)}
+                out = subprocess.run([sys.executable, __file__, "--measure", f"topic{size}"], env=env, check=True,
+                                     capture_output=True, text=True).stdout
+                runs[label].append(json.loads(out.strip().splitlines()[-1]))
+        before = np.array(runs["before routing"][0]["ndcg@10"])
+        for label, measured in runs.items():
+            ndcg = np.array(measured[0]["ndcg@10"])
+            rows.append({"sources": size, "code": label, "nDCG@10": float(ndcg.mean()),
+                         "p (paired, against before)": paired_p_value(ndcg, before),
+                         **{f"p50 ms, round {i + 1}": 1000 * float(np.percentile(m["seconds"], 50))
+                            for i, m in enumerate(measured)},
+                         **{f"p90 ms, round {i + 1}": 1000 * float(np.percentile(m["seconds"], 90))
+                            for i, m in enumerate(measured)}})
+        print(json.dumps(rows[-2:]), flush=True)
+    lines = ["# Few sources: not slower or worse than before routing", "",
+             f"Commit {commit_id()} against {BASE}; {machine_description()}. Made by `make bench-few-sources` "
+             "(bench/few_sources.py, whose docstring says how). Each checkout in its own process, rounds alternating;"
+             " a 4-source and an 8-source workspace are never routed (`[routing] above` is 32).", "",
+             "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    lines += ["| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row.values()) + " |"
+              for row in rows]
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "few.md").write_text("\n".join(lines) + "\n")
+    (OUT / "few.json").write_text(json.dumps({"commit": commit_id(), "base": BASE, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
