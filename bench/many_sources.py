@@ -128,6 +128,8 @@ def build(documents: list[dict], owners: np.ndarray, how: str, size: int) -> tup
     local_in, remote_in = WORK / "inputs" / name / "local", WORK / "inputs" / name / "remote"
     for folder in (local_in, remote_in):
         folder.mkdir(parents=True, exist_ok=True)
+        for stale in folder.glob("*.jsonl"):  # written again below: a source's passages are this split's
+            stale.unlink()
     names = []
     for number in range(size):
         rows = [documents[i] for i in np.flatnonzero(owners == number)]
@@ -136,8 +138,7 @@ def build(documents: list[dict], owners: np.ndarray, how: str, size: int) -> tup
         source = source_name(how, size, number)
         names.append(source)
         target = (remote_in if number % REMOTE_EVERY == REMOTE_EVERY - 1 else local_in) / f"{source}.jsonl"
-        if not target.exists():
-            target.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        target.write_text("".join(json.dumps(r) + "\n" for r in rows))
     for workspace, folder in ((WORK / name, local_in), (WORK / "remote", remote_in)):
         if not any(folder.iterdir()):  # a few sources: none behind the remote
             continue

@@ -237,3 +237,14 @@ def test_an_engines_summary_is_made_from_a_sample_read_through_its_own_client(tm
         assert summary.documents == len(rows) and len(summary.sample) == len(rows)
         routed = ws.search("When should roses be pruned?")
         assert routed.routing.asked == ["store"] and routed.candidates[0].doc_id == "prune"
+
+
+def test_a_source_published_by_another_process_is_listed_at_once(tmp_path, monkeypatch):
+    with Workspace(Config(workspace=tmp_path / "ws")) as reader, Workspace(Config(workspace=tmp_path / "ws")) as writer:
+        writer.index(SourceSpec("music", "jsonl", str(write_jsonl(tmp_path / "m.jsonl", TOPICS["music"]))))
+        assert reader.source_names() == ["music"]
+        monkeypatch.setattr("gradfuse.sources.catalog.STAMP_SETTLED_NS", 0)  # trust the stamp however recent
+        listings = reader.catalog.listings
+        assert reader.source_names() == ["music"] and reader.catalog.listings == listings  # not listed again
+        writer.index(SourceSpec("finance", "jsonl", str(write_jsonl(tmp_path / "f.jsonl", TOPICS["finance"]))))
+        assert reader.source_names() == ["finance", "music"]  # the publish moved the stamp

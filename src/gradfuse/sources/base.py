@@ -138,9 +138,24 @@ def publish_version(source_dir: Path, version: Path) -> None:
         os.fsync(handle.fileno())
     os.replace(pointer_tmp, source_dir / "CURRENT")  # atomic on POSIX
     _sync_folder(source_dir)
+    announce_change(source_dir.parent)
     for stale in source_dir.iterdir():
         if stale.is_dir() and stale != version and (stale == previous or stale.name.startswith("build-")):
             shutil.rmtree(stale, ignore_errors=True)
+
+
+def announce_change(sources: Path) -> None:
+    """Mark the folder of all sources changed (its modification time): a process that holds hundreds of sources
+    lists them and checks their versions again only when it moved (sources/catalog.py)."""
+    os.utime(sources)
+
+
+def listing_stamp(sources: Path) -> int | None:
+    """What `announce_change` moves, or None where no source folder exists yet."""
+    try:
+        return os.stat(sources).st_mtime_ns
+    except FileNotFoundError:
+        return None
 
 
 def private_folder(folder: Path, *, up_to: Path | None = None) -> Path:

@@ -9,6 +9,7 @@ It may import sources/ and config.py, never the query pipeline or the answer pat
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,7 +29,7 @@ from gradfuse.sources import (
     misnamed_source_folders,
     open_source,
 )
-from gradfuse.sources.base import current_version
+from gradfuse.sources.base import current_version, listing_stamp
 from gradfuse.sources.engines import open_engine
 from gradfuse.sources.federated import checked_sources
 from gradfuse.sources.guard import Guards
@@ -44,6 +45,9 @@ from gradfuse.sources.postgres import (
 from gradfuse.sources.postgres_load import load_into_postgres
 from gradfuse.sources.retriever import RetrieverSource
 from gradfuse.sources.summaries import Summaries
+
+
+STAMP_SETTLED_NS = 2_000_000_000
 
 
 @dataclass(eq=False)
@@ -68,6 +72,8 @@ class SourceCatalog:
         self._sources: OrderedDict[tuple[str, str], _Opened] = OrderedDict()
         self._tables: dict[str, PostgresTable] = {}  # one connection pool per database table
         self._added: dict[str, Source] = {}  # sources given as objects (add)
+        self._listing: tuple[int | None, list[str]] | None = None  # the sources folder's stamp, the names built
+        self.listings = 0  # how many times the built sources were listed (what was read from them may be stale)
         self._lock = threading.Lock()
         self.guards = Guards(config.guard)  # each source's workers and breaker (sources/guard.py)
         self.summaries = Summaries(self)  # what routing reads (sources/summaries.py)
@@ -114,8 +120,19 @@ class SourceCatalog:
 
     def names(self) -> list[str]:
         configured = [n for n, s in self.config.sources.items() if s.postgres is not None or s.engine is not None]
-        names = sorted(set(built_source_names(self.root)) | set(configured) | set(self._added))
+        names = sorted(set(self._built_names()) | set(configured) | set(self._added))
         return [n for n in names if self.config.settings(n).enabled]
+
+    def _built_names(self) -> list[str]:
+        """The sources built or loaded here, listed again only when a publish (here or in another process) has
+        moved the sources folder's stamp, or the stamp is too recent to tell one publish from the next (a file
+        system may keep whole seconds): at 1,000 sources a listing reads 1,000 pointers, 60 ms a question."""
+        stamp = listing_stamp(self.root / "sources")
+        listing = self._listing
+        if listing is None or stamp is None or listing[0] != stamp or time.time_ns() - stamp < STAMP_SETTLED_NS:
+            listing = self._listing = (stamp, built_source_names(self.root))
+            self.listings += 1
+        return listing[1]
 
     def resolve(self, requested: list[str] | None) -> list[str]:
         """The sources a request names (checked, each once), or every enabled one."""

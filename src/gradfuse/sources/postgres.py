@@ -20,7 +20,7 @@ import numpy as np
 
 from gradfuse.candidate import Candidate, Location
 from gradfuse.redact import driver_message, has_url_password, redact
-from gradfuse.sources.base import TIE_SLACK, SourceError, SourceStats, rank_by_score
+from gradfuse.sources.base import TIE_SLACK, SourceError, SourceStats, announce_change, rank_by_score
 from gradfuse.sources.embedded import RETRIEVAL_MODES, hybrid_depth, rrf_in_source
 from gradfuse.sources.encoder_names import recorded_encoder
 
@@ -312,6 +312,7 @@ def register(source_dir: Path, settings: PostgresSettings) -> None:
     staging = source_dir / (REGISTRATION + ".tmp")
     staging.write_text(json.dumps(asdict(settings), indent=2, sort_keys=True))
     os.replace(staging, source_dir / REGISTRATION)
+    announce_change(source_dir.parent)
 
 
 def registered(source_dir: Path) -> PostgresSettings | None:
