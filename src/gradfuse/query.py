@@ -34,8 +34,8 @@ class SearchResult:
     failures: list[SourceFailure]
     timings: dict[str, float] = field(default_factory=dict)  # seconds: routing, retrieval, ranking, source:<name>
     selection: SelectionDecision | None = None  # stage 1's decision (select, gro)
-    routing: RoutingDecision | None = None  # which sources were asked at all (above `[routing] above` sources)
     rerank: RerankOutcome | None = None  # stage 2's pass (gradient, gro, the LM baselines, the oracles)
+    routing: RoutingDecision | None = None  # which sources were asked at all (above `[routing] above` sources)
 
 
 class QueryPipeline:
@@ -109,7 +109,7 @@ class QueryPipeline:
         timings = {"retrieval": federated.wall_seconds, "ranking": time.perf_counter() - started, **ranked.seconds}
         timings.update({f"source:{n}": s for n, s in federated.seconds.items()})
         return SearchResult(query, method, ranked.candidates[:k], federated.ranked_lists, federated.failures,
-                            timings, ranked.selection, ranked.rerank)
+                            timings, selection=ranked.selection, rerank=ranked.rerank)
 
     def encoder(self):
         return load_encoder(self.config.encoder)
