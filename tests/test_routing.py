@@ -248,3 +248,98 @@ def test_a_source_published_by_another_process_is_listed_at_once(tmp_path, monke
         assert reader.source_names() == ["music"] and reader.catalog.listings == listings  # not listed again
         writer.index(SourceSpec("finance", "jsonl", str(write_jsonl(tmp_path / "f.jsonl", TOPICS["finance"]))))
         assert reader.source_names() == ["finance", "music"]  # the publish moved the stamp
+
+
+def test_a_bad_summary_leaves_only_its_own_source_unjudged(topical, tmp_path):
+    import shutil
+
+    shutil.copytree(topical / "ws" / "sources", tmp_path / "ws" / "sources", symlinks=True)
+    broken = next((tmp_path / "ws" / "sources" / "music").glob("v-*")) / SUMMARY_FILE
+    broken.write_bytes(b"not a summary")
+    with Workspace(Config(workspace=tmp_path / "ws", routing=RoutingSettings(above=1, budget=2))) as ws:
+        routed = ws.search("Do bond prices fall when interest rates rise?").routing
+        assert "could not be read" in routed.unscored["music"] and "finance" in routed.asked
+        assert len(routed.asked) == 2  # the unjudged one and the best judged one
+        table, unscored, _ = ws.catalog.summaries.table(ws.source_names(), 7)  # another encoder's space
+        assert not table.names and all("dimension 384, not 7" in why for n, why in unscored.items() if n != "music")
+
+
+def test_a_remote_summary_is_checked_and_made_unit_length():
+    rows = np.full((1, 4), 60000.0, dtype=np.float32)
+    sent = SourceSummary(5, rows, np.ones(1), rows).wire("x")
+    summary = SourceSummary.from_wire(5, 4, sent["centroids"], [1.0], sent["sample"])
+    assert np.allclose(np.linalg.norm(summary.centroids, axis=1), 1)  # a remote's scale cannot win the routing
+    nan = SourceSummary(5, np.full((1, 4), np.nan, np.float32), np.ones(1), rows).wire("x")
+    for args in ((5, 4, nan["centroids"], [1.0], sent["sample"]), (5, 4, sent["centroids"], [1.0], ""),
+                 (5, 4, sent["centroids"], [float("inf")], sent["sample"]), (5, 3, sent["centroids"], [1.0], "")):
+        with pytest.raises(ValueError):
+            SourceSummary.from_wire(*args)
+
+
+def test_summaries_that_fail_are_retried_later_and_never_stop_the_others(tmp_path, monkeypatch):
+    lines = ['workspace = "ws"'] + [line for name in ("a", "a-b") for line in (
+        f"[sources.{name}]", 'kind = "lancedb"', f'uri = "{tmp_path / "nowhere"}"', 'table = "t"')]
+    (tmp_path / "gradfuse.toml").write_text("\n".join(lines) + "\n")
+    with Workspace(load_config(tmp_path / "gradfuse.toml")) as ws:
+        outcome = ws.catalog.summaries.make(["a", "a-b"])
+        assert all("sampling it failed" in why for why in outcome.values())
+        made = ws.catalog.summaries._made["a"]
+        assert made.failures == 1 and not ws.catalog.summaries._due(made)  # not again at the next question
+        monkeypatch.setattr("gradfuse.sources.summaries.RETRY_S", 0.0)
+        assert ws.catalog.summaries._due(made)
+        # a summary saved for "a-b" is not taken for "a"'s old one
+        (tmp_path / "ws" / "cache" / "summaries").mkdir(parents=True)
+        other = tmp_path / "ws" / "cache" / "summaries" / "a-b-0123456789abcdef.npz"
+        summarize(unit(np.eye(4))).save(other)
+        monkeypatch.setattr(ws.catalog.summaries, "_sampled", lambda name: summarize(unit(np.eye(4))))
+        assert ws.catalog.summaries.make(["a"]) == {"a": ""} and other.is_file()
+
+
+def test_index_each_builds_the_good_entries_and_reports_the_others(tmp_path):
+    write_jsonl(tmp_path / "in" / "sailing.jsonl", TOPICS["sailing"])
+    write_jsonl(tmp_path / "in" / "bad name!.jsonl", TOPICS["music"])
+    (tmp_path / "in" / "folder.jsonl").mkdir()  # not a file
+    write_jsonl(tmp_path / "in" / ".hidden.jsonl", TOPICS["music"])
+    result = CliRunner().invoke(app, ["index", "each", "jsonl", str(tmp_path / "in"), "--workspace",
+                                      str(tmp_path / "ws")])
+    assert result.exit_code == 1
+    assert "1 sources" in result.output and "not built bad name!.jsonl" in result.output
+    with Workspace(Config(workspace=tmp_path / "ws")) as ws:
+        assert ws.source_names() == ["sailing"]
+
+
+def test_when_every_source_is_empty_nothing_is_asked(tmp_path):
+    lancedb = pytest.importorskip("lancedb")
+    import pyarrow as pa
+
+    schema = pa.schema([("id", pa.string()), ("text", pa.string()), ("vector", pa.list_(pa.float32(), 384))])
+    lancedb.connect(str(tmp_path / "lance")).create_table("empty", schema=schema)
+    lines = ['workspace = "ws"', "[routing]", "above = 1", "budget = 1"] + [line for name in ("a", "b") for line in (
+        f"[sources.{name}]", 'kind = "lancedb"', f'uri = "{tmp_path / "lance"}"', 'table = "empty"')]
+    (tmp_path / "gradfuse.toml").write_text("\n".join(lines) + "\n")
+    with Workspace(load_config(tmp_path / "gradfuse.toml")) as ws:
+        assert ws.catalog.summaries.make(["a", "b"]) == {"a": "", "b": ""}
+        result = ws.search("anything")
+        assert result.routing.asked == [] and not result.ranked_lists and not result.failures
+        assert result.routing.skipped == {"a": "holds no passages", "b": "holds no passages"}
+
+
+def test_letting_a_guards_idle_workers_go_never_fails_a_call_being_submitted():
+    import threading
+
+    from gradfuse.sources.guard import GuardSettings, SourceGuard
+
+    guard, stop = SourceGuard("churned", GuardSettings()), threading.Event()
+
+    def churn():
+        while not stop.is_set():
+            guard.release()
+
+    churner = threading.Thread(target=churn)
+    churner.start()
+    try:
+        assert all(guard.submit(lambda: 1).result(timeout=10) == 1 for _ in range(3000))
+    finally:
+        stop.set()
+        churner.join()
+        guard.close()

@@ -64,8 +64,11 @@ class QueryPipeline:
             routing = self.route(query, names)
             names = routing.asked
         routed = time.perf_counter() - started
-        federated = self.retrieve(query, sources=names, retrieval=retrieval, timeout_s=timeout_s,
-                                  depth=max(k, depth or self.config.depth))
+        if routing is not None and not names:  # every source empty: nothing to ask (not "every source")
+            federated = FederatedResult({})
+        else:
+            federated = self.retrieve(query, sources=names, retrieval=retrieval, timeout_s=timeout_s,
+                                      depth=max(k, depth or self.config.depth))
         result = self.rank(query, federated, method=method, k=k, gold=gold, **rerank_options)
         if routing is not None:
             result.routing, result.timings["routing"] = routing, routed
@@ -75,8 +78,9 @@ class QueryPipeline:
         """The sources among `names` that `query` is sent to, from their summaries (`[routing]`)."""
         if not query.strip():
             raise ValueError("the query is empty")
-        table, unscored, empty = self.catalog.summaries.table(names)
-        return route(self.encoder().encode_query(query), table, self.config.routing, unscored, empty)
+        vector = self.encoder().encode_query(query)
+        table, unscored, empty = self.catalog.summaries.table(names, len(vector))
+        return route(vector, table, self.config.routing, unscored, empty)
 
     def retrieve(self, query: str, *, sources: list[str] | None = None, retrieval: str | None = None,
                  timeout_s: float | None = None, depth: int | None = None) -> FederatedResult:

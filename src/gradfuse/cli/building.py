@@ -14,7 +14,7 @@ from gradfuse.cli.common import (
     _workspace, app, console, escape, index_app,
 )
 from gradfuse.schemas import source_record
-from gradfuse.sources import BuildReport, SourceSpec
+from gradfuse.sources import BuildReport, IngestError, SourceError, SourceSpec
 from gradfuse.sources.readers import LIMIT_OPTIONS, ReaderLimits
 
 
@@ -97,24 +97,40 @@ def index_each(
     workspace: WorkspaceOpt = None,
 ):
     """One source for each JSON-lines file or subfolder of FOLDER, named after it: hundreds of sources (one per
-    team, product or customer) in one command, read with each kind's defaults."""
+    team, product or customer) in one command, read with each kind's defaults. Hidden entries are left alone; an
+    entry whose name is no source name, or that fails to build, is reported and the others are built (exit 1)."""
     if kind not in ("jsonl", "files", "beir"):
         raise typer.BadParameter(f"kind {kind!r} is not one of jsonl, files, beir")
-    entries = sorted(p for p in folder.iterdir() if (p.suffix == ".jsonl" if kind == "jsonl" else p.is_dir()))
+    if not folder.is_dir():
+        raise typer.BadParameter(f"{folder} is not a folder")
+    entries = sorted(p for p in folder.iterdir() if not p.name.startswith(".") and (
+        p.is_file() and p.suffix == ".jsonl" if kind == "jsonl" else p.is_dir()))
     if not entries:
         raise typer.BadParameter(f"{folder} holds no {'*.jsonl file' if kind == 'jsonl' else 'subfolder'}")
+    specs, problems = [], []
+    for entry in entries:  # every name checked before anything is built
+        try:
+            specs.append(SourceSpec(entry.stem if kind == "jsonl" else entry.name, kind, str(entry),
+                                    {"skip_malformed": skip_malformed} if kind != "files" else {}))
+        except ValueError as error:
+            problems.append(f"{entry.name}: {error}")
     ws = _workspace(config, workspace)
-    built, unchanged = 0, 0
-    for entry in entries:
-        options = {"skip_malformed": skip_malformed} if kind != "files" else {}
-        spec = _run_guarded(lambda: SourceSpec(entry.stem if kind == "jsonl" else entry.name, kind, str(entry),
-                                               options))
-        report = _run_guarded(lambda: ws.index(spec))
+    built = unchanged = 0
+    for spec in specs:
+        try:
+            report = ws.index(spec)
+        except (SourceError, IngestError, ValueError) as error:
+            problems.append(f"{spec.name}: {error}")
+            continue
         built, unchanged = built + (report.status == "built"), unchanged + (report.status == "unchanged")
         if report.notes or report.skipped or any(report.ingest.values()):
             _print_build(report)
-    console.print(f"[green]{len(entries)} sources[/] from {escape(str(folder))}: {built} built, {unchanged} "
+    console.print(f"[green]{built + unchanged} sources[/] from {escape(str(folder))}: {built} built, {unchanged} "
                   "unchanged")
+    for problem in problems:
+        console.print(f"[red]not built[/] {escape(problem)}")
+    if problems:
+        raise typer.Exit(1)
 
 
 @index_app.command("files")

@@ -40,7 +40,7 @@ from gradfuse.eval.benchmark import (
 )
 from gradfuse.execute import Executor
 from gradfuse.methods import CONFIGURED, METHOD_SPECS, MIXED_METHODS, STAGE1_METHODS, TARGET_METHODS
-from gradfuse.selection import SelectionSettings, choose_sources
+from gradfuse.selection import ALL_PAIRS_UP_TO, SelectionSettings, choose_sources, every_redundancy
 from gradfuse.sources.federated import FederatedResult
 from gradfuse.workspace import SearchResult, Workspace
 
@@ -100,7 +100,7 @@ def run_benchmark(bench: Benchmark, *, progress: bool = True, executor: Executor
         for method in cheap:
             _record(evaluation, method, query, _rank(ws, bench, query, federated, method))
         decision = _rank(ws, bench, query, federated, "select").selection
-        profiles[query.query_id] = (decision.relevance, decision.redundancy)
+        profiles[query.query_id] = (decision.relevance, _every_pair(ws, federated, decision))
 
     groups = _tuning_groups(evaluation)
     selections = _run_evaluation_methods(evaluation, ws, retrieved, profiles, groups, methods)
@@ -152,6 +152,15 @@ def _judged_keys(bench: Benchmark, query_set, judged: dict[str, int]) -> tuple[d
         if relevance > 0:
             origin.add(source)
     return keys, origin
+
+
+def _every_pair(ws: Workspace, federated: FederatedResult, decision) -> dict[str, dict[str, float]]:
+    """Stage 1's redundancy of every pair of sources, for tuning to replay another lambda (the decision holds
+    every pair only up to ALL_PAIRS_UP_TO sources; beyond, it read only the pairs it needed)."""
+    if len(federated.ranked_lists) <= ALL_PAIRS_UP_TO:
+        return decision.redundancy
+    m = ws.config.selection.candidates
+    return every_redundancy({s: ws.query.embed(c[:m]) for s, c in federated.ranked_lists.items()})
 
 
 def _rank(ws: Workspace, bench: Benchmark, query: EvalQuery, federated: FederatedResult, method: str,

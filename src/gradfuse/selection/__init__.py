@@ -102,10 +102,18 @@ def select_sources(
         return known[s][t]
 
     if len(names) <= ALL_PAIRS_UP_TO:
-        for i, s in enumerate(names):
-            for t in names[i + 1:]:
-                redundancy(s, t)
+        known.update(every_redundancy(documents))
     return choose_sources(relevance, redundancy, settings, known)
+
+
+def every_redundancy(documents: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
+    """red(s, t) for every pair of sources (quadratic: for tuning's replay, which needs them all)."""
+    names = list(documents)
+    table: dict[str, dict[str, float]] = {s: {} for s in names}
+    for i, s in enumerate(names):
+        for t in names[i + 1:]:
+            table[s][t] = table[t][s] = source_redundancy(documents[s], documents[t])
+    return table
 
 
 def choose_sources(

@@ -47,7 +47,7 @@ class RoutingSettings:
 @dataclass
 class RoutingDecision:
     router: str
-    asked: list[str]  # the sources the question was sent to, in the catalog's order
+    asked: list[str]  # the sources the question was sent to: the unscored first, then in the catalog's order
     scores: dict[str, float]  # every scored source's routing score
     budget: int
     unscored: dict[str, str] = field(default_factory=dict)  # asked without a score (no summary yet): why
@@ -60,8 +60,9 @@ class RoutingDecision:
         scored = [self.scores[s] for s in self.asked if s in self.scores]
         lowest = min(scored) if scored else float("nan")
         best_first = sorted(self.scores.items(), key=lambda item: -item[1])
-        return {s: self.reasons.get(s) or f"routed out by {self.router}: score {score:.3f} below the "
-                                           f"{self.budget} asked (lowest asked {lowest:.3f})"
+        below = f"lowest asked {lowest:.3f}" if scored else f"the {len(self.unscored)} unjudged ones fill it"
+        return {s: self.reasons.get(s) or f"routed out by {self.router}: score {score:.3f}, not among the "
+                                           f"{self.budget} asked ({below})"
                 for s, score in best_first if s not in asked}
 
 

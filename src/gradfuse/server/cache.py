@@ -14,7 +14,6 @@ import threading
 from collections import OrderedDict
 from pydantic import BaseModel
 
-from gradfuse.sources.base import current_version
 
 # What a request may set that does not change its result: how long the sources may take (a result that timed out
 # has a failure and is not kept), and whether an answer streams.
@@ -34,14 +33,11 @@ class ResultCache:
         if not self._room:
             return None
         ws = self._workspace
-        versions = []
-        for name in sorted(set(request.sources or ws.source_names())):
-            if ws.held_elsewhere(name):  # its data changes without a publish here
-                return None
-            version = current_version(ws.root / "sources" / name)
-            versions.append((name, version.name if version else None))
+        published = ws.catalog.publish_key(sorted(set(request.sources or ws.source_names())))
+        if published is None:  # a source's data changes without a publish here
+            return None
         options = json.dumps(request.model_dump(exclude=_NOT_IN_KEY), sort_keys=True)
-        return endpoint, options, tuple(versions)
+        return endpoint, options, published
 
     def get(self, key: tuple | None) -> tuple[str, ...] | None:
         if key is None:

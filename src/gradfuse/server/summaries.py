@@ -11,7 +11,7 @@ from gradfuse.workspace import Workspace
 
 def served_summary(workspace: Workspace, name: str) -> dict:
     check_source_name(name)
-    workspace.catalog.resolve([name])  # an unknown one: the error handlers' 404
+    workspace.catalog.resolve([name])  # an unknown one: UnknownSource, which the error handlers answer with 422
     summary, why = workspace.catalog.summaries.get(name)
     if summary is None:
         raise HTTPException(404, f"source {name} has no summary: {why}")

@@ -74,6 +74,7 @@ class SourceCatalog:
         self._added: dict[str, Source] = {}  # sources given as objects (add)
         self._listing: tuple[int | None, list[str]] | None = None  # the sources folder's stamp, the names built
         self.listings = 0  # how many times the built sources were listed (what was read from them may be stale)
+        self._registrations: dict[str, PostgresSettings | None] = {}  # read since the last listing
         self._lock = threading.Lock()
         self.guards = Guards(config.guard)  # each source's workers and breaker (sources/guard.py)
         self.summaries = Summaries(self)  # what routing reads (sources/summaries.py)
@@ -82,7 +83,7 @@ class SourceCatalog:
         """Close every opened source and database pool (from this thread: a pool left to the garbage collector was
         closed from its own worker thread, which cannot join itself)."""
         with self._lock:
-            opened, self._sources = list(self._sources.values()), {}
+            opened, self._sources = list(self._sources.values()), OrderedDict()
             tables, self._tables = list(self._tables.values()), {}
         self.summaries.close()
         self.guards.close()
@@ -130,6 +131,7 @@ class SourceCatalog:
         stamp = listing_stamp(self.root / "sources")
         listing = self._listing
         if listing is None or stamp is None or listing[0] != stamp or time.time_ns() - stamp < STAMP_SETTLED_NS:
+            self._registrations = {}
             listing = self._listing = (stamp, built_source_names(self.root))
             self.listings += 1
         return listing[1]
@@ -149,8 +151,27 @@ class SourceCatalog:
 
     def held_elsewhere(self, name: str) -> bool:
         settings = self.config.settings(name)
-        return name in self._added or \
-            (settings.postgres or settings.engine or registered(self.root / "sources" / name)) is not None
+        return name in self._added or (settings.postgres or settings.engine) is not None or \
+            self._registered(name) is not None
+
+    def _registered(self, name: str) -> PostgresSettings | None:
+        """A table loaded here with `--into`, read once a listing (a registration moves the listing's stamp)."""
+        registrations = self._registrations
+        if name not in registrations:
+            registrations[name] = registered(self.root / "sources" / name)
+        return registrations[name]
+
+    def publish_key(self, names: list[str]) -> tuple | None:
+        """What a result over `names` depends on here: the sources folder's stamp, which every publish moves (the
+        versions themselves while it is too recent to tell publishes apart); None where a source's data changes
+        without a publish here (an engine, a table, a remote, an added retriever)."""
+        self._built_names()
+        if any(self.held_elsewhere(n) for n in names):
+            return None
+        stamp = listing_stamp(self.root / "sources")
+        if stamp is not None and time.time_ns() - stamp >= STAMP_SETTLED_NS:
+            return ("published", stamp)
+        return tuple((n, getattr(current_version(self.root / "sources" / n), "name", None)) for n in names)
 
     def timeouts(self, names: list[str], timeout_s: float | None = None) -> dict[str, float]:
         return {n: timeout_s or self.config.settings(n).timeout_s or self.config.timeout_s for n in names}
@@ -232,6 +253,10 @@ class SourceCatalog:
         for key, opened in evicted:
             opened.close()
             self.guards.release(key[0])
+            with self._lock:  # a table's pool goes with its last open source (its connections count too)
+                table = None if any(k[0] == key[0] for k in self._sources) else self._tables.pop(key[0], None)
+            if table is not None:
+                table.close()
 
     def _over_limit(self, keep: tuple[str, str] | None) -> list:
         """Take out the least recently used sources that no request holds, beyond `[routing] max_open`, never
@@ -249,7 +274,7 @@ class SourceCatalog:
         settings = self.config.settings(name)
         if name in self._added:
             return f"added {name}"
-        held = settings.postgres or settings.engine or registered(self.root / "sources" / name)
+        held = settings.postgres or settings.engine or self._registered(name)
         return None if held is None else repr(held)
 
     def _open_postgres(self, name: str, settings: PostgresSettings, mode: str) -> Source:

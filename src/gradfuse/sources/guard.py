@@ -129,8 +129,10 @@ class SourceGuard:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=self.settings.workers,
                                                     thread_name_prefix=f"gradfuse-{self.name}")
-            executor = self._executor
-        return executor.submit(call, *args)
+            try:  # under the lock: `release` cannot shut the workers down between taking them and this
+                return self._executor.submit(call, *args)
+            except RuntimeError:  # the interpreter is exiting
+                raise SourceUnavailable("busy", "not called: the process is shutting down") from None
 
     def wait(self, future: Future, timeout: float):
         """The call's result within `timeout` s; past it the call is abandoned (FutureTimeout, see `abandon`)."""

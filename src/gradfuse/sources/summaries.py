@@ -1,29 +1,46 @@
 """Every source's summary (sources/summary.py), held in memory and stacked for routing (selection/routing.py).
 
 - A built source's is read from its published version, again whenever it publishes another (its pointer's
-  modification time is checked whenever the catalog lists its sources again, which a publish makes it do).
+  modification time is checked whenever the catalog lists its sources again, which a publish makes it do). An
+  index built before summaries existed has one made from its vectors when first needed, kept in memory.
 - An engine's, a database table's or a remote gradfuse's is made from a sample read through its own client (a
   remote sends its own), kept under `cache/summaries/`, and made again once older than `[routing] refresh_s`.
   It is made on a background thread: until it exists the source is asked every time (it cannot be judged), so no
-  question ever waits for a summary. `make` makes them now (`gradfuse summarize`).
-- A source that cannot be sampled (a TREC run, a retriever added in code) has none and is always asked.
+  question waits for a sample. One that could not be made is tried again after 1, 2, 4 ... minutes (at most
+  `refresh_s`); a kind of source that cannot be sampled (a retriever added in code) is not tried again. `make`
+  makes them now (`gradfuse summarize`).
+- A summary that cannot be read, or is in another encoder's space, leaves its source unjudged (asked), with why.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import queue
+import re
 import threading
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from gradfuse.sources.base import current_version
 from gradfuse.sources.encoder import load_encoder
 from gradfuse.sources.summary import SAMPLE_TEXTS, SourceSummary, SummaryTable, read_summary, summarize
 
-RETRY_S = 60.0  # a summary that could not be made is tried again after this long
+RETRY_S = 60.0  # a summary that could not be made is tried again after this long, doubling each failure
+LOG = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Made:
+    key: str  # what it was made for (the source's settings and the encoder)
+    when: float
+    summary: SourceSummary | None
+    why: str  # where there is none
+    failures: int = 0  # in a row
+    final: bool = False  # this kind of source cannot be sampled: not tried again
 
 
 class Summaries:
@@ -33,8 +50,8 @@ class Summaries:
         its data (an engine's settings), or None for a source built here."""
         self._catalog = catalog
         self.root = catalog.root
-        self._built: dict[str, tuple[int, SourceSummary | None]] = {}  # name → (pointer mtime, summary)
-        self._made: dict[str, tuple[str, float, SourceSummary | None, str]] = {}  # name → (key, when, summary, why)
+        self._built: dict[str, tuple[int, SourceSummary | None, str]] = {}  # name → (pointer mtime, summary, why)
+        self._made: dict[str, _Made] = {}
         self._stacked: tuple[tuple, SummaryTable] | None = None
         self._generation = 0  # counts every summary read or made: the stacked table is made again when it moves
         # What is known to be current until the catalog lists its sources again (see `_fingerprint`)
@@ -45,18 +62,24 @@ class Summaries:
         self._pending: set[str] = set()
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._worker: threading.Thread | None = None
+        self._closed = False
 
     def close(self) -> None:
+        """Stop making summaries (one being made finishes its source first: `make` waits for nothing)."""
+        self._closed = True
         if self._worker is not None:
             self._queue.put(None)
 
-    def table(self, names: Iterable[str]) -> tuple[SummaryTable, dict[str, str], list[str]]:
-        """The summaries of `names` stacked; the names without one (asked always), each with why; and the empty
-        ones (never asked)."""
+    def table(self, names: Iterable[str], dimension: int) -> tuple[SummaryTable, dict[str, str], list[str]]:
+        """The summaries of `names` stacked; the names without one in this `dimension` (asked always), each with
+        why; and the empty ones (never asked)."""
         summaries, unscored, empty = {}, {}, []
         generation = self._generation  # before reading: a change meanwhile makes the next call stack again
         for name in names:
             summary, why = self.get(name)
+            if summary is not None and summary.documents and summary.centroids.shape[1] != dimension:
+                summary, why = None, (f"no summary in this encoder's space (dimension {summary.centroids.shape[1]}, "
+                                      f"not {dimension})")
             if summary is None:
                 unscored[name] = why
             elif summary.documents and len(summary.centroids):
@@ -70,9 +93,12 @@ class Summaries:
             return self._stacked[1], unscored, empty
 
     def get(self, name: str) -> tuple[SourceSummary | None, str]:
-        """A source's summary, or None and why it has none."""
-        fingerprint = self._fingerprint(name)
-        return self._built_summary(name) if fingerprint is None else self._made_summary(name, fingerprint)
+        """A source's summary, or None and why it has none (one source's fault never fails the others)."""
+        try:
+            fingerprint = self._fingerprint(name)
+            return self._built_summary(name) if fingerprint is None else self._made_summary(name, fingerprint)
+        except Exception as error:  # a summary is a hint: its source is then asked, unjudged
+            return None, f"no summary: it could not be read ({type(error).__name__}: {str(error)[:200]})"
 
     def _fingerprint(self, name: str) -> str | None:
         """The catalog's summary fingerprint, read again when the sources were listed again or the settings
@@ -93,7 +119,7 @@ class Summaries:
     def _built_summary(self, name: str) -> tuple[SourceSummary | None, str]:
         known = self._built.get(name)
         if known is not None and name in self._checked:  # unchanged since the sources were last listed
-            return known[1], self._built_reason
+            return known[1], known[2]
         source_dir = self.root / "sources" / name
         try:
             stamp = os.stat(source_dir / "CURRENT").st_mtime_ns
@@ -102,42 +128,56 @@ class Summaries:
         self._checked.add(name)
         if known is None or known[0] != stamp:
             version = current_version(source_dir)
-            known = self._built[name] = (stamp, read_summary(version) if version else None)
+            try:
+                summary = read_summary(version) if version else None
+                why = "" if summary else "no summary: its index holds no passage vectors (a TREC run source)"
+            except Exception as error:  # read once a version: a broken file is not read again at each question
+                summary, why = None, f"no summary: it could not be read ({type(error).__name__}: {str(error)[:200]})"
+            known = self._built[name] = (stamp, summary, why)
             with self._lock:
                 self._generation += 1
-        return known[1], self._built_reason
-
-    _built_reason = "no summary: a TREC run source answers only its own queries"
+        return known[1], known[2]
 
     def _made_summary(self, name: str, fingerprint: str) -> tuple[SourceSummary | None, str]:
         key = _key(fingerprint, self.encoder)
         with self._lock:
             made = self._made.get(name)
-        if made is None or made[0] != key:
+        if made is None or made.key != key:
             made = self._from_disk(name, key)
-        refresh_s = self._catalog.config.routing.refresh_s
-        if made is None or time.time() - made[1] > (refresh_s if made[2] is not None else RETRY_S):
+        if made is None or self._due(made):
             self._schedule(name)
         if made is None:
             return None, "no summary yet: being made from a sample of it (asked until then)"
-        return made[2], made[3]
+        return made.summary, made.why
 
-    def _from_disk(self, name: str, key: str):
+    def _due(self, made: _Made) -> bool:
+        age = time.time() - made.when
+        if made.summary is not None:
+            return age > self._catalog.config.routing.refresh_s
+        wait = min(RETRY_S * 2 ** max(0, made.failures - 1), self._catalog.config.routing.refresh_s)
+        return not made.final and age > wait
+
+    def _from_disk(self, name: str, key: str) -> _Made | None:
         path = self._path(name, key)
         if not path.is_file():
             return None
-        made = (key, path.stat().st_mtime, SourceSummary.load(path), "")
-        with self._lock:
-            self._made[name] = made
-            self._generation += 1
+        made = _Made(key, path.stat().st_mtime, SourceSummary.load(path), "")
+        self._keep(name, made)
         return made
+
+    def _keep(self, name: str, made: _Made) -> None:
+        with self._lock:
+            before = self._made.get(name)
+            self._made[name] = made
+            if before is None or before.summary is not made.summary:  # the stacked table moves only then
+                self._generation += 1
 
     def _path(self, name: str, key: str) -> Path:
         return self.root / "cache" / "summaries" / f"{name}-{key}.npz"
 
     def _schedule(self, name: str) -> None:
         with self._lock:
-            if name in self._pending:
+            if name in self._pending or self._closed:
                 return
             self._pending.add(name)
             if self._worker is None:
@@ -146,7 +186,7 @@ class Summaries:
         self._queue.put(name)
 
     def _work(self) -> None:
-        while (name := self._queue.get()) is not None:
+        while (name := self._queue.get()) is not None and not self._closed:
             try:
                 self.make([name])
             finally:
@@ -158,27 +198,40 @@ class Summaries:
         came to ("" for made, else why not)."""
         outcome = {}
         for name in names:
-            fingerprint = self._catalog.summary_fingerprint(name)
-            if fingerprint is None:
-                continue
-            key = _key(fingerprint, self.encoder)
+            if self._closed:
+                break
             try:
-                summary, why = self._sampled(name), ""
-            except Exception as error:  # any failure of the source: it stays unjudged, hence always asked
-                summary, why = None, f"no summary: sampling it failed ({type(error).__name__}: {str(error)[:200]})"
-            if summary is None and not why:
-                why = "no summary: this kind of source cannot be sampled (it is always asked)"
-            if summary is not None:
-                path = self._path(name, key)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                for old in path.parent.glob(f"{name}-*.npz"):
-                    old.unlink(missing_ok=True)
-                summary.save(path)
-            with self._lock:
-                self._made[name] = (key, time.time(), summary, why)
-                self._generation += 1
-            outcome[name] = why
+                fingerprint = self._catalog.summary_fingerprint(name)
+                if fingerprint is not None:
+                    outcome[name] = self._make(name, _key(fingerprint, self.encoder))
+            except Exception as error:  # never the worker's end: the next source's summary is still made
+                LOG.warning("summary of %s not made: %s: %s", name, type(error).__name__, str(error)[:200])
+                outcome[name] = f"no summary: {type(error).__name__}: {str(error)[:200]}"
         return outcome
+
+    def _make(self, name: str, key: str) -> str:
+        with self._lock:
+            before = self._made.get(name)
+        failures = before.failures if before is not None and before.key == key and before.summary is None else 0
+        try:
+            summary = self._sampled(name)
+        except Exception as error:  # any failure of the source: it stays unjudged, hence always asked
+            why = f"no summary: sampling it failed ({type(error).__name__}: {str(error)[:200]})"
+            self._keep(name, _Made(key, time.time(), None, why, failures + 1))
+            return why
+        if summary is None:
+            why = "no summary: this kind of source cannot be sampled (it is always asked)"
+            self._keep(name, _Made(key, time.time(), None, why, final=True))
+            return why
+        self._keep(name, _Made(key, time.time(), summary, ""))  # kept in memory even if it cannot be saved
+        path = self._path(name, key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        summary.save(path)
+        mine = re.compile(re.escape(name) + r"-[0-9a-f]{16}\.npz")  # not "name-other"'s, another source
+        for old in path.parent.iterdir():
+            if old != path and mine.fullmatch(old.name):
+                old.unlink(missing_ok=True)
+        return ""
 
     def _sampled(self, name: str) -> SourceSummary | None:
         with self._catalog.holding(name) as source:

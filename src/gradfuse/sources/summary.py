@@ -11,6 +11,8 @@ source.
 from __future__ import annotations
 
 import base64
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,10 +32,11 @@ class SourceSummary:
     sample: np.ndarray  # (s, d) seeded sample of the source's passage vectors
 
     def save(self, path: Path) -> None:
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, documents=np.array(self.documents), centroids=self.centroids.astype(np.float16),
-                 shares=self.shares.astype(np.float32), sample=self.sample.astype(np.float16))
-        tmp.replace(path)
+        """Written whole or not at all (a temporary file of its own, then renamed)."""
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".", suffix=".tmp", delete=False) as handle:
+            np.savez(handle, documents=np.array(self.documents), centroids=self.centroids.astype(np.float16),
+                     shares=self.shares.astype(np.float32), sample=self.sample.astype(np.float16))
+        os.replace(handle.name, path)
 
     @staticmethod
     def load(path: Path) -> SourceSummary:
@@ -48,12 +51,14 @@ class SourceSummary:
 
     @staticmethod
     def from_wire(documents: int, dimension: int, centroids: str, shares: list[float], sample: str) -> SourceSummary:
-        """The summary another gradfuse sent; ValueError where its parts do not fit together."""
-        rows = _rows(centroids, dimension)
-        if len(rows) != len(shares) or not np.isfinite(rows).all():
-            raise ValueError(f"{len(rows)} centroids for {len(shares)} shares")
-        return SourceSummary(documents, rows.astype(np.float32), np.asarray(shares, np.float32),
-                             _rows(sample, dimension).astype(np.float32))
+        """The summary another gradfuse sent, its rows made unit length again (a remote's scale must not win the
+        routing); ValueError where its parts do not fit together or are not finite."""
+        rows, sampled = _rows(centroids, dimension), _rows(sample, dimension)
+        if not len(rows) or len(rows) != len(shares) or not len(sampled):
+            raise ValueError(f"{len(rows)} centroids, {len(shares)} shares and {len(sampled)} sampled vectors")
+        if not (np.isfinite(rows).all() and np.isfinite(sampled).all() and np.isfinite(shares).all()):
+            raise ValueError("values that are not finite numbers")
+        return SourceSummary(documents, _unit(rows), np.asarray(shares, np.float32), _unit(sampled))
 
     def merged(self, other: SourceSummary) -> SourceSummary:
         """One summary for a source that is several (a remote asked for more than one of its sources)."""
@@ -65,6 +70,11 @@ class SourceSummary:
 
 def _b64(rows: np.ndarray) -> str:
     return base64.b64encode(np.ascontiguousarray(rows, dtype="<f2").tobytes()).decode()
+
+
+def _unit(rows: np.ndarray) -> np.ndarray:
+    rows = rows.astype(np.float32)
+    return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
 
 
 def _rows(text: str, dimension: int) -> np.ndarray:
