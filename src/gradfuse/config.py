@@ -68,7 +68,7 @@ Example (every key optional)::
     above = 32                       # a question that may reach more sources than this is routed
     budget = 24                      # to this many of them, chosen from their summaries
     router = "summary"               # summary | redde
-    max_open = 128                   # sources held open at once; the least recently used beyond it is closed
+    max_open = "auto"                # sources held open at once (a quarter of the open-file limit, at most 1,024)
     [sources.scifact]
     kind = "beir"                    # beir | jsonl | files | run
     path = "../shared/data/beir_scifact"

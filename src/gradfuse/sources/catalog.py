@@ -8,6 +8,7 @@ It may import sources/ and config.py, never the query pipeline or the answer pat
 
 from __future__ import annotations
 
+import resource
 import threading
 import time
 from collections import OrderedDict
@@ -48,6 +49,7 @@ from gradfuse.sources.summaries import Summaries
 
 
 STAMP_SETTLED_NS = 2_000_000_000
+AUTO_MAX_OPEN = 1024
 
 
 @dataclass(eq=False)
@@ -75,6 +77,7 @@ class SourceCatalog:
         self._listing: tuple[int | None, list[str]] | None = None  # the sources folder's stamp, the names built
         self.listings = 0  # how many times the built sources were listed (what was read from them may be stale)
         self._registrations: dict[str, PostgresSettings | None] = {}  # read since the last listing
+        self._names: tuple[tuple, list[str]] | None = None
         self._lock = threading.Lock()
         self.guards = Guards(config.guard)  # each source's workers and breaker (sources/guard.py)
         self.summaries = Summaries(self)  # what routing reads (sources/summaries.py)
@@ -120,9 +123,14 @@ class SourceCatalog:
     # --- which sources
 
     def names(self) -> list[str]:
-        configured = [n for n, s in self.config.sources.items() if s.postgres is not None or s.engine is not None]
-        names = sorted(set(self._built_names()) | set(configured) | set(self._added))
-        return [n for n in names if self.config.settings(n).enabled]
+        built = self._built_names()
+        key = (self.listings, id(self.config), tuple(self._added))
+        known = self._names
+        if known is None or known[0] != key:  # the same until a listing, the settings or an added source change
+            configured = [n for n, s in self.config.sources.items() if s.postgres is not None or s.engine is not None]
+            names = sorted(set(built) | set(configured) | set(self._added))
+            known = self._names = (key, [n for n in names if self.config.settings(n).enabled])
+        return list(known[1])
 
     def _built_names(self) -> list[str]:
         """The sources built or loaded here, listed again only when a publish (here or in another process) has
@@ -258,12 +266,22 @@ class SourceCatalog:
             if table is not None:
                 table.close()
 
+    @property
+    def max_open(self) -> int:
+        """`[routing] max_open`; "auto": a quarter of the process's open-file limit (an open source holds about
+        two files: its index's and its documents'), at most AUTO_MAX_OPEN."""
+        setting = self.config.routing.max_open
+        if setting != "auto":
+            return setting
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return AUTO_MAX_OPEN if soft == resource.RLIM_INFINITY else max(16, min(AUTO_MAX_OPEN, soft // 4))
+
     def _over_limit(self, keep: tuple[str, str] | None) -> list:
         """Take out the least recently used sources that no request holds, beyond `[routing] max_open`, never
         `keep` (the one just asked for); called with the lock held, the caller closes them."""
         evicted = []
         for key in list(self._sources):
-            if len(self._sources) <= self.config.routing.max_open:
+            if len(self._sources) <= self.max_open:
                 break
             if key != keep and self._sources[key].users == 0:
                 evicted.append((key, self._sources.pop(key)))

@@ -53,6 +53,7 @@ class Summaries:
         self._built: dict[str, tuple[int, SourceSummary | None, str]] = {}  # name → (pointer mtime, summary, why)
         self._made: dict[str, _Made] = {}
         self._stacked: tuple[tuple, SummaryTable] | None = None
+        self._tabled: tuple | None = None  # the last table's question, answer and sampled names
         self._generation = 0  # counts every summary read or made: the stacked table is made again when it moves
         # What is known to be current until the catalog lists its sources again (see `_fingerprint`)
         self._era: tuple | None = None
@@ -73,6 +74,13 @@ class Summaries:
     def table(self, names: Iterable[str], dimension: int) -> tuple[SummaryTable, dict[str, str], list[str]]:
         """The summaries of `names` stacked; the names without one in this `dimension` (asked always), each with
         why; and the empty ones (never asked)."""
+        names = tuple(names)
+        key = (names, dimension, self._catalog.listings, id(self._catalog.config), self._generation)
+        kept = self._tabled
+        if kept is not None and kept[0] == key:  # nothing changed: only the sampled ones may be due again
+            for name in kept[2]:
+                self.get(name)
+            return kept[1]
         summaries, unscored, empty = {}, {}, []
         generation = self._generation  # before reading: a change meanwhile makes the next call stack again
         for name in names:
@@ -87,10 +95,13 @@ class Summaries:
             else:
                 empty.append(name)
         with self._lock:
-            key = (tuple(summaries), generation)
-            if self._stacked is None or self._stacked[0] != key:
-                self._stacked = (key, SummaryTable.stack(summaries))
-            return self._stacked[1], unscored, empty
+            stacked_key = (tuple(summaries), generation)
+            if self._stacked is None or self._stacked[0] != stacked_key:
+                self._stacked = (stacked_key, SummaryTable.stack(summaries))
+            result = self._stacked[1], unscored, empty
+        sampled = [n for n in names if self._fingerprints.get(n) is not None]
+        self._tabled = (key[:-1] + (generation,), result, sampled)
+        return result
 
     def get(self, name: str) -> tuple[SourceSummary | None, str]:
         """A source's summary, or None and why it has none (one source's fault never fails the others)."""
