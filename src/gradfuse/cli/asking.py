@@ -82,8 +82,8 @@ def print_explanation(result: SearchResult) -> None:
     routing = result.routing
     if routing is not None:
         skipped = routing.skipped
-        console.print(f"[bold]Routing[/] ({routing.router}): asked {len(routing.asked)} sources, skipped "
-                      f"{len(skipped)}: {escape(', '.join(routing.asked))}")
+        console.print(f"[bold]Routing[/] ({routing.router}): asked {len(routing.asked)} of "
+                      f"{len(routing.asked) + len(skipped)} sources: {escape(', '.join(routing.asked))}")
         for name, why in routing.unscored.items():
             console.print(f"  [yellow]asked unjudged[/] {escape(name)}: {escape(why)}")
         for name, why in list(skipped.items())[:5]:
