@@ -25,6 +25,7 @@ from typing import Literal
 import numpy as np
 
 from gradfuse.checked import FILE_SETTINGS, Count, NonNegative, Seconds, Weight
+from gradfuse.selection import source_redundancy
 from gradfuse.sources.summary import SummaryTable
 
 ROUTERS = ("summary", "redde")
@@ -125,11 +126,6 @@ def _redde_scores(query: np.ndarray, table: SummaryTable) -> np.ndarray:
     return np.where(estimate > 0, estimate + 2.0, best)
 
 
-def _redundancy(a: np.ndarray, b: np.ndarray) -> float:
-    similarity = a @ b.T
-    return float((similarity.max(axis=1).mean() + similarity.max(axis=0).mean()) / 2)
-
-
 def _greedy(scores: np.ndarray, table: SummaryTable, weight: float, count: int, reasons: dict[str, str]) -> list[int]:
     """Fill the budget by gain = score - weight * (redundancy with the closest routed source), among the 3 x budget
     best-scored sources: a penalty only lowers a gain, and this bounds the work by the budget, not the sources."""
@@ -144,7 +140,7 @@ def _greedy(scores: np.ndarray, table: SummaryTable, weight: float, count: int, 
         shortlist.remove(best)
         rows = table.centroid_rows(best)
         for i in shortlist:
-            redundancy = _redundancy(table.centroid_rows(i), rows)
+            redundancy = source_redundancy(table.centroid_rows(i), rows)
             if redundancy > closest[i]:
                 closest[i], closest_to[i] = redundancy, best
     for i in shortlist:

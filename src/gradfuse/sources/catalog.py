@@ -158,9 +158,7 @@ class SourceCatalog:
         return list(dict.fromkeys(requested))
 
     def held_elsewhere(self, name: str) -> bool:
-        settings = self.config.settings(name)
-        return name in self._added or (settings.postgres or settings.engine) is not None or \
-            self._registered(name) is not None
+        return self.summary_fingerprint(name) is not None
 
     def _registered(self, name: str) -> PostgresSettings | None:
         """A table loaded here with `--into`, read once a listing (a registration moves the listing's stamp)."""
@@ -176,7 +174,7 @@ class SourceCatalog:
         self._built_names()
         if any(self.held_elsewhere(n) for n in names):
             return None
-        stamp = listing_stamp(self.root / "sources")
+        stamp = self._listing[0]  # as the listing just read it
         if stamp is not None and time.time_ns() - stamp >= STAMP_SETTLED_NS:
             return ("published", stamp)
         return tuple((n, getattr(current_version(self.root / "sources" / n), "name", None)) for n in names)
@@ -279,16 +277,17 @@ class SourceCatalog:
     def _over_limit(self, keep: tuple[str, str] | None) -> list:
         """Take out the least recently used sources that no request holds, beyond `[routing] max_open`, never
         `keep` (the one just asked for); called with the lock held, the caller closes them."""
-        evicted = []
+        evicted, limit = [], self.max_open
         for key in list(self._sources):
-            if len(self._sources) <= self.max_open:
+            if len(self._sources) <= limit:
                 break
             if key != keep and self._sources[key].users == 0:
                 evicted.append((key, self._sources.pop(key)))
         return evicted
 
     def summary_fingerprint(self, name: str) -> str | None:
-        """What a sampled summary depends on beyond the data (see Summaries); None for a source built here."""
+        """What a sampled summary depends on beyond the data (see Summaries); None for a source built here (the
+        only kind not held elsewhere)."""
         settings = self.config.settings(name)
         if name in self._added:
             return f"added {name}"
