@@ -135,7 +135,7 @@ class SourceCatalog:
     def _built_names(self) -> list[str]:
         """The sources built or loaded here, listed again only when a publish (here or in another process) has
         moved the sources folder's stamp, or the stamp is too recent to tell one publish from the next (a file
-        system may keep whole seconds): at 1,000 sources a listing reads 1,000 pointers, 60 ms a question."""
+        system may keep whole seconds): at 1,000 sources a listing reads 1,000 pointers."""
         stamp = listing_stamp(self.root / "sources")
         listing = self._listing
         if listing is None or stamp is None or listing[0] != stamp or time.time_ns() - stamp < STAMP_SETTLED_NS:
