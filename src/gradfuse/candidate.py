@@ -77,6 +77,9 @@ class Candidate:
     # "bm25", "rrf", "1/rank"; "" where the source is gradfuse's own (its retrieval's score).
     score_kind: str = ""
     metadata: dict[str, object] = field(default_factory=dict)  # an engine's fields named by `metadata_fields`
+    # Who may read it, as its store holds it (gradfuse.access); empty: whoever may read its source. Checked again
+    # after every search, and never sent to a client (it names the other readers).
+    readers: tuple[str, ...] = ()
     scores: dict[str, float] = field(default_factory=dict)
     merged: list[Candidate] = field(default_factory=list)
 

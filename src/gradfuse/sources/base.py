@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from gradfuse.access import Readers
 from gradfuse.candidate import Candidate
 from gradfuse.sources.encoder_names import recorded_encoder
 
@@ -103,7 +104,9 @@ class Source(Protocol):
         """Load what a search needs (its query encoder) before the sources' timeouts start: a cold load counted
         against every source's timeout, and a cold search on a loaded machine failed with "every source failed"."""
 
-    def search(self, query: str, k: int) -> list[Candidate]: ...
+    def search(self, query: str, k: int, *, readers: Readers = None) -> list[Candidate]:
+        """The k best passages for `query` among those `readers` may read (gradfuse.access; None: every passage),
+        filtered before they are ranked, inside the store, so that k come back where k are readable."""
 
     def stats(self) -> SourceStats: ...
 

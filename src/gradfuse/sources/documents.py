@@ -24,6 +24,7 @@ class Document:
     parent_id: str | None = None
     span: tuple[int, int] | None = None
     location: Location | None = None
+    readers: tuple[str, ...] = ()  # who may read it (names and groups); empty: whoever may read its source
 
 
 @dataclass

@@ -92,6 +92,9 @@ class StoreSettings:
     filter: str | dict[str, Any] = ""
     query_encoder: Text = "all-MiniLM-L6-v2"  # the model that embedded the store: bundled by name, or a local folder
     key_env: Text = ""  # the variable holding the engine's key or token, if any
+    # The field that lists who may read a row (principals' names and groups; docs/access.md): each search is
+    # filtered on it inside the engine. A row without it, or with an empty list, is for every reader of the source.
+    readers_field: Text = ""
 
     filter_type: ClassVar[type] = str  # what `filter` is in this engine's language: text, or a table (dict)
 
@@ -133,7 +136,15 @@ class StoreSettings:
         title = row.get(self.title_field) if self.title_field else ""
         return Candidate(source=source, doc_id=str(doc_id), text=text, native_score=float(score), native_rank=rank,
                          title=str(title or ""), score_kind=score_kind,
-                         metadata={name: _plain(row[name]) for name in self.metadata_fields if name in row})
+                         metadata={name: _plain(row[name]) for name in self.metadata_fields if name in row},
+                         readers=self.row_readers(row))
+
+    def row_readers(self, row: dict) -> tuple[str, ...]:
+        """Who may read a row, from `readers_field` (a list of names, or one name); () where it names none."""
+        value = row.get(self.readers_field) if self.readers_field else None
+        if value is None:
+            return ()
+        return (value,) if isinstance(value, str) else tuple(str(name) for name in value)
 
     def stats(self, source, where: str, documents: int) -> SourceStats:
         """A store source's row in `gradfuse sources`: `where` is its table or collection."""
