@@ -21,6 +21,7 @@ from conftest import ASTRONOMY, COOKING, with_remote, write_jsonl
 from live_server import Scraped, free_port, gradfuse_serve, serving
 from test_generation import INJECTION
 
+from gradfuse.access import EVERYTHING
 from gradfuse import SourceSpec, Workspace
 from gradfuse.config import Config
 from gradfuse.rerank import PassTooLong
@@ -354,7 +355,7 @@ def test_the_cache_keeps_at_most_its_megabytes_dropping_the_least_recently_used(
     from gradfuse.server.requests import SearchRequest
 
     cache = ResultCache(workspace, 1)
-    keys = [cache.key("search", SearchRequest(query=f"question {i}")) for i in range(3)]
+    keys = [cache.key("search", SearchRequest(query=f"question {i}"), EVERYTHING) for i in range(3)]
     cache.put(keys[0], ("a" * 400_000,), failed=False)
     cache.put(keys[1], ("b" * 400_000,), failed=False)
     assert cache.get(keys[0])  # now the most recently used
@@ -362,7 +363,7 @@ def test_the_cache_keeps_at_most_its_megabytes_dropping_the_least_recently_used(
     assert cache.get(keys[1]) is None and cache.get(keys[0]) and cache.get(keys[2])
     cache.put(keys[1], ("d" * 2_000_000,), failed=False)  # larger than the whole cache: not kept
     assert cache.get(keys[1]) is None and cache.get(keys[2])
-    assert ResultCache(workspace, 0).key("search", SearchRequest(query="q")) is None  # 0: off
+    assert ResultCache(workspace, 0).key("search", SearchRequest(query="q"), EVERYTHING) is None  # 0: off
 
 
 def test_a_result_where_a_source_failed_is_not_kept(faulty):

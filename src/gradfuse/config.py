@@ -106,6 +106,7 @@ from typing_extensions import TypedDict  # pydantic reads typing.TypedDict only 
 
 from pydantic import Field, TypeAdapter, ValidationError, with_config
 
+from gradfuse.access.keys import AccessError, AccessSettings, parse_principals
 from gradfuse.checked import FILE_SETTINGS, Count, Depth, Flag, Seconds, Text, Weight
 from gradfuse.rerank import RerankSettings
 from gradfuse.rerank.sentences import EvidenceSettings
@@ -125,6 +126,7 @@ _SOURCE_BUILD = {"kind", "path"}
 
 class ConfigError(ValueError):
     pass
+
 
 
 @dataclass
@@ -170,6 +172,7 @@ class Config:
     server: ServerSettings = field(default_factory=ServerSettings)
     guard: GuardSettings = field(default_factory=GuardSettings)
     routing: RoutingSettings = field(default_factory=RoutingSettings)
+    access: AccessSettings = field(default_factory=AccessSettings)  # who may read what (docs/access.md)
 
     def settings(self, source: str) -> SourceSettings:
         return self.sources.get(source, SourceSettings())
@@ -206,6 +209,7 @@ def _parse(path: Path) -> Config:
                                    ("guard", GuardSettings), ("routing", RoutingSettings)):
         setattr(config, section, _checked(settings_type, raw.pop(section, {}), f"{path} [{section}]"))
     config.encoder = _checked(_Encoder, raw.pop("encoder", {}), f"{path} [encoder]").get("model", config.encoder)
+    config.access = _access(raw.pop("access", {}), base, path)
     for name, table in raw.pop("sources", {}).items():
         try:
             check_source_name(name)
@@ -261,6 +265,20 @@ def _checked(kind, values, where: str):
         problems = "; ".join(f"{'.'.join(str(part) for part in e['loc']) or 'value'}: "
                              f"{e['msg'].removeprefix('Value error, ')}" for e in error.errors())
         raise ConfigError(f"{where}: {problems}") from None
+
+
+def _access(table: object, base: Path, path: Path) -> AccessSettings:
+    """`[access]`, its key file relative to the config file."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path} [access]: must be a table")
+    table = dict(table)
+    try:
+        principals = parse_principals(table.pop("principals", {}), f"{path} [access.principals]")
+    except AccessError as error:
+        raise ConfigError(str(error)) from None
+    access = _checked(AccessSettings, table, f"{path} [access]")
+    keys_file = str(base / access.keys_file) if access.keys_file else ""
+    return AccessSettings(keys_file=keys_file, principals=principals)
 
 
 def engine_settings(table: dict[str, Any], base: Path, where: str):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from gradfuse.access import EVERYTHING, Principal
 from gradfuse.candidate import Candidate
 from gradfuse.checked import MAX_DEPTH
 from gradfuse.config import Config
@@ -52,9 +53,9 @@ class QueryPipeline:
 
     def search(self, query: str, *, method: str | None = None, k: int | None = None, sources: list[str] | None = None,
                retrieval: str | None = None, timeout_s: float | None = None, depth: int | None = None,
-               gold: str | None = None, **rerank_options) -> SearchResult:
+               gold: str | None = None, principal: Principal = EVERYTHING, **rerank_options) -> SearchResult:
         method = method or self.config.method
-        names = self.catalog.resolve(sources)
+        names = self.catalog.resolve(sources, principal)
         check_method(method, names)
         if method.startswith("single:"):
             names = [method.removeprefix("single:")]
@@ -68,7 +69,7 @@ class QueryPipeline:
             federated = FederatedResult({})
         else:
             federated = self.retrieve(query, sources=names, retrieval=retrieval, timeout_s=timeout_s,
-                                      depth=max(k, depth or self.config.depth))
+                                      depth=max(k, depth or self.config.depth), principal=principal)
         result = self.rank(query, federated, method=method, k=k, gold=gold, **rerank_options)
         if routing is not None:
             result.routing, result.timings["routing"] = routing, routed
@@ -83,14 +84,17 @@ class QueryPipeline:
         return route(vector, table, self.config.routing, unscored, empty)
 
     def retrieve(self, query: str, *, sources: list[str] | None = None, retrieval: str | None = None,
-                 timeout_s: float | None = None, depth: int | None = None) -> FederatedResult:
+                 timeout_s: float | None = None, depth: int | None = None,
+                 principal: Principal = EVERYTHING) -> FederatedResult:
+        """Each source's own ranking, of the sources and passages `principal` may read only (gradfuse.access)."""
         if not query.strip():
             raise ValueError("the query is empty")
         if depth is not None and not 1 <= depth <= MAX_DEPTH:
             raise ValueError(f"depth must be 1 to {MAX_DEPTH} (candidates asked of each source)")
-        names = self.catalog.resolve(sources)
+        names = self.catalog.resolve(sources, principal)
         return ask_sources(names, lambda name: self.catalog.lease(name, retrieval), query,
-                           depth or self.config.depth, self.catalog.timeouts(names, timeout_s), self.catalog.guards)
+                           depth or self.config.depth, self.catalog.timeouts(names, timeout_s), self.catalog.guards,
+                           principal.readers)
 
     def rank(self, query: str, federated: FederatedResult, *, method: str | None = None, k: int | None = None,
              gold: str | None = None, selection: SelectionSettings | None = None, **rerank_options) -> SearchResult:

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 
+from gradfuse.access import EVERYTHING, Principal
 from gradfuse.answering import Answer, Answerer
 from gradfuse.candidate import Candidate
 from gradfuse.config import Config, load_config
@@ -108,29 +109,33 @@ class Workspace:
         publish here, and asking it may take its timeout."""
         return self.catalog.held_elsewhere(name)
 
-    def source_health(self, *, databases: bool = True,
-                      stats: bool = True) -> list[tuple[str, SourceStats | None, str | None]]:
+    def source_health(self, *, databases: bool = True, stats: bool = True,
+                      principal: Principal = EVERYTHING) -> list[tuple[str, SourceStats | None, str | None]]:
         """(name, stats, None) for each source that opens and answers its stats, (name, None, why) for the rest,
         including folders under sources/ that are skipped for their name. Without `databases`, PostgreSQL
         sources are left out (a readiness probe must not wait for a database's connect timeout); without `stats`
-        a source that opens is (name, None, None) (a probe need not measure index folders)."""
-        return self.catalog.health(databases=databases, stats=stats)
+        a source that opens is (name, None, None) (a probe need not measure index folders). Only the sources
+        `principal` may read."""
+        return self.catalog.health(databases=databases, stats=stats, principal=principal)
 
     # --- searching (query.py)
 
     def search(self, query: str, *, method: str | None = None, k: int | None = None,
                sources: list[str] | None = None, retrieval: str | None = None, timeout_s: float | None = None,
-               depth: int | None = None, gold: str | None = None, **rerank_options) -> SearchResult:
+               depth: int | None = None, gold: str | None = None, principal: Principal = EVERYTHING,
+               **rerank_options) -> SearchResult:
         """Rank candidates from many sources with `method` (see `gradfuse.methods`). `rerank_options` override
         fields of the configured RerankSettings (n, estimator, target, ...); `gold` is the reference answer that
-        the gold target needs."""
+        the gold target needs; `principal`: who asks (gradfuse.access; default: may read everything)."""
         return self.query.search(query, method=method, k=k, sources=sources, retrieval=retrieval,
-                                 timeout_s=timeout_s, depth=depth, gold=gold, **rerank_options)
+                                 timeout_s=timeout_s, depth=depth, gold=gold, principal=principal, **rerank_options)
 
     def retrieve(self, query: str, *, sources: list[str] | None = None, retrieval: str | None = None,
-                 timeout_s: float | None = None, depth: int | None = None) -> FederatedResult:
+                 timeout_s: float | None = None, depth: int | None = None,
+                 principal: Principal = EVERYTHING) -> FederatedResult:
         """Every named (default: every enabled) source's own ranking of `query`, queried concurrently."""
-        return self.query.retrieve(query, sources=sources, retrieval=retrieval, timeout_s=timeout_s, depth=depth)
+        return self.query.retrieve(query, sources=sources, retrieval=retrieval, timeout_s=timeout_s, depth=depth,
+                                   principal=principal)
 
     def rank(self, query: str, federated: FederatedResult, *, method: str | None = None, k: int | None = None,
              gold: str | None = None, selection: SelectionSettings | None = None, **rerank_options) -> SearchResult:

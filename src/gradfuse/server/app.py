@@ -33,6 +33,7 @@ from gradfuse.schemas import (
     search_record,
     served_source_record,
 )
+from gradfuse.access.keys import KeyRing
 from gradfuse.execute import LOCAL
 from gradfuse.server.admission import LM_METHODS, Busy, LMAdmission
 from gradfuse.server.cache import ResultCache
@@ -104,6 +105,9 @@ class Health(BaseModel):
     status: str  # "ok", or "degraded" when some sources cannot be opened (`unavailable`) or a breaker is not closed
     version: str
     sources: int  # sources that open
+    unavailable_count: int = 0  # sources that cannot be opened
+    breakers_not_closed: int = 0
+    # By name, on a server without keys only (with keys, a caller without one learns counts; /sources names them)
     unavailable: dict[str, str] = {}  # source → why it cannot be opened
     breakers: dict[str, str] = {}  # source → its circuit breaker's state, where it is not closed
     scorer_replicas: int  # stage 2's LM passes: 1 in this process, or the Ray cluster's replicas alive or starting
@@ -112,14 +116,15 @@ class Health(BaseModel):
 def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, preload_lm: bool = False) -> FastAPI:
     """`preload_lm` loads the scoring LM/generator at start-up instead of on the first request that needs it."""
     settings = settings or workspace.config.server
-    api_key = settings.resolved_api_key()
+    access = workspace.config.access
+    keys = KeyRing(settings.resolved_api_key(), access, Path(access.keys_file) if access.keys_file else None)
     admission = LMAdmission(settings.lm_queue, lambda: workspace.executor.replicas)
     cache = ResultCache(workspace, settings.cache_mb)
     metrics = ServerMetrics(workspace, admission, cache)
     health = SourceHealth(metrics)
     config = workspace.config
 
-    mcp = build_mcp(workspace, settings, admission, health.recorded)
+    mcp = build_mcp(workspace, settings, admission, health.recorded, served=True)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -139,9 +144,8 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
     install_error_handlers(app)
     # Middleware runs outermost last-added: the host check, then the key (before any body is read), then limits.
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
-    if api_key is not None:
-        app.add_middleware(KeyRequired, api_key=api_key)
-    else:  # no key: only names of this machine may reach it, so a DNS-rebinding page cannot
+    app.add_middleware(KeyRequired, keys=keys)  # who asks (request.state.principal)
+    if not keys.required:  # no key: only names of this machine may reach it, so a DNS-rebinding page cannot
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts())
     app.add_middleware(SecurityHeaders)
     if settings.cors_origins:
@@ -165,15 +169,17 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
 
     @app.post("/search", dependencies=posted, response_model=SearchRecord,
               responses={401: {}, 413: {}, 415: {}, 422: {}, 503: {"description": "every source failed, or the LM is busy"}})
-    def search_endpoint(request: SearchRequest):
+    def search_endpoint(request: SearchRequest, http: Request):
         """Fused and re-ranked candidates from many sources, each with its provenance and every score (a repeated
-        request is answered from the cache until a source is published again: header X-Gradfuse-Cache: hit)."""
+        request is answered from the cache until a source is published again: header X-Gradfuse-Cache: hit).
+        Only the sources and passages the key may read."""
         request.check_limits(settings, config)
-        key = cache.key("search", request)
+        principal = http.state.principal
+        key = cache.key("search", request, principal)
         if (kept := cache.get(key)) is not None:
             return _kept_json(kept[0])
         with admission.slot((request.method or config.method) in LM_METHODS):
-            result = health.recorded(lambda: workspace.search(request.query, k=request.k,
+            result = health.recorded(lambda: workspace.search(request.query, k=request.k, principal=principal,
                                                               **request.search_options()))
         record_json = search_record(result).model_dump_json()
         cache.put(key, (record_json,), failed=bool(result.failures))
@@ -187,7 +193,8 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
         """An answer with citations [n] mapped to source/doc id; `stream: true` sends server-sent events. A
         repeated question is answered from the cache until a source is published again."""
         request.check_limits(settings, config)
-        key = cache.key("ask", request)
+        principal = http.state.principal
+        key = cache.key("ask", request, principal)
         if (kept := cache.get(key)) is not None:
             searched_json, answer_json = kept
             if request.stream:
@@ -195,7 +202,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
                                          headers={"Cache-Control": "no-cache", CACHE_HEADER: "hit"})
             return _kept_json(answer_json)
         # retrieval and ranking errors become plain HTTP errors, before any event
-        events, searched, release = await start_answer(workspace, admission, health.recorded, request)
+        events, searched, release = await start_answer(workspace, admission, health.recorded, request, principal)
 
         def keep(searched_json: str, answer_json: str) -> None:  # each record serialised once, for both
             cache.put(key, (searched_json, answer_json), failed=bool(searched.failures))
@@ -219,11 +226,11 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
             enable_dns_rebinding_protection=False)).routes)
 
     @app.get("/sources", dependencies=guarded, response_model=list[SourceHealthRecord])
-    def sources_endpoint() -> list[SourceHealthRecord]:
-        """Each enabled source: whether its index opens, its size, encoder and last build, and what the last
-        requests saw of it."""
+    def sources_endpoint(http: Request) -> list[SourceHealthRecord]:
+        """Each enabled source the key may read: whether its index opens, its size, encoder and last build, and
+        what the last requests saw of it."""
         records = []
-        for name, stats, error in workspace.source_health():
+        for name, stats, error in workspace.source_health(principal=http.state.principal):
             failure = health.last_failure.get(name)
             record = served_source_record(name, stats, error)
             records.append(SourceHealthRecord(
@@ -235,10 +242,10 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
 
     @app.get("/sources/{name}/summary", dependencies=guarded, responses={404: {"description": "it has no summary"},
                                                                                  422: {"description": "no such source"}})
-    def summary_endpoint(name: str) -> Response:
+    def summary_endpoint(name: str, http: Request) -> Response:
         """A source's summary (its topics' centroids and a sample of its passage vectors, float16 in base64), which
-        a gradfuse that asks this one routes by."""
-        return JSONResponse(served_summary(workspace, name))
+        a gradfuse that asks this one routes by; for a key that may read every document of it."""
+        return JSONResponse(served_summary(workspace, name, http.state.principal))
 
     @app.get("/options", dependencies=guarded, response_model=Options)
     def options_endpoint() -> Options:
@@ -255,7 +262,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
                 "max_query_chars", "max_gold_chars", "max_k", "max_n", "max_depth", "max_new_tokens",
                 "max_timeout_s", "max_body_bytes", "max_lm_passes")},
                 "max_pass_tokens": config.rerank.max_pass_tokens},  # question + target + n documents, in tokens
-            api_key_required=api_key is not None,
+            api_key_required=keys.required,
         )
 
     @app.get("/metrics", dependencies=guarded, response_class=PlainTextResponse)
@@ -267,19 +274,23 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
     @app.get("/healthz", response_model=Health, responses={503: {"description": "no source is built"}})
     def healthz():
         """Liveness and readiness: 200 when at least one source can answer, "degraded" with the indexes that
-        cannot be opened and the sources whose circuit breaker is not closed named; 503 when none can (no key needed). Database sources count as configured: their
-        failures are reported per request and in /sources."""
+        cannot be opened and the sources whose circuit breaker is not closed named; 503 when none can (no key
+        needed). Database sources count as configured: their failures are reported per request and in /sources.
+        With keys, no source is named (a caller without a key learns counts only): /sources names them, to a key."""
         health = workspace.source_health(databases=False, stats=False)  # opening is the check
         unavailable = {name: error for name, _, error in health if error}
         count = len(health) - len(unavailable) + len([n for n in workspace.source_names() if n not in
                                                       {name for name, _, _ in health}])  # + the databases
         if not count:
             detail = "; ".join(f"{n}: {e}" for n, e in unavailable.items()) or "no sources are built"
-            raise HTTPException(503, f"no source of this server's workspace can answer ({redact(detail)})")
+            raise HTTPException(503, "no source of this server's workspace can answer"
+                                     + ("" if keys.required else f" ({redact(detail)})"))
         breakers = {n: state for n in workspace.source_names() if (state := workspace.guards.state(n)) != "closed"}
+        named = not keys.required
         return Health(status="degraded" if unavailable or breakers else "ok", version=__version__, sources=count,
-                      unavailable={n: redact(e) for n, e in unavailable.items()}, breakers=breakers,
-                      scorer_replicas=workspace.executor.replicas)
+                      unavailable_count=len(unavailable), breakers_not_closed=len(breakers),
+                      unavailable={n: redact(e) for n, e in unavailable.items()} if named else {},
+                      breakers=breakers if named else {}, scorer_replicas=workspace.executor.replicas)
 
     @app.get("/", include_in_schema=False)
     def page() -> FileResponse:

@@ -14,6 +14,9 @@ import threading
 from collections import OrderedDict
 from pydantic import BaseModel
 
+from gradfuse.access import Principal
+from gradfuse.sources.base import SourceError
+
 
 # What a request may set that does not change its result: how long the sources may take (a result that timed out
 # has a failure and is not kept), and whether an answer streams.
@@ -28,16 +31,20 @@ class ResultCache:
         self._lock = threading.Lock()
         self.hits = self.misses = 0  # lookups of requests that may be kept (for /metrics)
 
-    def key(self, endpoint: str, request: BaseModel) -> tuple | None:
-        """The request and the versions of the indexes it reads; None where it must not be kept."""
+    def key(self, endpoint: str, request: BaseModel, principal: Principal) -> tuple | None:
+        """The request, who may read what of it (two keys that read the same share results, no others), and the
+        versions of the indexes it reads; None where it must not be kept."""
         if not self._room:
             return None
-        ws = self._workspace
-        published = ws.catalog.publish_key(sorted(set(request.sources or ws.source_names())))
+        try:
+            names = self._workspace.catalog.resolve(request.sources, principal)
+        except SourceError:  # the search itself says why (in the same words)
+            return None
+        published = self._workspace.catalog.publish_key(sorted(names))
         if published is None:  # a source's data changes without a publish here
             return None
         options = json.dumps(request.model_dump(exclude=_NOT_IN_KEY), sort_keys=True)
-        return endpoint, options, published
+        return endpoint, options, published, principal.fingerprint()
 
     def get(self, key: tuple | None) -> tuple[str, ...] | None:
         if key is None:

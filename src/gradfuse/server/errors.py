@@ -5,7 +5,6 @@ and chat front ends read."""
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 
 from fastapi import FastAPI, Request
@@ -13,6 +12,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from gradfuse.access import EVERYTHING, Principal
+from gradfuse.access.keys import KeyRing
 from gradfuse.fusion import UnknownMethod
 from gradfuse.generate.openai_http import EndpointError
 from gradfuse.redact import redact
@@ -152,28 +153,34 @@ class BodyLimit:
 
 
 class KeyRequired:
-    """ASGI middleware: with a key set, every path but the page, its files, /healthz and the API docs needs it, in
-    X-API-Key or as `Authorization: Bearer <key>` (what OpenAI's SDK and MCP clients send), and a request without
-    it is refused with 401 before its body is read (a malformed body from a client without the key learns
-    nothing)."""
+    """ASGI middleware: who a request comes from (gradfuse.access), kept in its state as `principal`. With keys
+    set, every path but the page, its files, /healthz and the API docs needs one, in X-API-Key or as
+    `Authorization: Bearer <key>` (what OpenAI's SDK and MCP clients send), and a request without one is refused
+    with 401 before its body is read (a malformed body from a client without a key learns nothing). Without keys
+    every request may read everything (the server then answers this machine's names only)."""
 
     OPEN = ("/", "/healthz", "/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect")
     OPEN_PREFIXES = ("/static/", "/static-offline-docs/")
 
-    def __init__(self, app, api_key: str):
-        self.app, self.api_key = app, api_key.encode()
+    def __init__(self, app, keys: KeyRing):
+        self.app, self.keys = app, keys
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and not self._open(scope["path"]):
-            headers = dict(scope["headers"])
-            bearer = headers.get(b"authorization", b"")
-            given = headers.get(b"x-api-key") or (bearer[7:].strip() if bearer[:7].lower() == b"bearer " else b"")
-            if not hmac.compare_digest(given, self.api_key):
+        if scope["type"] == "http":
+            principal = self._principal(scope) if self.keys.required else EVERYTHING
+            if principal is None and not self._open(scope["path"]):
                 await error_response(scope["path"], 401, "missing or wrong API key: send it in the X-API-Key "
                                      "header or as Authorization: Bearer <key>",
                                      headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
                 return
+            scope.setdefault("state", {})["principal"] = principal
         await self.app(scope, receive, send)
+
+    def _principal(self, scope) -> Principal | None:
+        headers = dict(scope["headers"])
+        bearer = headers.get(b"authorization", b"")
+        return self.keys.principal(headers.get(b"x-api-key")
+                                   or (bearer[7:].strip() if bearer[:7].lower() == b"bearer " else b""))
 
     def _open(self, path: str) -> bool:
         return path in self.OPEN or path.startswith(self.OPEN_PREFIXES)

@@ -11,12 +11,13 @@ import inspect
 import logging
 from urllib.parse import quote
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from mcp.server.mcpserver.resources.templates import ResourceSecurity
 from pydantic import ValidationError
 
 from gradfuse import __version__
+from gradfuse.access import EVERYTHING, Principal
 from gradfuse.generate.openai_http import EndpointError
 from gradfuse.methods import LM_METHODS, METHOD_CHOICES
 from gradfuse.redact import redact
@@ -87,9 +88,20 @@ class _PlainErrors(MCPServer):
 
 
 def build_mcp(workspace: Workspace, settings: ServerSettings, admission: LMAdmission | None = None,
-              recorded: Recorder = unrecorded) -> MCPServer:
-    """`recorded`: how a server records what each search saw of its sources (/sources, /metrics)."""
+              recorded: Recorder = unrecorded, *, served: bool = False) -> MCPServer:
+    """`recorded`: how a server records what each search saw of its sources (/sources, /metrics). `served`: over
+    the server's HTTP, where each call reads what its request's key may read; over stdio the local user reads
+    everything, as the CLI does."""
     config = workspace.config
+
+    def principal(ctx: Context) -> Principal:
+        if not served:
+            return EVERYTHING
+        request = getattr(ctx.request_context, "request", None)
+        found = getattr(getattr(request, "state", None), "principal", None)
+        if found is None:  # never over the server's HTTP, whose middleware sets it: refused, never everything
+            raise ToolError("this call carries no key")
+        return found
     admission = admission or LMAdmission(settings.lm_queue)
     # The SDK configures the root logger at INFO (logging.basicConfig), which would print every library's INFO
     # lines, httpx's request URLs among them, past gradfuse's redaction: the root logger is put back as it was.
@@ -104,11 +116,14 @@ def build_mcp(workspace: Workspace, settings: ServerSettings, admission: LMAdmis
                              f"({config.method}); seconds on a CPU with a scoring-LM method ({', '.join(LM_METHODS)}). "
                              f"method: {METHOD_CHOICES}.")
     @_told
-    def search(query: str, sources: list[str] | None = None, method: str | None = None, k: int | None = None) -> dict:
+    def search(query: str, ctx: Context, sources: list[str] | None = None, method: str | None = None,
+               k: int | None = None) -> dict:
         request = SearchRequest.from_client(query=query, sources=sources, method=method, k=k)
         request.check_limits(settings, config)
+        reader = principal(ctx)
         with admission.slot((method or config.method) in LM_METHODS):
-            result = recorded(lambda: workspace.search(query, k=request.k, **request.search_options()))
+            result = recorded(lambda: workspace.search(query, k=request.k, principal=reader,
+                                                       **request.search_options()))
         return {"method": result.method, "passages": [_passage(n, c) for n, c in enumerate(result.candidates, 1)],
                 "failures": [failure_record(f).model_dump(mode="json") for f in result.failures]}
 
@@ -118,13 +133,13 @@ def build_mcp(workspace: Workspace, settings: ServerSettings, admission: LMAdmis
                              "sources that failed. Cost: about a second on a CPU when the answer is quoted (the "
                              "bundled model); more when a generator writes it or the method runs the scoring LM.")
     @_told
-    async def ask(question: str, sources: list[str] | None = None, method: str | None = None,
+    async def ask(question: str, ctx: Context, sources: list[str] | None = None, method: str | None = None,
                   k: int | None = None) -> dict:
         request = AskRequest.from_client({"query": "question"}, query=question, sources=sources, method=method, k=k)
         request.check_limits(settings, config)
         # Stepped in a worker thread: a call the client cancels stops at the next piece and gives its place in
         # the LM line back, instead of generating on to its end.
-        events, _, release = await start_answer(workspace, admission, recorded, request)
+        events, _, release = await start_answer(workspace, admission, recorded, request, principal(ctx))
         record = answer_record(await finished_answer(events, release))
         cited = citations_and_evidence(record)
         for citation in cited["citations"]:
@@ -133,22 +148,24 @@ def build_mcp(workspace: Workspace, settings: ServerSettings, admission: LMAdmis
 
     @server.tool(description="The sources: name, kind, documents, size, encoder, last build, and whether each opens "
                              "(its error if not). Cost: milliseconds.")
-    def list_sources() -> dict:
+    def list_sources(ctx: Context) -> dict:
         return {"sources": [served_source_record(name, stats, error).model_dump(mode="json")
-                            for name, stats, error in workspace.source_health()]}
+                            for name, stats, error in workspace.source_health(principal=principal(ctx))]}
 
     # A doc id is a key in the source's own store, never a path: the SDK's path checks do not apply to it.
     @server.resource("gradfuse://{source}/{+doc_id}", name="passage", mime_type="text/plain",
                      description="A passage of a gradfuse index by its source and document id (percent-encoded)",
                      security=ResourceSecurity(exempt_params={"doc_id"}))
-    def passage(source: str, doc_id: str) -> str:
-        if check_source_name(source) not in workspace.source_names():  # a disabled source stays closed
+    def passage(source: str, doc_id: str, ctx: Context) -> str:
+        reader = principal(ctx)
+        # a disabled source stays closed; one the key may not read is told as one that does not exist
+        if check_source_name(source) not in workspace.source_names() or not reader.may_read_source(source):
             raise ResourceError(f"this workspace has no source {source!r}")
         with workspace.holding(source) as opened:
             if not hasattr(opened, "document"):
                 raise ResourceError(f"source {source!r} is served by {opened.kind}: open its passages there")
-            found = opened.document(doc_id)
-        if found is None:
+            found = opened.document(doc_id, readers=reader.readers)
+        if found is None:  # as where the key may not read it
             raise ResourceError(f"source {source!r} has no document {doc_id!r}")
         where = found.location.describe() if found.location else ""
         return "\n".join([*(line for line in (found.title, where) if line), "", found.text])

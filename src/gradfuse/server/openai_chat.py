@@ -112,7 +112,7 @@ def add_chat_routes(app: FastAPI, workspace: Workspace, settings: ServerSettings
                                      query=question, method=method,
                                      max_new_tokens=request.max_completion_tokens or request.max_tokens)
         ask.check_limits(settings, config)
-        events, _, release = await start_answer(workspace, admission, recorded, ask)
+        events, _, release = await start_answer(workspace, admission, recorded, ask, http.state.principal)
         completion = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": request.model}
         if request.stream:
             return EventStream(_chunks(completion, events), events, release)

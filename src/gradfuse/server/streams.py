@@ -11,6 +11,7 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from gradfuse.server.admission import LMAdmission, answer_needs_lm
 from gradfuse.server.requests import AskRequest
+from gradfuse.access import Principal
 from gradfuse.workspace import Answer, SearchResult, Workspace
 
 
@@ -23,14 +24,15 @@ def unrecorded(search: Callable[[], SearchResult]) -> SearchResult:
     return search()
 
 
-async def start_answer(workspace: Workspace, admission: LMAdmission, recorded: Recorder,
-                       request: AskRequest) -> tuple[Iterator, SearchResult, Callable[[], None]]:
-    """A place in the LM line, then retrieval and ranking, whose errors are raised here, before anything is sent;
-    the answer's remaining steps, the search, and the one way to give the place back."""
+async def start_answer(workspace: Workspace, admission: LMAdmission, recorded: Recorder, request: AskRequest,
+                       principal: Principal) -> tuple[Iterator, SearchResult, Callable[[], None]]:
+    """A place in the LM line, then retrieval and ranking (of what `principal` may read), whose errors are raised
+    here, before anything is sent; the answer's remaining steps, the search, and the one way to give the place
+    back."""
     release = admission.place(answer_needs_lm(workspace, request.method))
     try:
         events = workspace.ask_stream(request.query, context_k=request.k, max_new_tokens=request.max_new_tokens,
-                                      **request.search_options())
+                                      principal=principal, **request.search_options())
         searched = await run_in_threadpool(recorded, lambda: next(events))
     except BaseException:
         release()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import fnmatch
 import hashlib
 import json
 import os
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from gradfuse.access import document_readers
 from gradfuse.sources.base import (
     FORMAT_VERSION,
     SourceSpec,
@@ -79,20 +82,22 @@ def read_documents(spec: SourceSpec, report: IngestReport, cache: Path | None = 
     files are kept)."""
     path, options = Path(spec.path), spec.options
     skip = bool(options.get("skip_malformed", False))
+    readers_field = options.get("readers_field", "readers")
     if spec.kind == "beir":
-        documents = read_beir_corpus(path, report, skip_malformed=skip)
+        documents = read_beir_corpus(path, report, readers_field=readers_field, skip_malformed=skip)
     elif spec.kind == "jsonl":
         if not path.is_file():
             raise IngestError(f"{path} is not a file")
         fields = {k: options[k] for k in ("id_field", "text_field", "title_field") if k in options}
-        documents = read_jsonl(path, report, skip_malformed=skip, **fields)
+        documents = read_jsonl(path, report, skip_malformed=skip, readers_field=readers_field, **fields)
     elif spec.kind == "files":
         # Files are always chunked (a file can be a book), inside each page, section, slide or sheet.
         words = options.get("chunk_words", FILE_CHUNK_WORDS)
         overlap = options.get("chunk_overlap", min(FILE_CHUNK_OVERLAP, words // 4))
         limits = ReaderLimits(**{k: options[k] for k in LIMIT_OPTIONS if k in options})
-        return list(read_files(path, report, words=words, overlap=overlap, limits=limits, cache=cache,
-                               links_outside=bool(options.get("links_outside", False))))
+        files = read_files(path, report, words=words, overlap=overlap, limits=limits, cache=cache,
+                           links_outside=bool(options.get("links_outside", False)))
+        return list(with_file_readers(files, options.get("readers", {})))
     else:
         # A run source keeps only the corpus documents its run ranks: the rest could never be returned.
         wanted = run_doc_ids(path)
@@ -106,6 +111,21 @@ def read_documents(spec: SourceSpec, report: IngestReport, cache: Path | None = 
         overlap = options.get("chunk_overlap", min(FILE_CHUNK_OVERLAP, words // 4))
         return list(chunk_documents(documents, words=words, overlap=overlap))
     return list(_chunk_long_records(documents, report))
+
+
+def with_file_readers(documents, rules: object):
+    """Files' passages with the readers of the last rule whose pattern matches the file's path in the folder
+    (`[sources.NAME.readers]`: "hr/*" = ["hr"]; `*` matches across folders, as in a .gitignore the last match
+    wins); a file no rule matches is for every reader of the source."""
+    if not isinstance(rules, dict):
+        raise IngestError("readers must be a table of file patterns, each with a list of names: \"hr/*\" = [\"hr\"]")
+    try:
+        checked = [(pattern, document_readers(names, f"readers {pattern!r}")) for pattern, names in rules.items()]
+    except ValueError as error:
+        raise IngestError(str(error)) from None
+    for document in documents:
+        matched = [names for pattern, names in checked if fnmatch.fnmatchcase(document.parent_id or "", pattern)]
+        yield dataclasses.replace(document, readers=matched[-1]) if matched else document
 
 
 def _chunk_long_records(documents, report: IngestReport):
@@ -135,8 +155,10 @@ def _run_inputs(spec: SourceSpec) -> tuple[Path, Path]:
 def _fingerprint(spec: SourceSpec, encoder: str, documents: list[Document], extra_files: list[Path]) -> str:
     digest = hashlib.sha256(json.dumps([FORMAT_VERSION, spec.kind, spec.options, encoder], sort_keys=True).encode())
     for d in documents:
+        # readers only where there are some: a source without them keeps the fingerprint it was built with
         digest.update(json.dumps([d.doc_id, d.title, d.text, d.parent_id, d.span,
-                                  d.location.to_json() if d.location else None]).encode())
+                                  d.location.to_json() if d.location else None, *([d.readers] if d.readers else [])
+                                  ]).encode())
     for path in extra_files:
         digest.update(path.read_bytes())
     return digest.hexdigest()
@@ -186,6 +208,7 @@ def _build(workspace: Path, spec: SourceSpec, encoder: str, progress: bool) -> B
             "input": str(Path(spec.path).resolve()),
             "options": spec.options,
             "documents": count,
+            "restricted": sum(1 for d in documents if d.readers),  # documents that name their readers
             "fingerprint": fingerprint,
             "built_at": stamp.isoformat(timespec="seconds"),
             "format_version": FORMAT_VERSION,

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from gradfuse.access import EVERYTHING, Principal
 from gradfuse.config import Config
 from gradfuse.sources import (
     BuildReport,
@@ -144,9 +145,15 @@ class SourceCatalog:
             self.listings += 1
         return listing[1]
 
-    def resolve(self, requested: list[str] | None) -> list[str]:
-        """The sources a request names (checked, each once), or every enabled one."""
+    def resolve(self, requested: list[str] | None, principal: Principal = EVERYTHING) -> list[str]:
+        """The sources a request names (checked, each once), or every enabled one; only those `principal` may
+        read, and a source it may not read is refused in the very words of one that does not exist."""
         available = self.names()
+        if principal.sources is not None:
+            available = [n for n in available if n in principal.sources]
+            if not available:
+                raise UnknownSource("this key may read no source of this workspace",
+                                    "sources: this key may read no source of this workspace")
         if not available:
             raise SourceError(f"no sources are built in {self.root}: run `gradfuse index ...` first")
         if not requested:
@@ -308,12 +315,12 @@ class SourceCatalog:
 
     # --- health
 
-    def health(self, *, databases: bool = True,
-               stats: bool = True) -> list[tuple[str, SourceStats | None, str | None]]:
+    def health(self, *, databases: bool = True, stats: bool = True,
+               principal: Principal = EVERYTHING) -> list[tuple[str, SourceStats | None, str | None]]:
         health = [(name, None, "skipped: not a valid source name (1 to 64 ASCII letters, digits, '-' or '_'); "
                                "rename the folder to use it")
-                  for name in misnamed_source_folders(self.root)]
-        names = [n for n in self.names() if databases or not self.held_elsewhere(n)]
+                  for name in misnamed_source_folders(self.root) if principal.sources is None]
+        names = [n for n in self.names() if (databases or not self.held_elsewhere(n)) and principal.may_read_source(n)]
         return health + checked_sources(names, lambda name: self._stats_of(name, stats), self.timeouts(names),
                                         self.guards)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 from collections.abc import Iterable
@@ -19,7 +20,8 @@ CREATE TABLE docs (
     parent_id TEXT,
     span_start INTEGER,
     span_end INTEGER,
-    location TEXT              -- gradfuse.candidate.Location as JSON, for passages read from files
+    location TEXT,             -- gradfuse.candidate.Location as JSON, for passages read from files
+    readers TEXT               -- who may read it, a JSON list (gradfuse.access); NULL: every reader of the source
 )
 """
 
@@ -30,11 +32,11 @@ def write_documents(path: Path, documents: Iterable[Document]) -> int:
         db.execute(_SCHEMA)
         rows = (
             (row, d.doc_id, d.title, d.text, d.parent_id, *(d.span or (None, None)),
-             d.location.to_json() if d.location else None)
+             d.location.to_json() if d.location else None, json.dumps(d.readers) if d.readers else None)
             for row, d in enumerate(documents)
         )
         try:
-            db.executemany("INSERT INTO docs VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            db.executemany("INSERT INTO docs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
         except sqlite3.IntegrityError as error:
             raise ValueError(f"duplicate document id in input: {error}") from error
         db.commit()
@@ -51,6 +53,7 @@ class DocStore:
         self._lock = threading.Lock()
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(docs)")}
         self._location = "location" if "location" in columns else "NULL"  # built before locations were kept
+        self._readers = "readers" if "readers" in columns else "NULL"  # built before documents named readers
 
     def candidates(self, source: str, rows: list[int], scores: list[float]) -> list[Candidate]:
         """Candidates for `rows` in the given order, ranked 1..n with their native scores."""
@@ -60,14 +63,15 @@ class DocStore:
             fetched = {
                 r[0]: r
                 for r in self._db.execute(
-                    f"SELECT row, doc_id, title, text, parent_id, span_start, span_end, {self._location} FROM docs "
+                    f"SELECT row, doc_id, title, text, parent_id, span_start, span_end, {self._location}, "
+                    f"{self._readers} FROM docs "
                     f"WHERE row IN ({','.join('?' * len(rows))})",
                     rows,
                 )
             }
         result = []
         for rank, (row, score) in enumerate(zip(rows, scores), start=1):
-            _, doc_id, title, text, parent_id, start, end, location = fetched[row]
+            _, doc_id, title, text, parent_id, start, end, location, readers = fetched[row]
             result.append(
                 Candidate(
                     source=source,
@@ -79,6 +83,7 @@ class DocStore:
                     parent_id=parent_id,
                     span=(start, end) if start is not None else None,
                     location=Location.from_json(location),
+                    readers=tuple(json.loads(readers)) if readers else (),
                 )
             )
         return result
@@ -90,6 +95,14 @@ class DocStore:
                     f"SELECT doc_id, row FROM docs WHERE doc_id IN ({','.join('?' * len(doc_ids))})", doc_ids
                 )
             ) if doc_ids else {}
+
+    def restricted_rows(self) -> list[tuple[int, tuple[str, ...]]]:
+        """(row, readers) of every document that names its readers."""
+        if self._readers == "NULL":
+            return []
+        with self._lock:
+            return [(row, tuple(json.loads(readers))) for row, readers in
+                    self._db.execute("SELECT row, readers FROM docs WHERE readers IS NOT NULL")]
 
     def close(self) -> None:
         with self._lock:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gradfuse.access import InvalidReader, document_readers
 from gradfuse.candidate import Location
 
 
@@ -68,16 +69,18 @@ def read_jsonl(
     id_field: str | tuple[str, ...] = "id",
     text_field: str = "text",
     title_field: str = "title",
+    readers_field: str = "readers",
     skip_malformed: bool = False,
 ) -> Iterator[Document]:
     """One document per line. A bad line (not UTF-8, not JSON, not an object, a missing, null or blank id, a
-    text that is not a string, a lone surrogate escape) raises IngestError naming file and line, or is skipped
-    and counted. `id_field` may name alternatives, the first present is used (BEIR writes `_id`)."""
+    text that is not a string, a lone surrogate escape, readers that are not a list of names) raises IngestError
+    naming file and line, or is skipped and counted. `id_field` may name alternatives, the first present is used
+    (BEIR writes `_id`); `readers_field` lists who may read a record (docs/access.md)."""
     id_fields = (id_field,) if isinstance(id_field, str) else id_field
     with open(path, "rb") as handle:
         for line_number, raw in enumerate(handle, start=1):
             try:
-                record = _record(raw, id_fields, text_field, title_field)
+                record = _record(raw, id_fields, text_field, title_field, readers_field)
             except _BadRecord as error:
                 problem = f"{path}:{line_number}: {error}"
                 if not skip_malformed:
@@ -86,16 +89,16 @@ def read_jsonl(
                 continue
             if record is None:
                 continue
-            doc_id, text, title = record
+            doc_id, text, title, readers = record
             if not (text.strip() or title.strip()):
                 report.skipped_empty.append(f"{path}:{line_number} ({doc_id})")
                 continue
-            yield Document(doc_id=doc_id, text=text, title=title)
+            yield Document(doc_id=doc_id, text=text, title=title, readers=readers)
 
 
-def _record(raw: bytes, id_fields: tuple[str, ...], text_field: str, title_field: str,
-            ) -> tuple[str, str, str] | None:
-    """(id, text, title) of one line, None for a blank line; _BadRecord says what is wrong."""
+def _record(raw: bytes, id_fields: tuple[str, ...], text_field: str, title_field: str, readers_field: str,
+            ) -> tuple[str, str, str, tuple[str, ...]] | None:
+    """(id, text, title, readers) of one line, None for a blank line; _BadRecord says what is wrong."""
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -133,14 +136,20 @@ def _record(raw: bytes, id_fields: tuple[str, ...], text_field: str, title_field
             value.encode("utf-8")
         except UnicodeEncodeError:
             raise _BadRecord("a lone surrogate escape (such as \\ud800) is not text") from None
-    return doc_id, text, title
+    try:
+        readers = document_readers(record.get(readers_field), f"field {readers_field!r}")
+    except InvalidReader as error:
+        raise _BadRecord(str(error)) from None
+    return doc_id, text, title, readers
 
 
-def read_beir_corpus(folder: Path, report: IngestReport, *, skip_malformed: bool = False) -> Iterator[Document]:
+def read_beir_corpus(folder: Path, report: IngestReport, *, readers_field: str = "readers",
+                     skip_malformed: bool = False) -> Iterator[Document]:
     corpus = folder / "corpus.jsonl"
     if not corpus.is_file():
         raise IngestError(f"{folder} is not a BEIR folder: {corpus.name} is missing")
-    return read_jsonl(corpus, report, id_field=("id", "_id"), skip_malformed=skip_malformed)
+    return read_jsonl(corpus, report, id_field=("id", "_id"), readers_field=readers_field,
+                      skip_malformed=skip_malformed)
 
 
 _WORD = re.compile(r"\S+")
@@ -189,4 +198,5 @@ def chunk_documents(documents: Iterator[Document], *, words: int, overlap: int) 
                 title=document.title,
                 parent_id=document.doc_id,
                 span=(start, end),
+                readers=document.readers,
             )

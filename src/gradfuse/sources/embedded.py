@@ -11,11 +11,15 @@ recall against exact search and its build time at 10k to 1M passages).
 from __future__ import annotations
 
 import re
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import tantivy
 
+from gradfuse.access import Readers, may_read
 from gradfuse.candidate import Candidate
 from gradfuse.sources.base import TIE_SLACK, SourceStats, rank_by_score, read_manifest, stats_from_manifest
 from gradfuse.sources.docstore import DocStore
@@ -57,7 +61,11 @@ def _schema() -> tantivy.Schema:
     builder.add_integer_field("row", stored=True, indexed=False)
     builder.add_text_field("title", stored=False, tokenizer_name="en_stem")
     builder.add_text_field("body", stored=False, tokenizer_name="en_stem")
+    builder.add_text_field("readers", stored=False, tokenizer_name="raw")  # who may read it, OPEN for everyone
     return builder.build()
+
+
+OPEN = "*"  # the readers term of a document that names none (no reader's name can be "*": gradfuse.access)
 
 
 # Exact dense search below this many vectors, an IVF index from it on (see results/scale for where the curves cross).
@@ -100,7 +108,10 @@ def write_embedded_index(version: Path, documents: list[Document], cache: Embedd
     index = tantivy.Index(_schema(), path=str(version / "bm25"))
     writer = index.writer(heap_size=200_000_000, num_threads=1)
     for row, document in enumerate(documents):
-        writer.add_document(tantivy.Document(row=row, title=document.title, body=document.text))
+        indexed = tantivy.Document(row=row, title=document.title, body=document.text)
+        for reader in document.readers or (OPEN,):
+            indexed.add_text("readers", reader)
+        writer.add_document(indexed)
     writer.commit()
     writer.wait_merging_threads()
     vectors = cache.embed([embedding_text(d.title, d.text) for d in documents], progress=progress)
@@ -126,6 +137,7 @@ class EmbeddedSource:
         self._searcher = self._index.searcher()
         self._vectors = np.load(version / "embeddings.npy", mmap_mode="r")
         self._ann = None
+        self._rows = RowReaders(self._docs, len(self._vectors)) if self._manifest.get("restricted") else None
         if (version / ANN_FILE).is_file():
             import faiss
 
@@ -140,19 +152,22 @@ class EmbeddedSource:
         if self.mode != "bm25" and len(self._vectors):
             load_encoder(self._manifest["encoder"])
 
-    def document(self, doc_id: str) -> Candidate | None:
-        """One passage by its id (a cited passage opened again), or None."""
+    def document(self, doc_id: str, *, readers: Readers = None) -> Candidate | None:
+        """One passage by its id (a cited passage opened again), or None: also where `readers` may not read it,
+        so that a caller cannot tell a passage it may not read from one that does not exist."""
         row = self._docs.rows_for_ids([doc_id]).get(doc_id)
-        return None if row is None else self._docs.candidates(self.name, [row], [0.0])[0]
+        found = None if row is None else self._docs.candidates(self.name, [row], [0.0])[0]
+        return found if found is not None and may_read(found.readers, readers) else None
 
-    def search(self, query: str, k: int, *, mode: str | None = None) -> list[Candidate]:
+    def search(self, query: str, k: int, *, readers: Readers = None, mode: str | None = None) -> list[Candidate]:
         mode, deeper = mode or self.mode, k + TIE_SLACK
+        readable = None if readers is None or self._rows is None else self._rows.readable(readers)
         if mode == "hybrid":
-            return self._hybrid(query, deeper, k)
-        rows, scores = self._bm25(query, deeper) if mode == "bm25" else self._dense(query, deeper)
+            return self._hybrid(query, deeper, k, readable)
+        rows, scores = self._bm25(query, deeper, readable) if mode == "bm25" else self._dense(query, deeper, readable)
         return rank_by_score(self._docs.candidates(self.name, rows, scores), k)
 
-    def _bm25(self, query: str, k: int) -> tuple[list[int], list[float]]:
+    def _bm25(self, query: str, k: int, readable: Readable | None = None) -> tuple[list[int], list[float]]:
         # Free text, never query syntax: punctuation goes, and words are lower-cased (the index's tokenizer does so
         # too) so that AND, OR, NOT and IN are words, not operators that fail the parse or change the query.
         lowered = query.lower()
@@ -161,32 +176,60 @@ class EmbeddedSource:
             return [], []
         phrases = [f'"{" ".join(_TOKEN.findall(joined))}"' for joined in _JOINED.findall(lowered)]
         parsed = self._index.parse_query(" ".join(terms + phrases), ["title", "body"])
+        if readable is not None:  # only documents the caller may read are ranked; the filter adds 0 to a score
+            allowed = tantivy.Query.term_set_query(self._index.schema, "readers", [OPEN, *readable.readers])
+            parsed = tantivy.Query.boolean_query([(tantivy.Occur.Must, parsed), (tantivy.Occur.Must,
+                                                  tantivy.Query.const_score_query(allowed, 0.0))])
         hits = self._searcher.search(parsed, k).hits
         return [self._searcher.doc(address)["row"][0] for _, address in hits], [score for score, _ in hits]
 
-    def _dense(self, query: str, k: int) -> tuple[list[int], list[float]]:
+    def _dense(self, query: str, k: int, readable: Readable | None = None) -> tuple[list[int], list[float]]:
         if len(self._vectors) == 0:
             return [], []
         query_vector = load_encoder(self._manifest["encoder"]).encode_query(query)
         search = self.approximate_search if self._ann is not None else self.exact_search
-        return search(query_vector, k)
+        return search(query_vector, k, readable)
 
-    def exact_search(self, query_vector: np.ndarray, k: int) -> tuple[list[int], list[float]]:
-        """(rows, cosines) of the k nearest vectors, by the full matrix product."""
+    def exact_search(self, query_vector: np.ndarray, k: int,
+                     readable: Readable | None = None) -> tuple[list[int], list[float]]:
+        """(rows, cosines) of the k nearest vectors (among the `readable` rows), by the full matrix product."""
         similarities = self._vectors @ query_vector
+        if readable is not None:
+            similarities[~readable.mask] = -np.inf
+            k = min(k, readable.count)
+            if k == 0:
+                return [], []
         top = np.argpartition(-similarities, min(k, len(similarities)) - 1)[:k]
         top = top[np.argsort(-similarities[top], kind="stable")]
         return top.tolist(), similarities[top].tolist()
 
-    def approximate_search(self, query_vector: np.ndarray, k: int) -> tuple[list[int], list[float]]:
-        """(rows, cosines) from the IVF index (a large source's; see ANN_MIN_VECTORS)."""
-        scores, rows = self._ann.search(np.asarray(query_vector, dtype=np.float32)[None], k)
+    def approximate_search(self, query_vector: np.ndarray, k: int,
+                           readable: Readable | None = None) -> tuple[list[int], list[float]]:
+        """(rows, cosines) from the IVF index (a large source's; see ANN_MIN_VECTORS), among the `readable` rows
+        only: faiss skips the others while it scans, and where the lists it scans hold fewer than k readable rows,
+        every list is scanned, so k come back wherever k are readable."""
+        import faiss
+
+        vector = np.asarray(query_vector, dtype=np.float32)[None]
+        if readable is None:
+            scores, rows = self._ann.search(vector, k)
+        else:
+            k = min(k, readable.count)
+            if k == 0:
+                return [], []
+            selector = faiss.IDSelectorBitmap(len(readable.mask), faiss.swig_ptr(readable.bitmap))
+            for probes in (self._ann.nprobe, self._ann.nlist):
+                scores, rows = self._ann.search(vector, k, params=faiss.SearchParametersIVF(sel=selector,
+                                                                                           nprobe=probes))
+                if (rows[0] >= 0).sum() >= k:
+                    break
         found = rows[0] >= 0  # faiss pads with -1 when the scanned lists hold fewer than k
         return rows[0][found].tolist(), scores[0][found].tolist()
 
-    def _hybrid(self, query: str, deeper: int, k: int) -> list[Candidate]:
+    def _hybrid(self, query: str, deeper: int, k: int, readable: Readable | None = None) -> list[Candidate]:
         depth = hybrid_depth(deeper)
-        best = rrf_in_source({"bm25": self._bm25(query, depth)[0], "dense": self._dense(query, depth)[0]}, deeper)
+        best = rrf_in_source({"bm25": self._bm25(query, depth, readable)[0],
+                              "dense": self._dense(query, depth, readable)[0]}, deeper)
         candidates = self._docs.candidates(self.name, [row for row, _, _ in best], [score for _, score, _ in best])
         for candidate, (_, _, ranks) in zip(candidates, best):
             candidate.retrieval_ranks = ranks
@@ -194,4 +237,47 @@ class EmbeddedSource:
 
     def stats(self) -> SourceStats:
         return stats_from_manifest(self.name, self._version, self._manifest, self.mode)
+
+
+@dataclass(frozen=True, eq=False)
+class Readable:
+    """The rows of a source one caller may read."""
+
+    readers: frozenset[str]
+    mask: np.ndarray  # bool, one per row
+    count: int
+    bitmap: np.ndarray  # the mask as faiss' IDSelectorBitmap reads it (bit i of byte i // 8, lowest first)
+
+
+class RowReaders:
+    """Which rows each caller may read, for a source whose documents name their readers: read from its document
+    store on the first search that needs it (a source nobody restricted never reads it), a mask kept for each of
+    the last MASKS callers' readers."""
+
+    MASKS = 64
+
+    def __init__(self, docs: DocStore, count: int):
+        self._docs, self._count = docs, count
+        self._by_readers: dict[tuple[str, ...], np.ndarray] | None = None
+        self._masks: OrderedDict[frozenset[str], Readable] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def readable(self, readers: frozenset[str]) -> Readable:
+        with self._lock:
+            if readers in self._masks:
+                self._masks.move_to_end(readers)
+                return self._masks[readers]
+            if self._by_readers is None:
+                grouped: dict[tuple[str, ...], list[int]] = {}
+                for row, names in self._docs.restricted_rows():
+                    grouped.setdefault(names, []).append(row)
+                self._by_readers = {names: np.asarray(rows, dtype=np.int64) for names, rows in grouped.items()}
+            mask = np.ones(self._count, dtype=bool)
+            for names, rows in self._by_readers.items():
+                mask[rows] = not readers.isdisjoint(names)
+            readable = Readable(readers, mask, int(mask.sum()), np.packbits(mask, bitorder="little"))
+            self._masks[readers] = readable
+            if len(self._masks) > self.MASKS:
+                self._masks.popitem(last=False)
+            return readable
 

@@ -9,9 +9,10 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, replace
 
+from gradfuse.access import Readers, may_read
 from gradfuse.candidate import Candidate
 from gradfuse.redact import redact
-from gradfuse.sources.base import QueryNotAnswered, Source
+from gradfuse.sources.base import QueryNotAnswered, Source, SourceError
 from gradfuse.sources.guard import Guards, SourceUnavailable
 
 
@@ -51,23 +52,24 @@ Opener = Callable[[str], tuple[Source, Callable[[], None]]]  # a name → its so
 
 
 def query_sources(sources: list[Source], query: str, k: int, timeouts: dict[str, float],
-                  guards: Guards) -> FederatedResult:
+                  guards: Guards, readers: Readers = None) -> FederatedResult:
     """Every source answers within its own timeout or is reported; raises only when none answered."""
     if not sources:
         raise ValueError("no sources to query")
     by_name = {s.name: s for s in sources}
-    return ask_sources(list(by_name), lambda name: (by_name[name], _nothing), query, k, timeouts, guards)
+    return ask_sources(list(by_name), lambda name: (by_name[name], _nothing), query, k, timeouts, guards, readers)
 
 
 def ask_sources(names: list[str], open_source: Opener, query: str, k: int, timeouts: dict[str, float],
-                guards: Guards) -> FederatedResult:
+                guards: Guards, readers: Readers = None) -> FederatedResult:
     """Each source opened and asked on its own workers (sources/guard.py), within one deadline for both, the
     loading of its models left out of it, and asked as soon as it is open, so one slow to open delays no other: a
     source that fails, hangs, is busy or whose breaker is open is a failure of its own, reported by name, and the
-    others answer. Raises only when none answered."""
+    others answer. Raises only when none answered. `readers`: the caller's (gradfuse.access), which each source
+    filters by inside its store; None: every passage."""
     if not names:
         raise ValueError("no sources to query")
-    ask = _Round(query, k, timeouts, guards)
+    ask = _Round(query, k, timeouts, guards, readers)
     try:
         ask.run(names, open_source)
     finally:
@@ -84,8 +86,8 @@ class _Round:
     """One federated query: each source's call in flight (opening, then searching) against the source's own
     deadline, which the time spent loading models moves on for every source (a cold start is no fault)."""
 
-    def __init__(self, query: str, k: int, timeouts: dict[str, float], guards: Guards):
-        self.query, self.k, self.timeouts, self.guards = query, k, timeouts, guards
+    def __init__(self, query: str, k: int, timeouts: dict[str, float], guards: Guards, readers: Readers):
+        self.query, self.k, self.timeouts, self.guards, self.readers = query, k, timeouts, guards, readers
         self.started = time.perf_counter()
         self.deadlines = {name: self.started + timeout for name, timeout in timeouts.items()}
         self.pending: dict[Future, tuple[str, str]] = {}  # a call in flight → (its source, "open" or "search")
@@ -137,7 +139,7 @@ class _Round:
             self._moved_on(time.perf_counter() - warming)
         try:
             searching = self.guards[name].submit(_timed_search, source, self.query, self.k,
-                                                 self.guards.settings.max_passage_chars)
+                                                 self.guards.settings.max_passage_chars, self.readers)
         except SourceUnavailable as error:
             self.failures[name] = _failure(self.guards, name, error)
             return
@@ -223,10 +225,20 @@ def _nothing() -> None:
     """Nothing to release: the caller holds its sources."""
 
 
-def _timed_search(source: Source, query: str, k: int, max_chars: int) -> tuple[list[Candidate], float]:
+def _timed_search(source: Source, query: str, k: int, max_chars: int,
+                  readers: Readers) -> tuple[list[Candidate], float]:
     started = time.perf_counter()
-    candidates = [cut_passage(c, max_chars) for c in source.search(query, k)]
+    found = source.search(query, k) if readers is None else source.search(query, k, readers=readers)
+    unreadable = sum(not may_read(c.readers, readers) for c in found)
+    if unreadable:  # the store's filter failed: none of what it returned is used, and it is told as a failure
+        raise UnreadableReturned(f"it returned {unreadable} passage(s) this caller may not read (its filter on "
+                                 "readers did not hold): none of its passages is used")
+    candidates = [cut_passage(c, max_chars) for c in found]
     return candidates, time.perf_counter() - started
+
+
+class UnreadableReturned(SourceError):
+    """A source returned passages its caller may not read, which its own filter should have kept back."""
 
 
 def cut_passage(candidate: Candidate, max_chars: int) -> Candidate:

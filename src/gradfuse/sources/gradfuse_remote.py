@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from gradfuse.access import Readers
 from gradfuse.candidate import Candidate, Location
 from gradfuse.checked import FILE_SETTINGS, Count, Text
 from gradfuse.sources.base import SourceError, SourceStats, check_source_name
@@ -63,7 +64,9 @@ class RemoteGradfuse:
     def warm(self) -> None:
         """Nothing to load here: the remote embeds its own queries."""
 
-    def search(self, query: str, k: int) -> list[Candidate]:
+    def search(self, query: str, k: int, *, readers: Readers = None) -> list[Candidate]:
+        # The remote reads as the principal its key stands for there, and filters by it inside its own sources:
+        # this side decides only who may read the source (docs/access.md).
         body = {"query": query, "k": k, "retrieval": self.mode,
                 **({"sources": list(self.settings.sources)} if self.settings.sources else {}),
                 **({"method": self.settings.method} if self.settings.method else {})}

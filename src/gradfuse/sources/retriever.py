@@ -11,6 +11,7 @@ raises is this source's failure; the other sources answer.
 
 from __future__ import annotations
 
+from gradfuse.access import Readers
 from gradfuse.candidate import Candidate
 from gradfuse.sources.base import SourceError, SourceStats
 
@@ -25,7 +26,8 @@ class RetrieverSource:
     def warm(self) -> None:
         """Nothing to load here: the retriever embeds its own queries."""
 
-    def search(self, query: str, k: int) -> list[Candidate]:
+    def search(self, query: str, k: int, *, readers: Readers = None) -> list[Candidate]:
+        # A retriever object filters its own documents: only who may read the source is decided here.
         if self._framework == "langchain":
             found = [(d.id or d.metadata.get("id"), None, d.page_content, d.metadata)
                      for d in self._retriever.invoke(query)]

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote, unquote
 
+from gradfuse.access import Readers, may_read
 from gradfuse.candidate import Candidate
 from gradfuse.sources.base import QueryNotAnswered, SourceStats, read_manifest, stats_from_manifest
 from gradfuse.sources.docstore import DocStore
@@ -104,7 +105,7 @@ class RunSource:
     def warm(self) -> None:
         """Nothing to load: a run's rankings are stored."""
 
-    def search(self, query: str, k: int) -> list[Candidate]:
+    def search(self, query: str, k: int, *, readers: Readers = None) -> list[Candidate]:
         with self._lock:
             match = self._db.execute(
                 "SELECT qid FROM queries WHERE normalised = ?", (normalise_query(query),)
@@ -119,7 +120,12 @@ class RunSource:
             ).fetchall()
         rows = self._docs.rows_for_ids([doc_id for doc_id, _ in ranked])
         kept = [(rows[doc_id], score) for doc_id, score in ranked if doc_id in rows]
-        return self._docs.candidates(self.name, [r for r, _ in kept], [s for _, s in kept])
+        found = self._docs.candidates(self.name, [r for r, _ in kept], [s for _, s in kept])
+        # A run is ranked already: the passages a caller may not read leave it, and the rest keep their order.
+        readable = [c for c in found if may_read(c.readers, readers)]
+        for rank, candidate in enumerate(readable, start=1):
+            candidate.native_rank = rank
+        return readable
 
     def stats(self) -> SourceStats:
         return stats_from_manifest(self.name, self._version, self._manifest, "precomputed run")
