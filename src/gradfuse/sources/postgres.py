@@ -2,7 +2,8 @@
 (HNSW or exact), with the same retrieval modes as the embedded store, so a benchmark can swap one for the other.
 
 The table (created by `gradfuse index ... --into postgres://...`, or a team's own with the columns named in the
-config) holds one row per passage: id, title, text, chunk provenance, a content hash (what makes reloading
+config) holds one row per passage: id, title, text, chunk provenance, who may read it (`readers`, a text[] of
+principals and groups; NULL or empty: whoever may read the source), a content hash (what makes reloading
 idempotent), a generated `tsv` column and the encoder's `embedding`. A metadata table `gradfuse_sources` records
 which encoder, dimension, language and distance each table was built with.
 """
@@ -12,12 +13,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from gradfuse.access import Readers
 from gradfuse.candidate import Candidate, Location
 from gradfuse.redact import driver_message, has_url_password, redact
 from gradfuse.sources.base import TIE_SLACK, SourceError, SourceStats, announce_change, rank_by_score
@@ -27,6 +29,10 @@ from gradfuse.sources.encoder_names import recorded_encoder
 DISTANCES = {"ip": ("<#>", "vector_ip_ops"), "cosine": ("<=>", "vector_cosine_ops")}
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TOKEN = re.compile(r"\w+", flags=re.UNICODE)
+LOADED_READERS_COLUMN = "readers"  # the column `gradfuse index --into` fills with each document's readers
+# A readers column's type (information_schema's udt_name) and the array type its filter binds the readers as:
+# `&&` needs both sides of one type (varchar[] && text[] has no operator).
+READERS_TYPES = {"_text": "text[]", "_varchar": "varchar[]"}
 
 
 class PostgresError(SourceError):
@@ -51,13 +57,17 @@ class PostgresSettings:
     ef_search: int = 64  # HNSW candidates per query (raised to the depth asked): higher is slower, closer to exact
     exact: bool = False  # exact nearest neighbours (a sequential scan) instead of the HNSW index
     pool_size: int = 4
+    # The text[] column of who may read a row (principals' names and groups; docs/access.md): a search for a caller
+    # is filtered on it inside the database. NULL or empty: every reader of the source. "": no document permissions.
+    readers_column: str = ""
 
     def __post_init__(self):
         for name in ("table", "id_column", "text_column", "title_column", "embedding_column"):
             if not _IDENTIFIER.match(getattr(self, name)):
                 raise ValueError(f"postgres {name} {getattr(self, name)!r} must be a plain SQL identifier")
-        if self.tsv_column and not _IDENTIFIER.match(self.tsv_column):
-            raise ValueError(f"postgres tsv_column {self.tsv_column!r} must be a plain SQL identifier")
+        for name in ("tsv_column", "readers_column"):  # may be "" (none)
+            if getattr(self, name) and not _IDENTIFIER.match(getattr(self, name)):
+                raise ValueError(f"postgres {name} {getattr(self, name)!r} must be a plain SQL identifier")
         if self.distance not in DISTANCES:
             raise ValueError(f"postgres distance {self.distance!r}: choose from {', '.join(DISTANCES)}")
         if not _IDENTIFIER.match(self.language):
@@ -117,9 +127,9 @@ class PostgresTable:
         self.pool = ConnectionPool(url, min_size=1, max_size=settings.pool_size, open=True, timeout=timeout_s,
                                    kwargs={"connect_timeout": max(1, int(timeout_s))},
                                    check=ConnectionPool.check_connection, name=f"gradfuse-{name}")
-        self.columns, self.metadata = self._inspect()
+        self.columns, self.metadata, self.readers_type = self._inspect()
 
-    def _inspect(self) -> tuple[set[str], dict[str, Any]]:
+    def _inspect(self) -> tuple[set[str], dict[str, Any], str | None]:
         s = self.settings
         with self.pool.connection() as conn:
             exists = conn.execute("SELECT to_regclass(%s)", (s.table,)).fetchone()[0]
@@ -128,24 +138,34 @@ class PostgresTable:
                 raise PostgresError(f"postgres source {self.name!r}: table {s.table!r} does not exist in database "
                                     f"{database!r}; load it with `gradfuse index ... --into URL --source "
                                     f"{self.name}`")
-            columns = {row[0] for row in conn.execute(
-                "SELECT column_name FROM information_schema.columns WHERE table_name = %s AND "
-                "table_schema = ANY(current_schemas(false))", (s.table,))}
-            missing = [c for c in (s.id_column, s.text_column) if c not in columns]
+            types = dict(conn.execute(
+                "SELECT column_name, udt_name FROM information_schema.columns WHERE table_name = %s AND "
+                "table_schema = ANY(current_schemas(false))", (s.table,)).fetchall())
+            columns = set(types)
+            missing = [c for c in (s.id_column, s.text_column, s.readers_column) if c and c not in columns]
             if missing:
                 raise PostgresError(f"postgres source {self.name!r}: table {s.table!r} has no column "
                                     f"{', '.join(missing)} (columns: {', '.join(sorted(columns))})")
+            readers_type = READERS_TYPES.get(types[s.readers_column]) if s.readers_column else None
+            if s.readers_column and readers_type is None:
+                udt = types[s.readers_column]
+                shown = f"{udt[1:]}[]" if udt.startswith("_") else udt
+                raise PostgresError(f"postgres source {self.name!r}: readers_column {s.readers_column!r} of table "
+                                    f"{s.table!r} is {shown}, not text[] or varchar[] (the names of the "
+                                    "principals and groups who may read the row)")
             metadata = {}
             if conn.execute("SELECT to_regclass('gradfuse_sources')").fetchone()[0] is not None:
                 row = conn.execute("SELECT encoder, dimension, language, distance, input, built_at FROM "
                                    "gradfuse_sources WHERE table_name = %s", (s.table,)).fetchone()
                 if row:
                     metadata = dict(zip(("encoder", "dimension", "language", "distance", "input", "built_at"), row))
-        return columns, metadata
+        return columns, metadata, readers_type
 
-    def has_vector_extension(self) -> bool:
+    def vector_version(self) -> tuple[int, ...] | None:
+        """The installed pgvector's version (0.8.0 -> (0, 8, 0)), or None where it is not installed."""
         with self.pool.connection() as conn:
-            return conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone() is not None
+            row = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
+        return None if row is None else tuple(int(part) for part in re.findall(r"\d+", row[0]))
 
     def close(self) -> None:
         self.pool.close()
@@ -169,12 +189,15 @@ class PostgresSource:
         if mode not in RETRIEVAL_MODES:
             raise ValueError(f"retrieval mode {mode!r} is not one of {', '.join(RETRIEVAL_MODES)}")
         self.name, self.mode, self._table, self._encoder = table.name, mode, table, encoder
+        self._iterative_scan = False  # pgvector 0.8's hnsw.iterative_scan, for filtered HNSW searches
         if mode != "bm25":
             self._check_dense()
 
     def _check_dense(self) -> None:
         table, s = self._table, self._table.settings
-        if not table.has_vector_extension():
+        version = table.vector_version()
+        self._iterative_scan = version is not None and version >= (0, 8)
+        if version is None:
             raise PostgresError(f"postgres source {self.name!r}: the pgvector extension is not installed in "
                                 f"{table.where.split(' table ')[0]} (CREATE EXTENSION vector) — dense and hybrid "
                                 "retrieval need it; bm25 does not")
@@ -193,22 +216,41 @@ class PostgresSource:
 
             load_encoder(self._encoder)
 
-    def search(self, query: str, k: int) -> list[Candidate]:
+    def search(self, query: str, k: int, *, readers: Readers = None) -> list[Candidate]:
         deeper = k + TIE_SLACK
         if self.mode == "bm25":
-            rows = self._lexical(query, deeper)
+            rows = self._lexical(query, deeper, readers)
         elif self.mode == "dense":
-            rows = self._dense(query, deeper)
+            rows = self._dense(query, deeper, readers)
         else:
-            rows = self._hybrid(query, deeper)
+            rows = self._hybrid(query, deeper, readers)
         return rank_by_score([self._candidate(row, rank) for rank, row in enumerate(rows, start=1)], k)
+
+    def document(self, doc_id: str, *, readers: Readers = None) -> Candidate | None:
+        """One passage by its id (a cited passage opened again), or None: also where `readers` may not read it."""
+        s = self._table.settings
+        readable, params = self._readers_filter(readers)
+        rows = self._run(f"SELECT {self._select_list()}, 0.0 FROM {s.table} WHERE {s.id_column}::text = %(id)s"
+                         f"{' AND ' + readable if readable else ''} LIMIT 1", {"id": doc_id, **params}, [])
+        return self._candidate(rows[0], 1) if rows else None
+
+    def _readers_filter(self, readers: Readers) -> tuple[str, dict]:
+        """The condition that keeps the rows `readers` may read, and its parameter; ("", {}) where every row is
+        readable (readers None, or a table without a readers column), so that no clause costs anything then."""
+        column, array_type = self._table.settings.readers_column, self._table.readers_type
+        if readers is None or not column:
+            return "", {}
+        # Bound, never formatted: the names reach the server as a parameter.
+        return (f"({column} IS NULL OR cardinality({column}) = 0 OR {column} && %(readers)s::{array_type})",
+                {"readers": sorted(readers)})
 
     def _select_list(self) -> str:
         s, columns = self._table.settings, self._table.columns
         title = s.title_column if s.title_column in columns else "''"
         provenance = ("parent_id, span_start, span_end" if {"parent_id", "span_start", "span_end"} <= columns
                       else "NULL, NULL, NULL") + (", location" if "location" in columns else ", NULL")
-        return f"{s.id_column}::text, coalesce({title}, ''), {s.text_column}, {provenance}"
+        readers = f"{s.readers_column}::text[]" if s.readers_column else "NULL"
+        return f"{s.id_column}::text, coalesce({title}, ''), {s.text_column}, {provenance}, {readers}"
 
     def _tsvector(self) -> str:
         s, columns = self._table.settings, self._table.columns
@@ -224,19 +266,21 @@ class PostgresSource:
                 conn.execute(statement)
             return conn.execute(sql, params).fetchall()
 
-    def _lexical(self, query: str, k: int) -> list[tuple]:
+    def _lexical(self, query: str, k: int, readers: Readers = None) -> list[tuple]:
         # Any of the query's words (OR), like BM25: plainto_tsquery would demand all of them. Each word once:
         # ts_rank_cd's cost grows with the query's length, and a pasted argument repeats its words a lot.
         terms = list(dict.fromkeys(word.lower() for word in _TOKEN.findall(query)))
         if not terms:
             return []
         s = self._table.settings
+        readable, params = self._readers_filter(readers)
         sql = (f"SELECT {self._select_list()}, ts_rank_cd({self._tsvector()}, q) AS score "
                f"FROM {s.table}, to_tsquery(%(language)s::regconfig, %(terms)s) AS q "
-               f"WHERE {self._tsvector()} @@ q ORDER BY score DESC, {s.id_column} LIMIT %(k)s")
-        return self._run(sql, {"language": s.language, "terms": " | ".join(terms), "k": k}, [])
+               f"WHERE {self._tsvector()} @@ q{' AND ' + readable if readable else ''} "
+               f"ORDER BY score DESC, {s.id_column} LIMIT %(k)s")
+        return self._run(sql, {"language": s.language, "terms": " | ".join(terms), "k": k, **params}, [])
 
-    def _dense(self, query: str, k: int) -> list[tuple]:
+    def _dense(self, query: str, k: int, readers: Readers = None) -> list[tuple]:
         from gradfuse.sources.encoder import load_encoder
 
         s = self._table.settings
@@ -245,16 +289,25 @@ class PostgresSource:
         # Score as a similarity, like the embedded store: inner product, or 1 - cosine distance.
         score = f"-({s.embedding_column} {operator} %(v)s::vector)" if s.distance == "ip" else \
             f"1 - ({s.embedding_column} {operator} %(v)s::vector)"
+        readable, params = self._readers_filter(readers)
         sql = (f"SELECT {self._select_list()}, {score} AS score FROM {s.table} "
+               f"{'WHERE ' + readable + ' ' if readable else ''}"
                f"ORDER BY {s.embedding_column} {operator} %(v)s::vector LIMIT %(k)s")
         # An HNSW scan returns at most ef_search rows: below k it would silently cut the list short.
         settings = (["SET LOCAL enable_indexscan = off"] if s.exact
                     else [f"SET LOCAL hnsw.ef_search = {max(int(s.ef_search), k)}"])
-        return self._run(sql, {"v": vector, "k": k}, settings)
+        if readable and not s.exact:
+            # HNSW filters the ef_search rows it found, after the scan: where the caller may read few of them, fewer
+            # than k come back. pgvector 0.8's iterative scan goes on through the graph until k rows pass the filter
+            # (or hnsw.max_scan_tuples are visited); relaxed order is enough, rank_by_score sorts them again. An
+            # older pgvector has none: an exact scan is slower but returns k.
+            settings.append("SET LOCAL hnsw.iterative_scan = relaxed_order" if self._iterative_scan
+                            else "SET LOCAL enable_indexscan = off")
+        return self._run(sql, {"v": vector, "k": k, **params}, settings)
 
-    def _hybrid(self, query: str, k: int) -> list[tuple]:
+    def _hybrid(self, query: str, k: int, readers: Readers = None) -> list[tuple]:
         depth = hybrid_depth(k)
-        rankings = [self._lexical(query, depth), self._dense(query, depth)]
+        rankings = [self._lexical(query, depth, readers), self._dense(query, depth, readers)]
         rows = {row[0]: row for ranking in rankings for row in ranking}  # by doc id; the score column is replaced
         best = rrf_in_source({name: [row[0] for row in ranking] for name, ranking in zip(("bm25", "dense"), rankings)},
                              k)
@@ -262,10 +315,11 @@ class PostgresSource:
 
     def _candidate(self, row: tuple, rank: int) -> Candidate:
         """A row of the select list and its score; a hybrid row also has its ranks in the fused rankings."""
-        doc_id, title, text, parent_id, start, end, location, score, *ranks = row
+        doc_id, title, text, parent_id, start, end, location, readers, score, *ranks = row
         return Candidate(source=self.name, doc_id=doc_id, text=text, title=title, native_score=float(score),
                          native_rank=rank, parent_id=parent_id, span=(start, end) if start is not None else None,
-                         location=Location.from_json(location), retrieval_ranks=ranks[0] if ranks else {})
+                         location=Location.from_json(location), retrieval_ranks=ranks[0] if ranks else {},
+                         readers=tuple(readers or ()))
 
     def sample_texts(self, limit: int) -> tuple[int, list[str]]:
         """The rows the table holds and the embedding texts of up to `limit` of them, drawn at random over the
@@ -308,6 +362,8 @@ REGISTRATION = "postgres.json"
 
 
 def register(source_dir: Path, settings: PostgresSettings) -> None:
+    """Register a table `gradfuse index --into` has just loaded: the load added its readers column, if missing."""
+    settings = replace(settings, readers_column=settings.readers_column or LOADED_READERS_COLUMN)
     source_dir.mkdir(parents=True, exist_ok=True)
     staging = source_dir / (REGISTRATION + ".tmp")
     staging.write_text(json.dumps(asdict(settings), indent=2, sort_keys=True))

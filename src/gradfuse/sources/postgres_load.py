@@ -21,22 +21,38 @@ from gradfuse.sources.build import BuildReport, read_documents
 from gradfuse.sources.documents import Document, IngestError, IngestReport
 from gradfuse.sources.encoder import DIMENSION, EmbeddingCache, embedding_text, load_encoder
 from gradfuse.sources.encoder_names import encoder_name, recorded_encoder
-from gradfuse.sources.postgres import DISTANCES, PostgresError, PostgresSettings, safe_url, vector_literal
+from gradfuse.sources.postgres import (
+    DISTANCES,
+    LOADED_READERS_COLUMN,
+    PostgresError,
+    PostgresSettings,
+    safe_url,
+    vector_literal,
+)
 
 COPY_BATCH = 1000
 HNSW_M, HNSW_EF_CONSTRUCTION = 16, 64
-_ROW_COLUMNS = ("doc_id", "title", "text", "parent_id", "span_start", "span_end", "location", "content_hash",
-                "embedding")
+_ROW_COLUMNS = ("doc_id", "title", "text", "parent_id", "span_start", "span_end", "location", LOADED_READERS_COLUMN,
+                "content_hash", "embedding")
+
+
+def _readers(document: Document) -> list[str] | None:
+    """The readers column's value: sorted names, or NULL where the document names none (every reader)."""
+    return sorted(set(document.readers)) or None
 
 
 def _content_hash(document: Document) -> str:
     location = document.location.to_json() if document.location else None
-    return hashlib.sha256(json.dumps([document.title, document.text, document.parent_id, document.span,
-                                      location]).encode()).hexdigest()
+    fields = [document.title, document.text, document.parent_id, document.span, location]
+    # Readers count as content, so a change of readers alone is written on reload; only where there are some, so
+    # that rows loaded before documents had readers keep their hash (a reload does not rewrite every row).
+    readers = _readers(document)
+    return hashlib.sha256(json.dumps(fields + [readers] if readers else fields).encode()).hexdigest()
 
 
-def _create(conn, settings: PostgresSettings, dimension: int) -> None:
-    """The extension, the metadata table, and the source table with its full-text index, where missing."""
+def _create(conn, settings: PostgresSettings, dimension: int) -> bool:
+    """The extension, the metadata table, and the source table with its full-text index, where missing; whether
+    a table loaded before had to be given a column (the load must then commit, even with no row to write)."""
     import psycopg
 
     try:
@@ -56,6 +72,7 @@ def _create(conn, settings: PostgresSettings, dimension: int) -> None:
             span_start int,
             span_end int,
             location text,
+            {LOADED_READERS_COLUMN} text[],
             content_hash text NOT NULL,
             tsv tsvector GENERATED ALWAYS AS (
                 setweight(to_tsvector('{language}', coalesce(title, '')), 'A') ||
@@ -63,7 +80,13 @@ def _create(conn, settings: PostgresSettings, dimension: int) -> None:
             embedding vector({dimension}) NOT NULL
         )""")
     conn.execute(f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS location text")  # tables loaded before it was kept
+    had_readers = conn.execute("SELECT 1 FROM information_schema.columns WHERE table_name = %s AND column_name = %s "
+                               "AND table_schema = ANY(current_schemas(false))",
+                               (t, LOADED_READERS_COLUMN)).fetchone() is not None
+    # A table loaded before documents had readers: NULL in every row, readable by whoever may read the source.
+    conn.execute(f"ALTER TABLE {t} ADD COLUMN IF NOT EXISTS {LOADED_READERS_COLUMN} text[]")
     conn.execute(f"CREATE INDEX IF NOT EXISTS {t}_tsv ON {t} USING gin (tsv)")
+    return not had_readers
 
 
 def _create_vector_index(conn, settings: PostgresSettings) -> None:
@@ -107,13 +130,14 @@ def load_into_postgres(
     except psycopg.Error as error:
         raise PostgresError(f"cannot connect to {safe_url(url)}: {driver_message(error)}") from error
     with conn:
-        _create(conn, settings, DIMENSION)
+        added_columns = _create(conn, settings, DIMENSION)
         _check_compatible(conn, settings, encoder)
         stored = dict(conn.execute(f"SELECT doc_id, content_hash FROM {settings.table}").fetchall())
         changed = [d for d in documents if stored.get(d.doc_id) != hashes[d.doc_id]]
         removed = [doc_id for doc_id in stored if doc_id not in hashes]
         if not changed and not removed:
-            conn.rollback()  # the CREATE ... IF NOT EXISTS statements changed nothing either
+            if not added_columns:
+                conn.rollback()  # the CREATE ... IF NOT EXISTS statements changed nothing either
             return BuildReport(spec.name, "unchanged", len(documents), time.perf_counter() - started,
                                written=0, deleted=0, **report.details())
         cache = EmbeddingCache(workspace / "cache" / "embeddings.sqlite", load_encoder(encoder))
@@ -147,7 +171,7 @@ def _write(conn, settings, changed, hashes, vectors, removed, progress) -> None:
                     span = document.span or (None, None)
                     location = document.location.to_json() if document.location else None
                     copy.write_row((document.doc_id, document.title, document.text, document.parent_id, *span,
-                                    location, hashes[document.doc_id], vector_literal(vector)))
+                                    location, _readers(document), hashes[document.doc_id], vector_literal(vector)))
             bar.update(min(COPY_BATCH, len(changed) - start))
     updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in _ROW_COLUMNS[1:])
     conn.execute(f"INSERT INTO {t} ({columns}) SELECT {columns} FROM staging "
