@@ -57,3 +57,16 @@ def workspace(tmp_path_factory, corpus_dir) -> Workspace:
     ws.index(SourceSpec("astronomy", "beir", str(corpus_dir / "astronomy")))
     ws.index(SourceSpec("cooking", "jsonl", str(corpus_dir / "cooking.jsonl")))
     return ws
+
+
+# One server per test module, not per session: a test of test_engines.py kills its server to see the source fail.
+@pytest.fixture(scope="module")
+def chroma_server(tmp_path_factory):
+    """Chroma's real server (`chroma run`): its URL, its process (to pause or kill it) and its port."""
+    pytest.importorskip("chromadb")
+    from urllib.parse import urlsplit
+
+    from live_server import chroma_run
+
+    with chroma_run(tmp_path_factory.mktemp("chroma")) as (url, process):
+        yield url, process, urlsplit(url).port

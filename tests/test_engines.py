@@ -222,17 +222,6 @@ def test_a_qdrant_collection_in_local_mode_is_a_source_with_distances_made_simil
     assert "collection 'gone' cannot be read" in result.failures[0].detail and result.candidates
 
 
-@pytest.fixture(scope="module")
-def chroma_server(tmp_path_factory):
-    pytest.importorskip("chromadb")
-    from urllib.parse import urlsplit
-
-    from live_server import chroma_run
-
-    with chroma_run(tmp_path_factory.mktemp("chroma")) as (url, process):
-        yield url, process, urlsplit(url).port
-
-
 # --- a sample of an engine's passages, read through its own client (what routing summarises) ------------------------
 
 # 40 passages in order, every seventh without a title; `n` is each one's place, for the engines' own filters

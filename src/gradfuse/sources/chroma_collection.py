@@ -2,7 +2,12 @@
 bearer token), read through Chroma's HTTP client with the query embedded by `query_encoder` (the collection's own
 embedding function is never called: nothing is downloaded), each request bounded by the source's timeout. A passage's id is Chroma's id, its text the stored
 document (or `text_field` of its metadata), its title `title_field` of its metadata. Every Chroma space (l2,
-cosine, ip) returns a distance, lower for closer: negated so that higher is better."""
+cosine, ip) returns a distance, lower for closer: negated so that higher is better.
+
+`readers_field` is a metadata key holding a list of names (Chroma 1.5 keeps non-empty lists of text in metadata and
+filters them with `$contains`), or one name as text; a passage for every reader of the collection holds ["*"] ("*"
+is no reader's name). Chroma stores no null or empty list, and its `where` cannot ask for a missing key: a passage
+without the key is read only by callers who may read every document."""
 
 from __future__ import annotations
 
@@ -12,10 +17,13 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from gradfuse.access import Readers
 from gradfuse.candidate import Candidate
 from gradfuse.checked import Text
 from gradfuse.sources.base import SourceError, SourceStats
 from gradfuse.sources.stores import StoreSettings, engine_client, sample_text, sample_windows
+
+EVERY_READER = "*"  # in `readers_field`: the passage is for every reader (Chroma can ask for no missing key)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,13 +62,36 @@ class ChromaCollection:
     def warm(self) -> None:
         self.settings.warm()
 
-    def search(self, query: str, k: int) -> list[Candidate]:
+    def search(self, query: str, k: int, *, readers: Readers = None) -> list[Candidate]:
         s = self.settings
-        found = self._collection.query(query_embeddings=[s.query_vector(query)], n_results=k, where=s.filter or None,
-                                       include=["documents", "metadatas", "distances"])
+        found = self._collection.query(query_embeddings=[s.query_vector(query)], n_results=k,
+                                       where=self._where(readers), include=["documents", "metadatas", "distances"])
         rows = zip(found["ids"][0], found["documents"][0], found["metadatas"][0], found["distances"][0])
-        return [s.candidate(self.name, rank, _row(doc_id, document, metadata), -distance, self._score_kind)
+        return [s.candidate(self.name, rank, self._readable_row(doc_id, document, metadata), -distance,
+                            self._score_kind)
                 for rank, (doc_id, document, metadata, distance) in enumerate(rows, start=1)]
+
+    def _where(self, readers: Readers) -> dict | None:
+        """Chroma's `where` of a search: `filter`, and where `readers` are restricted, the passages they may read
+        (a list naming "*" or one of them, or the text "*" or one of them)."""
+        s, names = self.settings, self.settings.restricted_to(readers)
+        if names is None:
+            return s.filter or None
+        field, named = s.readers_field, [EVERY_READER, *names]
+        readable = {"$or": [{field: {"$in": named}}, *({field: {"$contains": name}} for name in named)]}
+        return {"$and": [s.filter, readable]} if s.filter else readable
+
+    def _readable_row(self, doc_id: str, document: str | None, metadata: dict | None) -> dict:
+        """The row of a record, its readers ["*"] read as none named (every reader); "*" is no reader's name, and
+        left in, it would hide the passage from everyone a later check asks about."""
+        row, field = _row(doc_id, document, metadata), self.settings.readers_field
+        value = row.get(field) if field else None
+        if value == EVERY_READER or (isinstance(value, list) and EVERY_READER in value):
+            row[field] = None
+        elif isinstance(value, (int, float, bool)):
+            raise SourceError(f"chroma metadata {field!r} (readers_field) of {doc_id!r} holds {value!r}: it must be a "
+                              f"list of names, one name, or [\"{EVERY_READER}\"] for every reader")
+        return row
 
     def sample_texts(self, limit: int) -> tuple[int, list[str]]:
         """The passages the collection holds (those `filter` matches) and the embedding texts of up to `limit` of

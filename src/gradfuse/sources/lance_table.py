@@ -1,12 +1,16 @@
 """`kind = "lancedb"`: a table in a LanceDB folder or URI, read with LanceDB's own client. Vector search by the
 table's own vectors (the query embedded by `query_encoder`); with `retrieval = "bm25"` its full-text index, and
 with `hybrid` both fused by the same in-source RRF as every store, where the table has a full-text index (else
-vector search alone). A distance is negated so that higher is better; full-text scores are BM25 already."""
+vector search alone). A distance is negated so that higher is better; full-text scores are BM25 already.
+
+`readers_field` is a column of lists of text (`pa.list_(pa.string())`): a row whose list is null or empty is for
+every reader of the table; a caller's search is filtered on it by LanceDB before the nearest rows are taken."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gradfuse.access import Readers
 from gradfuse.candidate import Candidate
 from gradfuse.checked import Text
 from gradfuse.sources.base import SourceError, SourceStats
@@ -34,18 +38,20 @@ class LanceTable:
         metric = next(((getattr(index, "index_details", None) or {}).get("metric_type") for index in indices
                        if settings.vector_field in index.columns and index.index_type != "FTS"), None)
         self._vector_kind = f"-{(metric or 'l2').lower()} distance"  # a table without a vector index: L2
+        if settings.readers_field:
+            _check_readers_column(self._table.schema, settings)
 
     def warm(self) -> None:
         self.settings.warm()
 
-    def search(self, query: str, k: int) -> list[Candidate]:
-        s, lists = self.settings, {}
+    def search(self, query: str, k: int, *, readers: Readers = None) -> list[Candidate]:
+        s, lists, where = self.settings, {}, self._filter(readers)
         if self.mode != "bm25" or not self._text_index:
             search = self._table.search(s.query_vector(query), vector_column_name=s.vector_field)
-            rows = self._where(search).limit(hybrid_depth(k)).to_list()
+            rows = self._where(search, where).limit(hybrid_depth(k)).to_list()
             lists["dense"] = [(row, -row["_distance"]) for row in rows]
         if self.mode != "dense" and self._text_index:
-            rows = self._where(self._table.search(query, query_type="fts")).limit(hybrid_depth(k)).to_list()
+            rows = self._where(self._table.search(query, query_type="fts"), where).limit(hybrid_depth(k)).to_list()
             lists["bm25"] = [(row, row["_score"]) for row in rows]
         if len(lists) == 1:
             ((name, ranked),) = lists.items()
@@ -61,9 +67,22 @@ class LanceTable:
             candidates.append(candidate)
         return candidates
 
-    def _where(self, search):
-        """The search restricted to the rows `filter` (SQL) matches, filtered before the nearest are taken."""
-        return search.where(self.settings.filter, prefilter=True) if self.settings.filter else search
+    def _filter(self, readers: Readers) -> str:
+        """The SQL `where` of a search: `filter`, and where `readers` are restricted, the rows they may read."""
+        s, names = self.settings, self.settings.restricted_to(readers)
+        if names is None:
+            return s.filter
+        column = f"`{s.readers_field}`"
+        readable = f"{column} IS NULL OR array_length({column}) = 0"
+        if names:  # array_has_any with an empty list matches nothing: left out
+            readable += f" OR array_has_any({column}, [{', '.join(_sql_text(name) for name in names)}])"
+        return f"({s.filter}) AND ({readable})" if s.filter else readable
+
+    def _where(self, search, where: str | None = None):
+        """The search restricted to the rows `where` (SQL; by default `filter`) matches, filtered before the
+        nearest are taken."""
+        where = self.settings.filter if where is None else where
+        return search.where(where, prefilter=True) if where else search
 
     def sample_texts(self, limit: int) -> tuple[int, list[str]]:
         """The rows the table holds (those `filter` matches) and the embedding texts of up to `limit` of them, read
@@ -81,3 +100,22 @@ class LanceTable:
 
     def stats(self) -> SourceStats:
         return self.settings.stats(self, self.settings.table, self._table.count_rows())
+
+
+def _sql_text(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _check_readers_column(schema, settings: LanceSettings) -> None:
+    """`readers_field` names a column of lists of text: LanceDB filters nothing else as a list of readers."""
+    import pyarrow as pa
+
+    name = settings.readers_field
+    if name not in schema.names:
+        raise SourceError(f"lancedb table {settings.table!r} has no column {name!r} (readers_field; it has "
+                          f"{', '.join(schema.names)})")
+    kind = schema.field(name).type
+    if not ((pa.types.is_list(kind) or pa.types.is_large_list(kind))
+            and (pa.types.is_string(kind.value_type) or pa.types.is_large_string(kind.value_type))):
+        raise SourceError(f"lancedb column {name!r} (readers_field) is {kind}: it must be a list of text "
+                          "(pa.list_(pa.string())), null or empty for every reader")

@@ -2,7 +2,11 @@
 its key from `key_env`) or in a local folder (`uri = "/path"`: the client's own embedded mode, which is not the
 Qdrant server, and which one process at a time may open). The query is embedded by `query_encoder`; a point's id
 is `id_field` of its payload where it has one, else the point's own id. Cosine and dot scores are similarities;
-Euclid and Manhattan scores are distances, negated so that higher is better."""
+Euclid and Manhattan scores are distances, negated so that higher is better.
+
+`readers_field` is a payload key holding a list of names (or one name); a point without it, or with null or an
+empty list, is for every reader of the collection. A caller's search is filtered on it inside Qdrant (a keyword
+payload index on the key keeps that filter fast on a large collection)."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import ClassVar
 
+from gradfuse.access import Readers
 from gradfuse.candidate import Candidate
 from gradfuse.checked import Text
 from gradfuse.sources.base import SourceError, SourceStats
@@ -61,12 +66,25 @@ class QdrantCollection:
     def warm(self) -> None:
         self.settings.warm()
 
-    def search(self, query: str, k: int) -> list[Candidate]:
+    def search(self, query: str, k: int, *, readers: Readers = None) -> list[Candidate]:
         s = self.settings
         found = self._client.query_points(s.collection, query=s.query_vector(query), using=s.vector_field or None,
-                                          limit=k, with_payload=True, query_filter=self._filter).points
+                                          limit=k, with_payload=True, query_filter=self._query_filter(readers)).points
         return [s.candidate(self.name, rank, self._row(point), self._sign * point.score, self._score_kind)
                 for rank, point in enumerate(found, start=1)]
+
+    def _query_filter(self, readers: Readers):
+        """`filter`, and where `readers` are restricted, the points they may read: both must hold."""
+        names = self.settings.restricted_to(readers)
+        if names is None:
+            return self._filter
+        models = engine_client("qdrant_client", "models")
+        key = self.settings.readers_field
+        readable = [models.IsEmptyCondition(is_empty=models.PayloadField(key=key))]  # missing, null or []
+        if names:
+            readable.append(models.FieldCondition(key=key, match=models.MatchAny(any=names)))
+        only_readable = models.Filter(should=readable)
+        return models.Filter(must=[self._filter, only_readable]) if self._filter else only_readable
 
     def _row(self, point) -> dict:
         """A point as the row the settings read: its payload, its own id where the payload has no `id_field`."""

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from gradfuse.access import Readers, check_reader
 from gradfuse.candidate import Candidate
 from gradfuse.checked import FILE_SETTINGS, LOOPBACK, Text
 from gradfuse.sources.base import SourceError, SourceStats
@@ -144,7 +145,19 @@ class StoreSettings:
         value = row.get(self.readers_field) if self.readers_field else None
         if value is None:
             return ()
-        return (value,) if isinstance(value, str) else tuple(str(name) for name in value)
+        if isinstance(value, str):
+            return (value,)
+        if isinstance(value, (list, tuple)) and all(isinstance(name, str) for name in value):
+            return tuple(value)
+        raise SourceError(f"field {self.readers_field!r} (readers_field) holds {type(value).__name__} "
+                          f"{str(value)[:80]!r}: it must list the names that may read the row (a list of texts)")
+
+    def restricted_to(self, readers: Readers) -> list[str] | None:
+        """The names a search is restricted to (checked again, sorted: the same filter text for the same caller),
+        or None where it is not restricted: the caller reads every document, or the store names no readers."""
+        if readers is None or not self.readers_field:
+            return None
+        return sorted(check_reader(name) for name in readers)
 
     def stats(self, source, where: str, documents: int) -> SourceStats:
         """A store source's row in `gradfuse sources`: `where` is its table or collection."""
