@@ -2,7 +2,7 @@
 it changes). A key is kept only as its SHA-256: a file of principals can be committed or shared without a key in it.
 
     [access]
-    keys_file = "keys.toml"          # [principals.NAME] tables as below; `gradfuse key add` writes them
+    keys_file = "keys.toml"          # [principals.NAME] tables as below, read again when the file changes
     [access.principals.alice]
     key_sha256 = "…"                 # or key_env = "ALICE_KEY": the variable that holds the key
     groups = ["hr"]
