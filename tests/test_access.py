@@ -358,3 +358,59 @@ def test_the_key_file_is_read_again_when_it_changes_and_refused_whole_while_brok
     assert ring.principal(b"c") is None and ring.principal(b"single") is EVERYTHING
     assert "none of its keys is accepted" in caplog.text and "not-hex" not in caplog.text.split("key_sha256")[0]
     assert ring.principal(b"") is None and ring.principal(b"wrong") is None
+
+
+@pytest.mark.skipif(not (Path(os.environ.get("GRADFUSE_DATA", "../shared/data")) / "beir_scifact").is_dir(),
+                    reason="needs the shared data (GRADFUSE_DATA)")
+def test_an_embedded_source_ranks_only_what_the_caller_may_read_so_k_come_back(tmp_path, monkeypatch):
+    """1,200 SciFact passages, one in 40 for eng and the rest for hr, on the IVF index (the path of a large source):
+    bob gets k passages he may read in every mode, the nearest of them (the scan widens where the lists it scans
+    hold too few), and the BM25 index ranks among his only."""
+    import numpy as np
+
+    from gradfuse.config import Config
+    from gradfuse.sources import embedded
+    from gradfuse.sources.encoder import load_encoder
+
+    data = Path(os.environ.get("GRADFUSE_DATA", "../shared/data")) / "beir_scifact"
+    records = [json.loads(line) for line in (data / "corpus.jsonl").read_text().split("\n")[:1200] if line.strip()]
+    for n, record in enumerate(records):
+        record["readers"] = ["eng"] if n % 40 == 0 else ["hr"]
+    write_jsonl(tmp_path / "c.jsonl", records)
+    monkeypatch.setattr(embedded, "ANN_MIN_VECTORS", 1000)
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    ws.index(SourceSpec("sci", "jsonl", str(tmp_path / "c.jsonl")))
+    bob, readable = frozenset({"bob", "eng"}), {r["id"] for r in records if r["readers"] == ["eng"]}
+    queries = [json.loads(line)["text"] for line in (data / "queries.jsonl").read_text().split("\n")[:10]]
+    with ws.holding("sci", "dense") as dense:
+        assert dense._ann is not None
+        rows = np.flatnonzero([r["readers"] == ["eng"] for r in records])
+        for query in queries:
+            found = [c.doc_id for c in dense.search(query, 10, readers=bob)]
+            nearest = rows[np.argsort(-(dense._vectors[rows] @ load_encoder(ws.config.encoder).encode_query(query)),
+                                      kind="stable")[:10]]
+            assert found == [records[i]["id"] for i in nearest]  # the nearest readable ten, none other
+            assert len(dense.search(query, 10)) == 10 and not set(c.doc_id for c in dense.search(query, 10)) <= readable
+    for mode in ("bm25", "hybrid"):
+        with ws.holding("sci", mode) as source:
+            for query in queries:
+                found = source.search(query, 10, readers=bob)
+                assert {c.doc_id for c in found} <= readable and all(c.readers == ("eng",) for c in found)
+                assert len(found) == 10 or mode == "bm25"  # BM25 finds only the passages sharing a word
+            assert any(len(source.search(q, 10, readers=bob)) == 10 for q in queries)
+
+
+def test_gradfuse_key_add_writes_a_key_the_server_accepts_and_shows_it_once(tmp_path):
+    import subprocess
+    import sys
+
+    command = [str(Path(sys.executable).with_name("gradfuse")), "key", "add", "bob", "--sources", "handbook,wiki",
+               "--groups", "eng", "--file", str(tmp_path / "keys.toml")]
+    made = subprocess.run(command, capture_output=True, text=True, check=True)
+    key = made.stdout.strip().splitlines()[-1]
+    assert key not in (tmp_path / "keys.toml").read_text()  # only its hash is kept
+    principal = KeyRing(None, AccessSettings(), tmp_path / "keys.toml").principal(key.encode())
+    assert principal == Principal("bob", frozenset({"eng"}), frozenset({"handbook", "wiki"}))
+    refused = subprocess.run([*command[:3], "bad name", *command[4:]], capture_output=True, text=True)
+    assert refused.returncode == 2 and "invalid reader name" in refused.stdout
+    assert "bad name" not in (tmp_path / "keys.toml").read_text()

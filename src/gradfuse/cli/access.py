@@ -1,0 +1,52 @@
+"""`gradfuse key add`: a new key for a principal, written to a key file as its SHA-256 (docs/access.md)."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Annotated
+
+import tomlkit
+import typer
+
+from gradfuse.access.keys import AccessError, key_hash, read_key_file
+from gradfuse.cli.common import _fail, app, console
+
+key_app = typer.Typer(help="Keys of the server's principals (who may read which sources and documents).",
+                      no_args_is_help=True)
+app.add_typer(key_app, name="key")
+
+
+@key_app.command("add")
+def add_key(
+    name: Annotated[str, typer.Argument(help="The principal: a name that documents' readers may list")],
+    sources: Annotated[str, typer.Option(help="The sources it may read, by comma ('*': every one)")],
+    groups: Annotated[str, typer.Option(help="Its groups, by comma (documents' readers may list them)")] = "",
+    every_document: Annotated[bool, typer.Option(help="Reads documents whoever they are for (an auditor)")] = False,
+    file: Annotated[Path, typer.Option(help="The key file ([access] keys_file)")] = Path("keys.toml"),
+):
+    """Make a key for NAME, print it once, and keep only its SHA-256 in FILE: a running server reads the file
+    again at its next request. A principal already in the file gets a new key (the old one stops working)."""
+    document = tomlkit.parse(file.read_text()) if file.exists() else tomlkit.document()
+    principals = document.setdefault("principals", tomlkit.table(is_super_table=True))
+    key = secrets.token_urlsafe(32)
+    entry = tomlkit.table()
+    entry.update({"key_sha256": key_hash(key), "sources": _listed(sources), "groups": _listed(groups),
+                  **({"every_document": True} if every_document else {})})
+    principals[name] = entry
+    written = file.with_name(file.name + ".tmp")
+    written.write_text(tomlkit.dumps(document))
+    try:
+        read_key_file(written)  # the whole file as the server will read it: a bad name is refused here
+    except AccessError as error:
+        written.unlink()
+        _fail(str(error).replace(str(written), str(file)))
+    os.chmod(written, 0o600)
+    os.replace(written, file)  # at once: a server never reads half a file
+    console.print(f"principal {name} in {file}; its key (shown once, not kept):")
+    print(key)
+
+
+def _listed(names: str) -> list[str]:
+    return [name.strip() for name in names.split(",") if name.strip()]
