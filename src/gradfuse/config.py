@@ -69,6 +69,12 @@ Example (every key optional)::
     budget = 24                      # to this many of them, chosen from their summaries
     router = "summary"               # summary | redde
     max_open = "auto"                # sources held open at once (a quarter of the open-file limit, at most 1,024)
+    [access]                         # who may read what (gradfuse.access.keys; docs/access.md)
+    keys_file = "keys.toml"          # principals with their keys' SHA-256 (gradfuse key add), read again on change
+    [access.principals.alice]
+    key_env = "ALICE_KEY"            # or key_sha256 = "..."
+    groups = ["hr"]                  # documents' readers name principals and groups
+    sources = ["*"]                  # the sources it may read
     [sources.scifact]
     kind = "beir"                    # beir | jsonl | files | run
     path = "../shared/data/beir_scifact"
