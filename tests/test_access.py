@@ -18,7 +18,7 @@ from live_server import gradfuse_serve, serving
 
 from gradfuse import Workspace
 from gradfuse.access import EVERYTHING, Principal
-from gradfuse.access.keys import AccessSettings, KeyRing, key_hash
+from gradfuse.access.keys import AccessSettings, KeyRing, PrincipalSettings, key_hash
 from gradfuse.candidate import Candidate
 from gradfuse.server.app import create_app
 from gradfuse.sources import SourceSpec
@@ -249,6 +249,16 @@ def test_sources_options_healthz_and_the_page_name_only_what_the_key_may_read(se
     assert health.status_code == 200 and not any(name in health.text for name in [*BOBS, "hrvault"])
     assert httpx.get(url + "/", headers=_as(BOB_KEY)).status_code == 200  # the page reads /sources with its key
     assert httpx.get(url + "/sources", headers=_as("not-a-key")).status_code == 401
+    # the metrics name every source: to a key that may read everything only
+    assert httpx.get(url + "/metrics", headers=_as(BOB_KEY)).status_code == 404
+
+
+def test_routing_tells_a_key_which_sources_were_asked_not_their_scores(served):
+    url, _ = served
+    found = _post(url, "/search", {"query": QUESTION, "k": 5}, BOB_KEY).json()
+    assert len(found["routing"]["asked"]) >= 3 and set(found["routing"]["asked"]) <= set(BOBS)
+    # a score is the best cosine to sampled passages of any document of the source: none is told
+    assert found["routing"]["skipped"] == {} and not found["routing"].get("scores")
 
 
 def test_the_cache_serves_no_key_what_another_read(served):
@@ -358,6 +368,11 @@ def test_the_key_file_is_read_again_when_it_changes_and_refused_whole_while_brok
     assert ring.principal(b"c") is None and ring.principal(b"single") is EVERYTHING
     assert "none of its keys is accepted" in caplog.text and "not-hex" not in caplog.text.split("key_sha256")[0]
     assert ring.principal(b"") is None and ring.principal(b"wrong") is None
+    # principals whose keys' variables are unset still make keys required: never an open server
+    unset = AccessSettings(principals={"dave": PrincipalSettings(sources=("*",), key_env="GRADFUSE_TEST_UNSET")})
+    assert KeyRing(None, unset, None).required and KeyRing(None, AccessSettings(), None).required is False
+    keys.write_text(f'[principals.dave]\nkey_sha256 = "{key_hash("d")}"\nsources = ["*"]\n')
+    assert KeyRing(None, unset, keys).principal(b"d") is None  # one name, two keys: the file is refused
 
 
 @pytest.mark.skipif(not (Path(os.environ.get("GRADFUSE_DATA", "../shared/data")) / "beir_scifact").is_dir(),

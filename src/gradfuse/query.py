@@ -72,6 +72,8 @@ class QueryPipeline:
                                       depth=max(k, depth or self.config.depth), principal=principal)
         result = self.rank(query, federated, method=method, k=k, gold=gold, **rerank_options)
         if routing is not None:
+            if principal.readers is not None:  # scores come of every document's vectors: which sources only
+                routing = replace(routing, scores={}, reasons={})
             result.routing, result.timings["routing"] = routing, routed
         return result
 

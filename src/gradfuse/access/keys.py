@@ -114,6 +114,8 @@ class KeyRing:
 
     def __init__(self, api_key: str | None, access: AccessSettings, keys_file: Path | None):
         self._fixed: dict[str, Principal] = {}
+        self._configured = bool(api_key or access.principals or keys_file)
+        self._config_names = set(access.principals)
         if api_key:
             self._fixed[key_hash(api_key)] = EVERYTHING
         for name, settings in access.principals.items():
@@ -124,8 +126,9 @@ class KeyRing:
 
     @property
     def required(self) -> bool:
-        """Whether requests need a key (any is configured: the single one, a principal, or a key file)."""
-        return bool(self._fixed) or self._file is not None
+        """Whether requests need a key: one is configured (the single one, a principal, or a key file), whether or
+        not it can sign in (principals whose variables are unset must not leave the server open to everyone)."""
+        return self._configured
 
     def principal(self, key: bytes) -> Principal | None:
         if not key:
@@ -148,7 +151,7 @@ class KeyRing:
             return
         try:
             info = os.stat(self._file)
-            stamp = (info.st_mtime_ns, info.st_size, info.st_ino)
+            stamp = (info.st_mtime_ns, info.st_ctime_ns, info.st_size, info.st_ino)  # ctime: a chmod that fixed it
         except OSError:
             stamp = None
         if stamp == self._stamp:
@@ -161,6 +164,8 @@ class KeyRing:
                 if stamp is None:
                     raise AccessError(f"key file {self._file} cannot be read")
                 for name, settings in read_key_file(self._file).items():
+                    if name in self._config_names:  # two keys with different rights for one name
+                        raise AccessError(f"key file {self._file}: principal {name} is in [access.principals] too")
                     self._add(ring, name, settings, f"key file {self._file}")
             except AccessError as error:
                 log.error("%s: none of its keys is accepted until it is fixed", error)

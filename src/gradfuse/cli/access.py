@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -28,6 +29,7 @@ def add_key(
 ):
     """Make a key for NAME, print it once, and keep only its SHA-256 in FILE: a running server reads the file
     again at its next request. A principal already in the file gets a new key (the old one stops working)."""
+    file = file.resolve()  # a link's target: the file the server reads
     document = tomlkit.parse(file.read_text()) if file.exists() else tomlkit.document()
     principals = document.setdefault("principals", tomlkit.table(is_super_table=True))
     key = secrets.token_urlsafe(32)
@@ -35,15 +37,23 @@ def add_key(
     entry.update({"key_sha256": key_hash(key), "sources": _listed(sources), "groups": _listed(groups),
                   **({"every_document": True} if every_document else {})})
     principals[name] = entry
-    written = file.with_name(file.name + ".tmp")
-    written.write_text(tomlkit.dumps(document))
+    # A file of its own (0600 from the start, never a name another run or a link holds), on disk before it replaces
+    # the key file at once: a server never reads half a file. An existing file keeps its mode (its reader).
+    descriptor, name = tempfile.mkstemp(dir=file.parent, prefix=f".{file.name}.")
+    written = Path(name)
     try:
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(tomlkit.dumps(document))
+            handle.flush()
+            os.fsync(handle.fileno())
         read_key_file(written)  # the whole file as the server will read it: a bad name is refused here
+        if file.exists():
+            os.chmod(written, file.stat().st_mode & 0o777)
+        os.replace(written, file)
     except AccessError as error:
-        written.unlink()
         _fail(str(error).replace(str(written), str(file)))
-    os.chmod(written, 0o600)
-    os.replace(written, file)  # at once: a server never reads half a file
+    finally:
+        written.unlink(missing_ok=True)
     console.print(f"principal {name} in {file}; its key (shown once, not kept):")
     print(key)
 

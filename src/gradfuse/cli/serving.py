@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from typing import Annotated, Optional
 
 import typer
 
+from gradfuse.access.keys import KeyRing
 from gradfuse.cli.common import ConfigOpt, WorkspaceOpt, _fail, _run_guarded, _workspace, app, console
 
 
@@ -30,8 +33,10 @@ def serve(
     ws = _workspace(config, workspace)
     settings = ws.config.server
     settings = replace(settings, host=host or settings.host, port=port if port is not None else settings.port)
-    key = "API key required (X-API-Key)" if settings.resolved_api_key() else "no API key"
-    if not settings.resolved_api_key() and not _loopback(settings.host) and not insecure_no_key:
+    access = ws.config.access
+    keyed = KeyRing(settings.resolved_api_key(), access, Path(access.keys_file) if access.keys_file else None).required
+    key = "API key required (X-API-Key)" if keyed else "no API key"
+    if not keyed and not _loopback(settings.host) and not insecure_no_key:
         # Without a key only the Host check stands, and a client anywhere can send "Host: localhost".
         _fail(f"refusing to serve on {settings.host} without an API key: set GRADFUSE_API_KEY, or pass "
               "--insecure-no-key if every machine that can reach this port may use it")

@@ -268,7 +268,9 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
     @app.get("/metrics", dependencies=guarded, response_class=PlainTextResponse)
     def metrics_endpoint(request: Request) -> Response:
         """Prometheus metrics: each source's search latency, failures by reason and breaker state, the LM line's
-        depth and the result cache's hits and misses."""
+        depth and the result cache's hits and misses; for a key that may read everything (they name every source)."""
+        if not request.state.principal.reads_everything:
+            raise HTTPException(404, "Not Found")
         return metrics.response(request.headers.get("accept"))
 
     @app.get("/healthz", response_model=Health, responses={503: {"description": "no source is built"}})

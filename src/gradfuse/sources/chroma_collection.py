@@ -89,7 +89,7 @@ class ChromaCollection:
         if value == EVERY_READER or (isinstance(value, list) and EVERY_READER in value):
             row[field] = None
         elif isinstance(value, (int, float, bool)):
-            raise SourceError(f"chroma metadata {field!r} (readers_field) of {doc_id!r} holds {value!r}: it must be a "
+            raise SourceError(f"chroma metadata {field!r} (readers_field) of a record holds a number: it must be a "
                               f"list of names, one name, or [\"{EVERY_READER}\"] for every reader")
         return row
 

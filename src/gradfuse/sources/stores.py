@@ -149,8 +149,8 @@ class StoreSettings:
             return (value,)
         if isinstance(value, (list, tuple)) and all(isinstance(name, str) for name in value):
             return tuple(value)
-        raise SourceError(f"field {self.readers_field!r} (readers_field) holds {type(value).__name__} "
-                          f"{str(value)[:80]!r}: it must list the names that may read the row (a list of texts)")
+        raise SourceError(f"field {self.readers_field!r} (readers_field) of a row holds {type(value).__name__}: it "
+                          "must list the names that may read the row (a list of texts)")
 
     def restricted_to(self, readers: Readers) -> list[str] | None:
         """The names a search is restricted to (checked again, sorted: the same filter text for the same caller),
