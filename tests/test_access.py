@@ -7,6 +7,7 @@ exactly like one that does not exist. Alice's answers hold the markers: the prob
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -360,7 +361,7 @@ def test_a_source_whose_filter_fails_is_told_and_none_of_its_passages_is_used():
 def test_the_key_file_is_read_again_when_it_changes_and_refused_whole_while_broken(tmp_path, caplog):
     keys = tmp_path / "keys.toml"
     keys.write_text(f'[principals.bob]\nkey_sha256 = "{key_hash("b")}"\nsources = ["docs"]\n')
-    ring = KeyRing("single", AccessSettings(), keys)
+    ring = KeyRing("single", AccessSettings(keys_file=str(keys)))
     assert ring.principal(b"single") is EVERYTHING and ring.principal(b"b").sources == frozenset({"docs"})
     keys.write_text(f'[principals.carol]\nkey_sha256 = "{key_hash("c")}"\nsources = ["*"]\ngroups = ["hr"]\n')
     assert ring.principal(b"b") is None and ring.principal(b"c").readers == frozenset({"carol", "hr"})
@@ -370,9 +371,9 @@ def test_the_key_file_is_read_again_when_it_changes_and_refused_whole_while_brok
     assert ring.principal(b"") is None and ring.principal(b"wrong") is None
     # principals whose keys' variables are unset still make keys required: never an open server
     unset = AccessSettings(principals={"dave": PrincipalSettings(sources=("*",), key_env="GRADFUSE_TEST_UNSET")})
-    assert KeyRing(None, unset, None).required and KeyRing(None, AccessSettings(), None).required is False
+    assert KeyRing(None, unset).required and KeyRing(None, AccessSettings()).required is False
     keys.write_text(f'[principals.dave]\nkey_sha256 = "{key_hash("d")}"\nsources = ["*"]\n')
-    assert KeyRing(None, unset, keys).principal(b"d") is None  # one name, two keys: the file is refused
+    assert KeyRing(None, dataclasses.replace(unset, keys_file=str(keys))).principal(b"d") is None  # one name, two keys: the file is refused
 
 
 @pytest.mark.skipif(not (Path(os.environ.get("GRADFUSE_DATA", "../shared/data")) / "beir_scifact").is_dir(),
@@ -424,7 +425,7 @@ def test_gradfuse_key_add_writes_a_key_the_server_accepts_and_shows_it_once(tmp_
     made = subprocess.run(command, capture_output=True, text=True, check=True)
     key = made.stdout.strip().splitlines()[-1]
     assert key not in (tmp_path / "keys.toml").read_text()  # only its hash is kept
-    principal = KeyRing(None, AccessSettings(), tmp_path / "keys.toml").principal(key.encode())
+    principal = KeyRing(None, AccessSettings(keys_file=str(tmp_path / "keys.toml"))).principal(key.encode())
     assert principal == Principal("bob", frozenset({"eng"}), frozenset({"handbook", "wiki"}))
     refused = subprocess.run([*command[:3], "bad name", *command[4:]], capture_output=True, text=True)
     assert refused.returncode == 2 and "invalid reader name" in refused.stdout

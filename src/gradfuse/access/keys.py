@@ -107,28 +107,29 @@ def read_key_file(path: Path) -> dict[str, PrincipalSettings]:
     return parse_principals(raw.get("principals", {}), f"key file {path}")
 
 
+def keys_required(api_key: str | None, access: AccessSettings) -> bool:
+    """Whether requests need a key: one is configured (the single one, a principal, or a key file), whether or not
+    it can sign in (principals whose variables are unset must not leave the server open to everyone)."""
+    return bool(api_key or access.principals or access.keys_file)
+
+
 class KeyRing:
     """Key → principal, for the server. The key file is read again when it changes (its size, time or inode); while
     it cannot be read, none of its keys is accepted (a revoked key must not live on through a typo), and the error
     is logged once."""
 
-    def __init__(self, api_key: str | None, access: AccessSettings, keys_file: Path | None):
+    def __init__(self, api_key: str | None, access: AccessSettings):
         self._fixed: dict[str, Principal] = {}
-        self._configured = bool(api_key or access.principals or keys_file)
+        self.required = keys_required(api_key, access)
         self._config_names = set(access.principals)
         if api_key:
             self._fixed[key_hash(api_key)] = EVERYTHING
         for name, settings in access.principals.items():
             self._add(self._fixed, name, settings, "[access.principals]")
-        self._file, self._stamp, self._from_file = keys_file, None, {}
+        self._file = Path(access.keys_file) if access.keys_file else None
+        self._stamp, self._from_file = None, {}
         self._lock = threading.Lock()
         self._reload()
-
-    @property
-    def required(self) -> bool:
-        """Whether requests need a key: one is configured (the single one, a principal, or a key file), whether or
-        not it can sign in (principals whose variables are unset must not leave the server open to everyone)."""
-        return self._configured
 
     def principal(self, key: bytes) -> Principal | None:
         if not key:

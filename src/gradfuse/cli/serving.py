@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from typing import Annotated, Optional
 
 import typer
 
-from gradfuse.access.keys import KeyRing
+from gradfuse.access.keys import keys_required
 from gradfuse.cli.common import ConfigOpt, WorkspaceOpt, _fail, _run_guarded, _workspace, app, console
 
 
@@ -33,8 +31,7 @@ def serve(
     ws = _workspace(config, workspace)
     settings = ws.config.server
     settings = replace(settings, host=host or settings.host, port=port if port is not None else settings.port)
-    access = ws.config.access
-    keyed = KeyRing(settings.resolved_api_key(), access, Path(access.keys_file) if access.keys_file else None).required
+    keyed = keys_required(settings.resolved_api_key(), ws.config.access)
     key = "API key required (X-API-Key)" if keyed else "no API key"
     if not keyed and not _loopback(settings.host) and not insecure_no_key:
         # Without a key only the Host check stands, and a client anywhere can send "Host: localhost".

@@ -117,7 +117,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
     """`preload_lm` loads the scoring LM/generator at start-up instead of on the first request that needs it."""
     settings = settings or workspace.config.server
     access = workspace.config.access
-    keys = KeyRing(settings.resolved_api_key(), access, Path(access.keys_file) if access.keys_file else None)
+    keys = KeyRing(settings.resolved_api_key(), access)
     admission = LMAdmission(settings.lm_queue, lambda: workspace.executor.replicas)
     cache = ResultCache(workspace, settings.cache_mb)
     metrics = ServerMetrics(workspace, admission, cache)

@@ -78,10 +78,8 @@ class LanceTable:
             readable += f" OR array_has_any({column}, [{', '.join(_sql_text(name) for name in names)}])"
         return f"({s.filter}) AND ({readable})" if s.filter else readable
 
-    def _where(self, search, where: str | None = None):
-        """The search restricted to the rows `where` (SQL; by default `filter`) matches, filtered before the
-        nearest are taken."""
-        where = self.settings.filter if where is None else where
+    def _where(self, search, where: str):
+        """The search restricted to the rows `where` (SQL) matches, filtered before the nearest are taken."""
         return search.where(where, prefilter=True) if where else search
 
     def sample_texts(self, limit: int) -> tuple[int, list[str]]:
@@ -92,7 +90,7 @@ class LanceTable:
         try:
             count = self._table.count_rows(s.filter or None)
             rows = [row for offset, size in sample_windows(count, limit)
-                    for row in self._where(self._table.search()).select(columns).offset(offset).limit(size).to_list()]
+                    for row in self._where(self._table.search(), s.filter).select(columns).offset(offset).limit(size).to_list()]
         except Exception as error:  # LanceDB raises ValueError, OSError and its own errors
             raise SourceError(f"lancedb {s.uri}: table {s.table!r} cannot be sampled "
                               f"({type(error).__name__}: {str(error)[:200]})") from None
