@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 
 import httpx
@@ -21,6 +22,7 @@ from gradfuse import Workspace
 from gradfuse.access import EVERYTHING, Principal
 from gradfuse.access.keys import AccessSettings, KeyRing, PrincipalSettings, key_hash
 from gradfuse.candidate import Candidate
+from gradfuse.config import Config
 from gradfuse.server.app import create_app
 from gradfuse.sources import SourceSpec
 from gradfuse.sources.federated import AllSourcesFailed, query_sources
@@ -351,8 +353,10 @@ def test_a_source_whose_filter_fails_is_told_and_none_of_its_passages_is_used():
                                readers=frozenset({"bob"}))
         assert list(result.ranked_lists) == ["honest"] and result.failures[0].source == "leaky"
         assert "may not read" in result.failures[0].detail and MARK not in result.failures[0].detail
-        with pytest.raises(AllSourcesFailed):
-            query_sources([Leaky()], QUESTION, 5, {"leaky": 5}, guards, readers=frozenset({"bob"}))
+        for _ in range(guards.settings.breaker_failures):  # no caller opens its breaker for every other
+            with pytest.raises(AllSourcesFailed):
+                query_sources([Leaky()], QUESTION, 5, {"leaky": 5}, guards, readers=frozenset({"bob"}))
+        assert guards.state("leaky") == "closed"
         assert query_sources([Leaky()], QUESTION, 5, {"leaky": 5}, guards).ranked_lists["leaky"]  # everything
     finally:
         guards.close()
@@ -384,7 +388,6 @@ def test_an_embedded_source_ranks_only_what_the_caller_may_read_so_k_come_back(t
     hold too few), and the BM25 index ranks among his only."""
     import numpy as np
 
-    from gradfuse.config import Config
     from gradfuse.sources import embedded
     from gradfuse.sources.encoder import load_encoder
 
@@ -430,3 +433,17 @@ def test_gradfuse_key_add_writes_a_key_the_server_accepts_and_shows_it_once(tmp_
     refused = subprocess.run([*command[:3], "bad name", *command[4:]], capture_output=True, text=True)
     assert refused.returncode == 2 and "invalid reader name" in refused.stdout
     assert "bad name" not in (tmp_path / "keys.toml").read_text()
+
+
+def test_a_files_pattern_that_matches_no_file_is_reported_and_one_from_the_root_refused(tmp_path):
+    from gradfuse.sources.documents import IngestError
+
+    (tmp_path / "wiki" / "hr").mkdir(parents=True)
+    (tmp_path / "wiki" / "hr" / "pay.md").write_text("# Pay\n\nSalaries are paid on the last working day.\n")
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    built = ws.index(SourceSpec("wiki", "files", str(tmp_path / "wiki"), {"readers": {"HR/*": ["hr"]}}))
+    assert built.notes == ["readers pattern 'HR/*' matches no file: the files it was meant for are open to every "
+                           "reader of the source"]
+    for pattern in ("/hr/*", "./hr/*"):
+        with pytest.raises(IngestError, match=f"readers pattern '{re.escape(pattern)}'.*write 'hr/\\*'"):
+            ws.index(SourceSpec("wiki", "files", str(tmp_path / "wiki"), {"readers": {pattern: ["hr"]}}))

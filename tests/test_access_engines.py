@@ -201,6 +201,32 @@ def test_qdrant_filters_readers_in_its_own_filter(tmp_path, vectors, monkeypatch
     assert source.sample_texts(100)[0] == len(ROWS)  # summaries describe the whole collection
 
 
+def test_qdrant_refuses_a_readers_field_no_point_holds_and_reads_a_nested_one(tmp_path, vectors):
+    pytest.importorskip("qdrant_client")
+    from qdrant_client import QdrantClient, models
+
+    from gradfuse.sources.base import SourceError
+    from gradfuse.sources.engines import open_engine
+    from gradfuse.sources.qdrant_collection import QdrantSettings
+
+    client = QdrantClient(path=str(tmp_path / "qdrant"))
+    client.create_collection("notes", vectors_config=models.VectorParams(size=len(vectors[0]),
+                                                                         distance=models.Distance.COSINE))
+    client.upsert("notes", [models.PointStruct(id=n, vector=v, payload={"name": i, "text": t,
+                                                                        **({} if r is None else {"acl": {"who": r}})})
+                            for n, ((i, t, r), v) in enumerate(zip(ROWS, vectors))])
+    client.close()
+    fields = dict(uri=str(tmp_path / "qdrant"), collection="notes", id_field="name")
+    for misspelt in ("readers", "acl.whom"):  # every point would be open to every reader: refused at open
+        with pytest.raises(SourceError, match=f"no point holds readers_field '{misspelt}'"):
+            open_engine("store", QdrantSettings(**fields, readers_field=misspelt), 10.0, "dense")
+    source = open_engine("store", QdrantSettings(**fields, readers_field="acl.who"), 10.0, "dense")
+    found = source.search(QUESTION, 6, readers=BOB)  # Qdrant's nested key filters; the second check reads it too
+    assert {c.doc_id for c in found} == READABLE_TO_BOB
+    assert {c.doc_id: c.readers for c in found}["eng1"] == ("eng", "ops")
+    assert not any(may_read(c.readers, NOBODY) for c in source.search(QUESTION, 6) if c.doc_id in HR)
+
+
 # --- Milvus Lite --------------------------------------------------------------------------------------------------
 
 def _milvus(tmp_path, vectors) -> str:

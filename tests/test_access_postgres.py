@@ -209,6 +209,19 @@ def test_a_team_table_with_its_own_readers_column(pg, loaded, mode, monkeypatch)
     assert source.search(QUERY, 5, readers=ALICE)[0].doc_id in HR_IDS
 
 
+def test_a_table_gradfuse_loaded_keeps_its_readers_when_a_config_names_it_without_readers_column(pg, loaded):
+    ws, table, _ = loaded  # as `[sources.docs] kind = "postgres"` with only its table and URL
+    settings = PostgresSettings(table=table, url=pg.url)
+    other = Workspace(Config(workspace=ws.root, sources={"named": SourceSettings(postgres=settings)}))
+    found = other.source("named", "bm25").search(QUERY, 5, readers=BOB)
+    assert len(found) == 5 and not HR_IDS & {c.doc_id for c in found}
+    with psycopg.connect(pg.url) as conn:  # a team's own table with a column of that name: not gradfuse's to read
+        conn.execute(f"CREATE TABLE mine_{TABLES} AS SELECT doc_id, title, text, readers, embedding, tsv FROM {table}")
+    own = PostgresTable("t", PostgresSettings(table=f"mine_{TABLES}", url=pg.url), timeout_s=10.0)
+    assert own.settings.readers_column == ""
+    own.close()
+
+
 def test_a_readers_column_that_is_missing_or_not_a_list_of_names_is_refused(pg, loaded):
     table = loaded[1]
     with pytest.raises(PostgresError, match=r"has no column acl"):

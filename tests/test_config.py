@@ -51,6 +51,10 @@ def test_toml_declares_sources_models_and_defaults_and_flags_override(tmp_path):
         ("[generator]\ncite_first = 1\n", "cite_first: Input should be a valid boolean"),
         ("[sources.x]\nkind = 'beir'\n", "missing \\['path'\\]"),
         ("[sources.x]\nkind = 'sql'\npath = 'a'\n", "unknown kind 'sql'"),
+        # a misspelt option would leave every file open to every reader: refused, not ignored
+        ("[sources.x]\nkind = 'files'\npath = 'a'\n[sources.x.reader]\n'hr/*' = ['hr']\n",
+         "'reader' is no option of kind 'files' \\(its options: chunk_words, .*readers"),
+        ("[sources.x]\nkind = 'jsonl'\npath = 'a'\nreaders_feild = 'acl'\n", "'readers_feild' is no option of kind"),
         ("[defaults\n", "gradfuse.toml"),
         ("[rerank]\nestimator = 'magic'\n", "unknown estimator 'magic'"),
         ("[selection]\nlambda = 1\n", "\\[selection\\].*lambda"),

@@ -22,6 +22,7 @@ from live_server import Scraped, free_port, gradfuse_serve, serving
 from test_generation import INJECTION
 
 from gradfuse.access import EVERYTHING
+from gradfuse.access.keys import AccessSettings, PrincipalSettings, key_hash
 from gradfuse import SourceSpec, Workspace
 from gradfuse.config import Config
 from gradfuse.rerank import PassTooLong
@@ -172,6 +173,25 @@ def test_failed_sources_are_named_and_the_others_answer_within_the_timeout(fault
         assert down.status_code == 503
         assert "every source failed" in down.json()["detail"]
         assert {f["source"] for f in down.json()["failures"]} == {"slow", "broken"}
+
+
+def test_a_key_limited_to_some_documents_is_told_why_a_source_failed_not_what_it_said(faulty):
+    """The failure came of another caller's request, and an engine's error may quote that caller's query."""
+    bob = PrincipalSettings(sources=("*",), groups=("eng",), key_sha256=key_hash(b"bob-key"))
+    plain = faulty.config
+    faulty.config = replace(plain, access=AccessSettings(principals={"bob": bob}))
+    try:
+        with serving(create_app(faulty, ServerSettings(api_key="admin-key"))) as url:
+            asked = httpx.post(url + "/search", json={"query": "planet moons", "method": "rrf",
+                                                      "sources": ["astronomy", "broken"]},
+                               headers={"X-API-Key": "admin-key"}, timeout=60)
+            assert asked.status_code == 200 and asked.json()["failures"][0]["source"] == "broken"
+            seen = {key: {s["name"]: s for s in httpx.get(url + "/sources", headers={"X-API-Key": key}).json()}
+                    for key in ("bob-key", "admin-key")}
+            assert seen["bob-key"]["broken"]["last_failure"] == "error"
+            assert "refused the connection" in seen["admin-key"]["broken"]["last_failure"]
+    finally:
+        faulty.config = plain
 
 
 BAD_REQUESTS = [

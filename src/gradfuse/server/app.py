@@ -229,14 +229,17 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
     def sources_endpoint(http: Request) -> list[SourceHealthRecord]:
         """Each enabled source the key may read: whether its index opens, its size, encoder and last build, and
         what the last requests saw of it."""
-        records = []
-        for name, stats, error in workspace.source_health(principal=http.state.principal):
+        records, principal = [], http.state.principal
+        for name, stats, error in workspace.source_health(principal=principal):
             failure = health.last_failure.get(name)
             record = served_source_record(name, stats, error)
             records.append(SourceHealthRecord(
                 **record.model_dump(), breaker=workspace.guards.state(name), last_answered_at=health.last_ok.get(name),
                 last_failure_at=failure[0] if failure else None,
-                last_failure=f"{failure[1].reason}: {failure[1].detail}" if failure else None,
+                # its detail came of another caller's request (an engine's error may quote the query): its reason
+                # only, but to a key that reads everything
+                last_failure=(f"{failure[1].reason}: {failure[1].detail}" if principal.reads_everything
+                              else failure[1].reason) if failure else None,
             ))
         return records
 

@@ -13,9 +13,18 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from gradfuse.access import Readers
 from gradfuse.candidate import Candidate
 from gradfuse.sources.encoder_names import recorded_encoder
+from gradfuse.sources.readers import LIMIT_OPTIONS
 
 SourceKind = Literal["beir", "jsonl", "files", "run"]
 SOURCE_KINDS: tuple[str, ...] = ("beir", "jsonl", "files", "run")
+_CHUNKING = ("chunk_words", "chunk_overlap")
+_RECORDS = ("skip_malformed", "readers_field", "id_prefix", *_CHUNKING)
+# What a source of each kind reads of its spec's options (sources/build.py): any other is a typo, refused rather
+# than ignored (a misspelt `readers` would leave every file open to every reader).
+BUILD_OPTIONS: dict[str, tuple[str, ...]] = {
+    "beir": _RECORDS, "jsonl": (*_RECORDS, "id_field", "text_field", "title_field"),
+    "files": (*_CHUNKING, "links_outside", "readers", *LIMIT_OPTIONS), "run": ("corpus", "queries", "skip_malformed"),
+}
 FORMAT_VERSION = 3  # bump when the on-disk layout changes, so old builds are rebuilt rather than misread
 
 
@@ -50,6 +59,10 @@ class SourceSpec:
         if self.kind not in SOURCE_KINDS:
             raise ValueError(f"source {self.name!r}: unknown kind {self.kind!r} (choose from {', '.join(SOURCE_KINDS)})")
         check_source_name(self.name)
+        unknown = sorted(set(self.options) - set(BUILD_OPTIONS[self.kind]))
+        if unknown:
+            raise ValueError(f"source {self.name!r}: {', '.join(map(repr, unknown))} is no option of kind "
+                             f"{self.kind!r} (its options: {', '.join(BUILD_OPTIONS[self.kind])})")
 
 
 class InvalidSourceName(ValueError):

@@ -97,7 +97,7 @@ def read_documents(spec: SourceSpec, report: IngestReport, cache: Path | None = 
         limits = ReaderLimits(**{k: options[k] for k in LIMIT_OPTIONS if k in options})
         files = read_files(path, report, words=words, overlap=overlap, limits=limits, cache=cache,
                            links_outside=bool(options.get("links_outside", False)))
-        return list(with_file_readers(files, options.get("readers", {})))
+        return list(with_file_readers(files, options.get("readers", {}), report))
     else:
         # A run source keeps only the corpus documents its run ranks: the rest could never be returned.
         wanted = run_doc_ids(path)
@@ -113,19 +113,29 @@ def read_documents(spec: SourceSpec, report: IngestReport, cache: Path | None = 
     return list(_chunk_long_records(documents, report))
 
 
-def with_file_readers(documents, rules: object):
+def with_file_readers(documents, rules: object, report: IngestReport):
     """Files' passages with the readers of the last rule whose pattern matches the file's path in the folder
     (`[sources.NAME.readers]`: "hr/*" = ["hr"]; `*` matches across folders, as in a .gitignore the last match
-    wins); a file no rule matches is for every reader of the source."""
+    wins); a file no rule matches is for every reader of the source. A pattern no file matches is reported: a
+    misspelt folder would leave its files open."""
     if not isinstance(rules, dict):
         raise IngestError("readers must be a table of file patterns, each with a list of names: \"hr/*\" = [\"hr\"]")
+    for pattern in rules:
+        if pattern.startswith(("/", "./")):
+            raise IngestError(f"readers pattern {pattern!r}: patterns match paths inside the folder, which start "
+                              f"with no {pattern[:pattern.index('/') + 1]!r} (write {pattern.lstrip('./')!r})")
     try:
         checked = [(pattern, document_readers(names, f"readers {pattern!r}")) for pattern, names in rules.items()]
     except ValueError as error:
         raise IngestError(str(error)) from None
+    unmatched = dict.fromkeys(rules)
     for document in documents:
-        matched = [names for pattern, names in checked if fnmatch.fnmatchcase(document.parent_id or "", pattern)]
-        yield dataclasses.replace(document, readers=matched[-1]) if matched else document
+        matched = [(pattern, names) for pattern, names in checked
+                   if fnmatch.fnmatchcase(document.parent_id or "", pattern)]
+        for pattern, _ in matched:
+            unmatched.pop(pattern, None)
+        yield dataclasses.replace(document, readers=matched[-1][1]) if matched else document
+    report.unmatched_readers.extend(unmatched)
 
 
 def _chunk_long_records(documents, report: IngestReport):
@@ -182,6 +192,8 @@ def _build(workspace: Path, spec: SourceSpec, encoder: str, progress: bool) -> B
     for shared in (workspace / "cache" / "parsed").glob("*.json"):  # before version 3, one folder for all sources
         shared.unlink(missing_ok=True)
     documents = read_documents(spec, report, workspace / "cache" / "parsed" / spec.name)
+    notes = [f"readers pattern {pattern!r} matches no file: the files it was meant for are open to every reader "
+             "of the source" for pattern in report.unmatched_readers]
     if not documents:
         skipped = "".join(f"\n  {name}: {reason} ({detail})" for name, reason, detail in report.skipped_unreadable)
         raise IngestError(f"source {spec.name!r}: {spec.path} holds no documents"
@@ -192,7 +204,7 @@ def _build(workspace: Path, spec: SourceSpec, encoder: str, progress: bool) -> B
     previous = current_version(source_dir)
     if previous is not None and read_manifest(previous).get("fingerprint") == fingerprint:
         return BuildReport(spec.name, "unchanged", len(documents), time.perf_counter() - started,
-                           **report.details())
+                           **report.details(), notes=notes)
 
     private_folder(source_dir, up_to=workspace)
     for stale in source_dir.glob("build-*"):  # left by a build that was killed: this one holds the lock now
@@ -215,7 +227,7 @@ def _build(workspace: Path, spec: SourceSpec, encoder: str, progress: bool) -> B
             "ingest": report.summary(),
             "encoder": None,
         }
-        embedded_now, described, notes = 0, "", []
+        embedded_now, described = 0, ""
         before = read_manifest(previous).get("encoder") if previous is not None else None
         if spec.kind != "run" and before and recorded_encoder(before) != encoder:
             before = recorded_encoder(before)

@@ -43,6 +43,7 @@ class IngestReport:
     read_by_content: list[str] = field(default_factory=list)  # files whose content says another format
     cut_to_limits: list[str] = field(default_factory=list)  # "big.csv: repeated header cut to 1000 characters (...)"
     pages_read_by_ocr: int = 0
+    unmatched_readers: list[str] = field(default_factory=list)  # `readers` patterns no file matched
     formats: dict[str, int] = field(default_factory=dict)  # files read, by format
 
     def summary(self) -> dict[str, int]:

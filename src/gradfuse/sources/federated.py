@@ -210,7 +210,7 @@ def _failure(guards: Guards, name: str, error: Exception, *, admitted: bool = Tr
     else:
         reason, detail = "error", f"{type(error).__name__}: {error}"
     if admitted:
-        if isinstance(error, QueryNotAnswered):
+        if isinstance(error, (QueryNotAnswered, UnreadableReturned)):  # it answered: one caller's answer is refused
             guards[name].breaker.succeeded()
         else:
             guards[name].breaker.failed(f"{reason}: {detail}")

@@ -159,6 +159,11 @@ class PostgresTable:
                                    "gradfuse_sources WHERE table_name = %s", (s.table,)).fetchone()
                 if row:
                     metadata = dict(zip(("encoder", "dimension", "language", "distance", "input", "built_at"), row))
+        if metadata and not s.readers_column and types.get(LOADED_READERS_COLUMN) == "_text":
+            # a table gradfuse loaded, named in a config without readers_column: its readers are still read, or
+            # the documents it loaded for some would be open to all
+            self.settings = replace(s, readers_column=LOADED_READERS_COLUMN)
+            readers_type = READERS_TYPES["_text"]
         return columns, metadata, readers_type
 
     def vector_version(self) -> tuple[int, ...] | None:

@@ -62,6 +62,20 @@ class QdrantCollection:
         except ValueError as error:  # pydantic's ValidationError: the table is no Qdrant filter
             self.close()
             raise SourceError(f"qdrant: filter is not a Qdrant filter ({str(error)[:300]})") from None
+        if settings.readers_field:
+            self._check_readers_field()
+
+    def _check_readers_field(self) -> None:
+        """Refuse a `readers_field` no point holds (a misspelt key would leave every point open to every reader),
+        unless the collection is empty."""
+        models, s = engine_client("qdrant_client", "models"), self.settings
+        held = models.Filter(must_not=[models.IsEmptyCondition(is_empty=models.PayloadField(key=s.readers_field))])
+        if self._client.count(s.collection, count_filter=held, exact=True).count == 0 and \
+                self._client.count(s.collection, exact=True).count > 0:
+            self.close()
+            raise SourceError(f"qdrant collection {s.collection!r}: no point holds readers_field "
+                              f"{s.readers_field!r}, so none would be restricted (check the key's spelling; a "
+                              "collection whose points are all for every reader needs no readers_field)")
 
     def warm(self) -> None:
         self.settings.warm()

@@ -141,8 +141,13 @@ class StoreSettings:
                          readers=self.row_readers(row))
 
     def row_readers(self, row: dict) -> tuple[str, ...]:
-        """Who may read a row, from `readers_field` (a list of names, or one name); () where it names none."""
+        """Who may read a row, from `readers_field` (a list of names, or one name); () where it names none. A
+        dotted field is a nested key where the row has no key of that name (Qdrant's payload paths)."""
         value = row.get(self.readers_field) if self.readers_field else None
+        if value is None and "." in self.readers_field:
+            value = row
+            for part in self.readers_field.split("."):
+                value = value.get(part) if isinstance(value, dict) else None
         if value is None:
             return ()
         if isinstance(value, str):
