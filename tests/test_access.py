@@ -447,3 +447,14 @@ def test_a_files_pattern_that_matches_no_file_is_reported_and_one_from_the_root_
     for pattern in ("/hr/*", "./hr/*"):
         with pytest.raises(IngestError, match=f"readers pattern '{re.escape(pattern)}'.*write 'hr/\\*'"):
             ws.index(SourceSpec("wiki", "files", str(tmp_path / "wiki"), {"readers": {pattern: ["hr"]}}))
+
+
+def test_a_corpus_whose_readers_field_means_something_else_is_told_how_to_read_none(tmp_path):
+    from gradfuse.sources.documents import IngestError
+
+    write_jsonl(tmp_path / "reviews.jsonl", [{"id": "r1", "text": "A fine book.", "readers": 1200}])
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    with pytest.raises(IngestError, match='readers must be a list of names, not int.*readers_field = "" reads none'):
+        ws.index(SourceSpec("reviews", "jsonl", str(tmp_path / "reviews.jsonl")))
+    built = ws.index(SourceSpec("reviews", "jsonl", str(tmp_path / "reviews.jsonl"), {"readers_field": ""}))
+    assert built.documents == 1 and ws.source("reviews", "bm25").search("book", 1)[0].readers == ()

@@ -139,8 +139,8 @@ def _record(raw: bytes, id_fields: tuple[str, ...], text_field: str, title_field
             raise _BadRecord("a lone surrogate escape (such as \\ud800) is not text") from None
     try:
         readers = document_readers(record.get(readers_field), f"field {readers_field!r}")
-    except InvalidReader as error:
-        raise _BadRecord(str(error)) from None
+    except InvalidReader as error:  # a field of that name may mean something else in this corpus
+        raise _BadRecord(f"{error} (a field that names no readers: readers_field = \"\" reads none)") from None
     return doc_id, text, title, readers
 
 
