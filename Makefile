@@ -51,8 +51,13 @@ clean:
 # Benchmarks report numbers into committed files under results/; they are not tests. Each benchmark file in
 # benchmarks/ also has a small --quick variant whose expected scores sit next to it (checked by the tests).
 BENCHMARKS := federated qa dl19
-.PHONY: bench bench-chaos bench-skeleton bench-serve bench-postgres bench-engines bench-conversation bench-stage2 bench-defaults bench-conditional bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-indexing bench-precision bench-many-sources bench-few-sources $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
-bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-defaults bench-stage2 bench-conditional bench-serve bench-postgres bench-engines bench-conversation bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-indexing bench-precision bench-chaos bench-many-sources bench-few-sources
+.PHONY: bench bench-access bench-chaos bench-skeleton bench-serve bench-postgres bench-engines bench-conversation bench-stage2 bench-defaults bench-conditional bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-indexing bench-precision bench-many-sources bench-few-sources $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
+bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-defaults bench-stage2 bench-conditional bench-serve bench-postgres bench-engines bench-conversation bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-indexing bench-precision bench-chaos bench-many-sources bench-few-sources bench-access
+
+# What permissions cost a question: p50 with and without them over the federated benchmark's nine sources, by the
+# library and over HTTP (results/access/; about 15 min, most of it embedding three corpora once).
+bench-access: install
+	$(BIN)/python bench/access.py
 
 bench-skeleton: install
 	$(BIN)/python bench/skeleton_scifact.py

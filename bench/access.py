@@ -3,7 +3,8 @@
 The same documents are built twice into one workspace: once as they are ("open": no source reads who may see a
 document) and once with a seeded half of each corpus restricted (40% open, 50% for group `team-b`, 10% for group
 `team-a`, read from a field named by `readers_field`). A question is then asked, over all nine sources, in four ways,
-in turn for every question so that drift on a shared machine falls on all alike:
+in turn for every question, each way first as often as the others, so that neither drift on a shared machine nor
+what the first asker leaves ready (the query's vector, the index pages) favours one:
 
 - off: the open sources, as a workspace without permissions asks them;
 - on, every document: the restricted sources by a key that reads every document (the filter is not applied);
@@ -20,7 +21,7 @@ The passage vectors come from .gradfuse/bench/many-sources/cache when that bench
 the others are computed once into .gradfuse/bench/access/cache. The derived corpora live in
 .gradfuse/bench/access/corpora (never in the repository).
 
-    python bench/access.py [--queries 200] [--warm 10]
+    python bench/access.py [--queries 500] [--warm 10]
 """
 
 from __future__ import annotations
@@ -99,6 +100,14 @@ def build(ws: Workspace, bench) -> tuple[list[str], list[str], dict]:
     return opened, restricted, builds
 
 
+def rotated(ways: dict, position: int) -> list[tuple]:
+    """The ways in turn, each first as often as the others: the first to ask a question pays for what the others
+    then find ready (its query vector, the index pages its words lead to)."""
+    items = list(ways.items())
+    turn = position % len(items)
+    return items[turn:] + items[:turn]
+
+
 def percentiles(values: list[float]) -> dict:
     return {"p50": float(np.percentile(values, 50)), "p90": float(np.percentile(values, 90)), "n": len(values)}
 
@@ -109,7 +118,7 @@ def library_rows(ws: Workspace, questions: list[str], warm: int, names: dict[str
     for retrieval in ("bm25", "hybrid"):
         seconds = {way: [] for way in ways}
         for position, question in enumerate(questions):
-            for way, (sources, principal) in ways.items():
+            for way, (sources, principal) in rotated(ways, position):
                 started = time.perf_counter()
                 result = ws.search(question, method="rrf", k=10, sources=sources, retrieval=retrieval,
                                    principal=principal)
@@ -118,7 +127,7 @@ def library_rows(ws: Workspace, questions: list[str], warm: int, names: dict[str
                     raise RuntimeError(f"{way}: {[f.detail for f in result.failures]}")
                 if position >= warm:
                     seconds[way].append(elapsed * 1000)
-        rows[retrieval] = {way: percentiles(values) for way, values in seconds.items()}
+        rows[retrieval] = compared(seconds)
         print(retrieval, {w: round(r["p50"], 1) for w, r in rows[retrieval].items()}, flush=True)
     return rows
 
@@ -134,7 +143,7 @@ def server_rows(config: Config, questions: list[str], warm: int, names: dict[str
                     "on, team-a (reads 50%)": (on_url, names["restricted"], {"X-API-Key": KEY})}
             with httpx.Client(timeout=300) as client:
                 for position, question in enumerate(questions):
-                    for way, (url, sources, headers) in ways.items():
+                    for way, (url, sources, headers) in rotated(ways, position):
                         body = {"query": question, "method": "rrf", "k": 10, "sources": sources,
                                 "retrieval": "bm25"}
                         started = time.perf_counter()
@@ -145,14 +154,25 @@ def server_rows(config: Config, questions: list[str], warm: int, names: dict[str
                             raise RuntimeError("a question was answered from the cache")
                         if position >= warm:
                             seconds[way].append(elapsed * 1000)
-    rows = {way: percentiles(values) for way, values in seconds.items()}
+    rows = compared(seconds)
     print("server", {w: round(r["p50"], 1) for w, r in rows.items()}, flush=True)
     return rows
 
 
-def change(rows: dict) -> dict:
-    off = rows["off"]["p50"]
-    return {way: row["p50"] / off - 1 for way, row in rows.items() if way != "off"}
+def compared(milliseconds: dict[str, list[float]]) -> dict:
+    """Each way's percentiles and, against "off" over the same questions, its p50's change with a 95% bootstrap
+    interval (questions resampled) and the median of each question's own change."""
+    off = np.array(milliseconds["off"])
+    rows, draws = {}, np.random.default_rng(0).integers(0, len(off), size=(2000, len(off)))
+    for way, values in milliseconds.items():
+        rows[way] = percentiles(values)
+        if way != "off":
+            on = np.array(values)
+            resampled = np.median(on[draws], axis=1) / np.median(off[draws], axis=1) - 1
+            rows[way].update(change=float(np.median(on) / np.median(off) - 1),
+                             interval=[float(v) for v in np.percentile(resampled, [2.5, 97.5])],
+                             paired=float(np.median(on / off - 1)))
+    return rows
 
 
 def markdown(result: dict) -> str:
@@ -160,28 +180,31 @@ def markdown(result: dict) -> str:
         "# What permissions cost a question (issue 43)", "",
         f"Command: `python bench/access.py --queries {result['queries']} --warm {result['warm']}` (make "
         f"bench-access) · code {result['commit']} · {result['measured']} test questions of the federated benchmark "
-        "(seeded, mixed from its eight query sets), each asked once in every way, in turn; the first "
-        f"{result['warm']} warm each way up and are not counted.", "",
+        "(seeded, mixed from its eight query sets), each asked once in every way, in turn, each way first as often as "
+        f"the others; the first {result['warm']} warm each way up and are not counted.", "",
         f"CPU: {result['cpu']}.", "",
         "The nine sources of benchmarks/federated.toml, built twice from the same documents: open, and with 60% of "
         "each corpus restricted (50% to group team-b, 10% to team-a; 40% left open), filtered inside each source "
         "before ranking. rrf over every source's list, k = 10, 100 candidates from each source.", "",
-        "| path | retrieval | way | p50 ms | p90 ms | p50 against off |", "|---|---|---|---:|---:|---:|",
+        "| path | retrieval | way | p50 ms | p90 ms | p50 against off | 95% interval | median of each question's |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for (path, retrieval), rows in result["rows"].items():
-        changes = change(rows)
         for way, row in rows.items():
-            delta = f"{changes[way]:+.1%}" if way in changes else ""
-            lines.append(f"| {path} | {retrieval} | {way} | {row['p50']:.1f} | {row['p90']:.1f} | {delta} |")
-    worst = max(v for rows in result["rows"].values() for v in change(rows).values())
+            against = (f"{row['change']:+.1%} | {row['interval'][0]:+.1%} to {row['interval'][1]:+.1%} | "
+                       f"{row['paired']:+.1%}") if "change" in row else " | | "
+            lines.append(f"| {path} | {retrieval} | {way} | {row['p50']:.1f} | {row['p90']:.1f} | {against} |")
+    worst = max(row["change"] for rows in result["rows"].values() for row in rows.values() if "change" in row)
     lines += ["", f"Largest p50 change against off: {worst:+.1%} (criterion: at most +10%: "
-              f"{'met' if worst <= 0.10 else 'not met'})."]
+              f"{'met' if worst <= 0.10 else 'not met'}). The interval is the p50 change's over questions drawn "
+              "again (2,000 draws); \"each question's\" is the median of every question's own change, which the "
+              "questions' spread moves least."]
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--queries", type=int, default=500)
     parser.add_argument("--warm", type=int, default=10)
     args = parser.parse_args()
     bench = load_benchmark(ROOT / "benchmarks" / "federated.toml")

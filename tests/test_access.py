@@ -444,6 +444,12 @@ def test_a_files_pattern_that_matches_no_file_is_reported_and_one_from_the_root_
     built = ws.index(SourceSpec("wiki", "files", str(tmp_path / "wiki"), {"readers": {"HR/*": ["hr"]}}))
     assert built.notes == ["readers pattern 'HR/*' matches no file: the files it was meant for are open to every "
                            "reader of the source"]
+    (tmp_path / "wiki" / "public").mkdir()
+    (tmp_path / "wiki" / "public" / "pay.md").symlink_to(tmp_path / "wiki" / "hr" / "pay.md")
+    ws.index(SourceSpec("wiki", "files", str(tmp_path / "wiki"), {"readers": {"hr/*": ["hr"]}}))
+    with ws.holding("wiki", "bm25") as wiki:  # read through a link, a file keeps the readers of where it is
+        assert {c.parent_id: c.readers for c in wiki.search("salaries paid", 5)} == {"hr/pay.md": ("hr",),
+                                                                                    "public/pay.md": ("hr",)}
     for pattern in ("/hr/*", "./hr/*"):
         with pytest.raises(IngestError, match=f"readers pattern '{re.escape(pattern)}'.*write 'hr/\\*'"):
             ws.index(SourceSpec("wiki", "files", str(tmp_path / "wiki"), {"readers": {pattern: ["hr"]}}))

@@ -213,12 +213,13 @@ def test_a_table_gradfuse_loaded_keeps_its_readers_when_a_config_names_it_withou
     ws, table, _ = loaded  # as `[sources.docs] kind = "postgres"` with only its table and URL
     settings = PostgresSettings(table=table, url=pg.url)
     other = Workspace(Config(workspace=ws.root, sources={"named": SourceSettings(postgres=settings)}))
-    found = other.source("named", "bm25").search(QUERY, 5, readers=BOB)
-    assert len(found) == 5 and not HR_IDS & {c.doc_id for c in found}
+    for mode in ("bm25", "dense", "bm25"):  # a mode opened later shares the table: the first one still answers
+        found = other.source("named", mode).search(QUERY, 5, readers=BOB)
+        assert len(found) == 5 and not HR_IDS & {c.doc_id for c in found}
     with psycopg.connect(pg.url) as conn:  # a team's own table with a column of that name: not gradfuse's to read
         conn.execute(f"CREATE TABLE mine_{TABLES} AS SELECT doc_id, title, text, readers, embedding, tsv FROM {table}")
     own = PostgresTable("t", PostgresSettings(table=f"mine_{TABLES}", url=pg.url), timeout_s=10.0)
-    assert own.settings.readers_column == ""
+    assert own.readers_column == ""
     own.close()
 
 

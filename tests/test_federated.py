@@ -9,7 +9,7 @@ from conftest import COOKING, write_jsonl
 
 from gradfuse import SourceSpec, Workspace
 from gradfuse.config import Config, SourceSettings
-from gradfuse.sources.federated import AllSourcesFailed, query_sources
+from gradfuse.sources.federated import AllSourcesFailed, ask_sources, query_sources
 from gradfuse.sources.guard import Guards
 
 
@@ -55,6 +55,26 @@ def test_a_dead_and_a_slow_source_are_reported_and_the_others_still_answer(works
     assert failures["slow"].reason == "timeout" and "0.5 s" in failures["slow"].detail
     assert elapsed < 5.0  # the hanging source did not hold the answer back to the others' timeout
     assert result.ranked_lists["astronomy"][0].doc_id == "mars"
+
+
+def test_a_callers_shorter_deadline_does_not_count_toward_the_breaker(workspace):
+    """A request's own short timeout_s says nothing of the source: no caller may open its breaker for every other."""
+    guards, hanging, astronomy = Guards(), HangingSource(), workspace.source("astronomy", "bm25")
+    by_name = {"astronomy": astronomy, "slow": hanging}
+    own = {"astronomy": 5.0, "slow": 5.0}
+    try:
+        for _ in range(guards.settings.breaker_failures + 1):
+            result = ask_sources(list(by_name), lambda name: (by_name[name], lambda: None), "planet moons", 5,
+                                 {"astronomy": 0.5, "slow": 0.05}, guards, None, own)
+            assert [(f.source, f.reason) for f in result.failures] == [("slow", "timeout")]
+        assert guards.state("slow") == "closed" and guards["slow"].breaker.failures == 0
+        result = ask_sources(list(by_name), lambda name: (by_name[name], lambda: None), "planet moons", 5,
+                             {"astronomy": 5.0, "slow": 0.05}, guards, None, {"astronomy": 5.0, "slow": 0.05})
+        assert guards["slow"].breaker.failures == 1  # its own deadline: counted
+        assert "the last: timeout" in guards["slow"].open_error().args[0]
+    finally:
+        hanging.release.set()
+        guards.close()
 
 
 def test_all_sources_failing_is_one_clear_error_naming_each():

@@ -115,6 +115,7 @@ def test_trec_run_becomes_a_source_that_answers_its_own_queries(ws, tmp_path):
     assert [(h.doc_id, h.native_rank, h.native_score) for h in hits] == [("mars", 1, 7.25), ("venus", 2, 3.5)]
     with pytest.raises(Exception, match="no ranking for this query"):
         source.search("something else", 10)
+    assert source.document("mars").title == "Mars" and source.document("jupiter") is None  # a cited passage again
     assert ws.index(SourceSpec("bm25run", "run", str(run), {"corpus": str(corpus)})).status == "unchanged"
 
 

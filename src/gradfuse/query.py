@@ -96,7 +96,7 @@ class QueryPipeline:
         names = self.catalog.resolve(sources, principal)
         return ask_sources(names, lambda name: self.catalog.lease(name, retrieval), query,
                            depth or self.config.depth, self.catalog.timeouts(names, timeout_s), self.catalog.guards,
-                           principal.readers)
+                           principal.readers, self.catalog.timeouts(names))
 
     def rank(self, query: str, federated: FederatedResult, *, method: str | None = None, k: int | None = None,
              gold: str | None = None, selection: SelectionSettings | None = None, **rerank_options) -> SearchResult:

@@ -73,10 +73,11 @@ class Principal:
         return self.every_document and self.sources is None
 
     def fingerprint(self) -> tuple:
-        """What a result depends on of the caller (the result cache's key): two callers who may read the same
-        share results, no other two do."""
-        return (None if self.sources is None else tuple(sorted(self.sources)),
+        """The result cache's key of the caller: each principal's own (two who may read the same still share
+        none, or a hit would tell one what the other asked), with what a result depends on of it."""
+        return (self.name, None if self.sources is None else tuple(sorted(self.sources)),
                 None if self.readers is None else tuple(sorted(self.readers)))
 
 
-EVERYTHING = Principal("everything", every_document=True)  # no key, the single key, the library, eval and tune
+# No key, the single key, the library, eval and tune; "*" is no principal's name, so it shares no cache entry
+EVERYTHING = Principal("*", every_document=True)

@@ -97,11 +97,11 @@ def read_documents(spec: SourceSpec, report: IngestReport, cache: Path | None = 
         limits = ReaderLimits(**{k: options[k] for k in LIMIT_OPTIONS if k in options})
         files = read_files(path, report, words=words, overlap=overlap, limits=limits, cache=cache,
                            links_outside=bool(options.get("links_outside", False)))
-        return list(with_file_readers(files, options.get("readers", {}), report))
+        return list(with_file_readers(files, options.get("readers", {}), report, path))
     else:
         # A run source keeps only the corpus documents its run ranks: the rest could never be returned.
         wanted = run_doc_ids(path)
-        corpus = read_jsonl(Path(options["corpus"]), report, skip_malformed=skip)
+        corpus = read_jsonl(Path(options["corpus"]), report, skip_malformed=skip, readers_field=readers_field)
         return [d for d in corpus if d.doc_id in wanted]
     if "id_prefix" in options:  # one collection as several sources (e.g. TAT-QA's tables and its paragraphs)
         documents = (d for d in documents if d.doc_id.startswith(options["id_prefix"]))
@@ -113,10 +113,11 @@ def read_documents(spec: SourceSpec, report: IngestReport, cache: Path | None = 
     return list(_chunk_long_records(documents, report))
 
 
-def with_file_readers(documents, rules: object, report: IngestReport):
-    """Files' passages with the readers of the last rule whose pattern matches the file's path in the folder
+def with_file_readers(documents, rules: object, report: IngestReport, folder: Path):
+    """Files' passages with the readers of the last rule whose pattern matches the file's path in `folder`
     (`[sources.NAME.readers]`: "hr/*" = ["hr"]; `*` matches across folders, as in a .gitignore the last match
-    wins); a file no rule matches is for every reader of the source. A pattern no file matches is reported: a
+    wins); a file no rule matches is for every reader of the source. A file read through a link has the readers of
+    the path it leads to (a link in public/ to hr/pay.md is hr's). A pattern no file matches is reported: a
     misspelt folder would leave its files open."""
     if not isinstance(rules, dict):
         raise IngestError("readers must be a table of file patterns, each with a list of names: \"hr/*\" = [\"hr\"]")
@@ -128,14 +129,22 @@ def with_file_readers(documents, rules: object, report: IngestReport):
         checked = [(pattern, document_readers(names, f"readers {pattern!r}")) for pattern, names in rules.items()]
     except ValueError as error:
         raise IngestError(str(error)) from None
-    unmatched = dict.fromkeys(rules)
+    unmatched, root, decided_by = dict.fromkeys(rules), folder.resolve(), {}
     for document in documents:
-        matched = [(pattern, names) for pattern, names in checked
-                   if fnmatch.fnmatchcase(document.parent_id or "", pattern)]
+        file = document.parent_id or ""
+        if file not in decided_by:  # once a file, not once a chunk
+            decided_by[file] = _rule_path(root, file)
+        matched = [(pattern, names) for pattern, names in checked if fnmatch.fnmatchcase(decided_by[file], pattern)]
         for pattern, _ in matched:
             unmatched.pop(pattern, None)
         yield dataclasses.replace(document, readers=matched[-1][1]) if matched else document
     report.unmatched_readers.extend(unmatched)
+
+
+def _rule_path(root: Path, relative: str) -> str:
+    """The path in the folder a file's readers are decided by: where a link leads, when that is in the folder."""
+    target = (root / relative).resolve()
+    return target.relative_to(root).as_posix() if target.is_relative_to(root) else relative
 
 
 def _chunk_long_records(documents, report: IngestReport):
@@ -194,6 +203,9 @@ def _build(workspace: Path, spec: SourceSpec, encoder: str, progress: bool) -> B
     documents = read_documents(spec, report, workspace / "cache" / "parsed" / spec.name)
     notes = [f"readers pattern {pattern!r} matches no file: the files it was meant for are open to every reader "
              "of the source" for pattern in report.unmatched_readers]
+    if spec.options.get("readers_field") and not any(d.readers for d in documents):  # a misspelt field, likely
+        notes.append(f"no record names readers in field {spec.options['readers_field']!r} (readers_field): every "
+                     "document is open to every reader of the source")
     if not documents:
         skipped = "".join(f"\n  {name}: {reason} ({detail})" for name, reason, detail in report.skipped_unreadable)
         raise IngestError(f"source {spec.name!r}: {spec.path} holds no documents"

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
+from gradfuse.access import Readers, may_read
 from gradfuse.candidate import Candidate, Location
 from gradfuse.sources.documents import Document
 
@@ -87,6 +88,13 @@ class DocStore:
                 )
             )
         return result
+
+    def document(self, source: str, doc_id: str, readers: Readers) -> Candidate | None:
+        """One passage by its id (a cited passage opened again), or None: also where `readers` may not read it,
+        so that a caller cannot tell a passage it may not read from one that does not exist."""
+        row = self.rows_for_ids([doc_id]).get(doc_id)
+        found = None if row is None else self.candidates(source, [row], [0.0])[0]
+        return found if found is not None and may_read(found.readers, readers) else None
 
     def rows_for_ids(self, doc_ids: list[str]) -> dict[str, int]:
         with self._lock:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import tantivy
 
-from gradfuse.access import Readers, may_read
+from gradfuse.access import Readers
 from gradfuse.candidate import Candidate
 from gradfuse.sources.base import TIE_SLACK, SourceStats, rank_by_score, read_manifest, stats_from_manifest
 from gradfuse.sources.docstore import DocStore
@@ -153,11 +153,7 @@ class EmbeddedSource:
             load_encoder(self._manifest["encoder"])
 
     def document(self, doc_id: str, *, readers: Readers = None) -> Candidate | None:
-        """One passage by its id (a cited passage opened again), or None: also where `readers` may not read it,
-        so that a caller cannot tell a passage it may not read from one that does not exist."""
-        row = self._docs.rows_for_ids([doc_id]).get(doc_id)
-        found = None if row is None else self._docs.candidates(self.name, [row], [0.0])[0]
-        return found if found is not None and may_read(found.readers, readers) else None
+        return self._docs.document(self.name, doc_id, readers)
 
     def search(self, query: str, k: int, *, readers: Readers = None, mode: str | None = None) -> list[Candidate]:
         mode, deeper = mode or self.mode, k + TIE_SLACK

@@ -61,15 +61,18 @@ def query_sources(sources: list[Source], query: str, k: int, timeouts: dict[str,
 
 
 def ask_sources(names: list[str], open_source: Opener, query: str, k: int, timeouts: dict[str, float],
-                guards: Guards, readers: Readers = None) -> FederatedResult:
+                guards: Guards, readers: Readers = None, own_timeouts: dict[str, float] | None = None
+                ) -> FederatedResult:
     """Each source opened and asked on its own workers (sources/guard.py), within one deadline for both, the
     loading of its models left out of it, and asked as soon as it is open, so one slow to open delays no other: a
     source that fails, hangs, is busy or whose breaker is open is a failure of its own, reported by name, and the
     others answer. Raises only when none answered. `readers`: the caller's (gradfuse.access), which each source
-    filters by inside its store; None: every passage."""
+    filters by inside its store; None: every passage. `own_timeouts`: the sources' own, where the caller chose
+    `timeouts`: a call late only by a caller's shorter deadline does not count toward the breaker (no caller may
+    open it for every other)."""
     if not names:
         raise ValueError("no sources to query")
-    ask = _Round(query, k, timeouts, guards, readers)
+    ask = _Round(query, k, timeouts, guards, readers, own_timeouts or timeouts)
     try:
         ask.run(names, open_source)
     finally:
@@ -86,8 +89,10 @@ class _Round:
     """One federated query: each source's call in flight (opening, then searching) against the source's own
     deadline, which the time spent loading models moves on for every source (a cold start is no fault)."""
 
-    def __init__(self, query: str, k: int, timeouts: dict[str, float], guards: Guards, readers: Readers):
+    def __init__(self, query: str, k: int, timeouts: dict[str, float], guards: Guards, readers: Readers,
+                 own_timeouts: dict[str, float]):
         self.query, self.k, self.timeouts, self.guards, self.readers = query, k, timeouts, guards, readers
+        self.own_timeouts = own_timeouts
         self.started = time.perf_counter()
         self.deadlines = {name: self.started + timeout for name, timeout in timeouts.items()}
         self.pending: dict[Future, tuple[str, str]] = {}  # a call in flight → (its source, "open" or "search")
@@ -159,7 +164,10 @@ class _Round:
         else:
             self.guards[name].abandon(future, lambda _, release=self.releases.pop(name): release())
             late = _Late(f"no answer within {self.timeouts[name]:g} s")
-        self.failures[name] = _failure(self.guards, name, late)
+        counted = self.timeouts[name] >= self.own_timeouts[name]  # not a caller's shorter deadline
+        if not counted:
+            self.guards[name].breaker.undecided()
+        self.failures[name] = _failure(self.guards, name, late, admitted=counted)
 
     def release(self) -> None:
         for release in self.releases.values():
@@ -213,7 +221,7 @@ def _failure(guards: Guards, name: str, error: Exception, *, admitted: bool = Tr
         if isinstance(error, (QueryNotAnswered, UnreadableReturned)):  # it answered: one caller's answer is refused
             guards[name].breaker.succeeded()
         else:
-            guards[name].breaker.failed(f"{reason}: {detail}")
+            guards[name].breaker.failed(reason)
     return SourceFailure(name, reason, detail)
 
 
@@ -229,10 +237,10 @@ def _timed_search(source: Source, query: str, k: int, max_chars: int,
                   readers: Readers) -> tuple[list[Candidate], float]:
     started = time.perf_counter()
     found = source.search(query, k) if readers is None else source.search(query, k, readers=readers)
-    unreadable = sum(not may_read(c.readers, readers) for c in found)
-    if unreadable:  # the store's filter failed: none of what it returned is used, and it is told as a failure
-        raise UnreadableReturned(f"it returned {unreadable} passage(s) this caller may not read (its filter on "
-                                 "readers did not hold): none of its passages is used")
+    if not all(may_read(c.readers, readers) for c in found):  # the store's filter failed: none is used
+        # (no count: how many passages a caller may not read match its query is itself not for it to know)
+        raise UnreadableReturned("it returned passages this caller may not read (its filter on readers did not "
+                                 "hold): none of its passages is used")
     candidates = [cut_passage(c, max_chars) for c in found]
     return candidates, time.perf_counter() - started
 

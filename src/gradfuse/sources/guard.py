@@ -58,7 +58,7 @@ class Breaker:
         self.failures = 0  # in a row
         self.opened_at: float | None = None
         self._probing = False
-        self.last_error = ""
+        self.last_reason = ""  # timeout, error, busy: never a detail (it came of one caller's request)
 
     def state(self) -> BreakerState:
         with self._lock:
@@ -90,12 +90,17 @@ class Breaker:
         with self._lock:
             self.failures, self.opened_at, self._probing = 0, None, False
 
-    def failed(self, error: str) -> None:
+    def failed(self, reason: str) -> None:
         with self._lock:
             self.failures += 1
-            self.last_error = error
+            self.last_reason = reason
             if self._probing or (self.failures_to_open and self.failures >= self.failures_to_open):
                 self.opened_at = self._clock()  # a failed probe opens it again, for a whole cool-down
+            self._probing = False
+
+    def undecided(self) -> None:
+        """A call that said nothing of the source (its caller's shorter deadline cut it): another may probe."""
+        with self._lock:
             self._probing = False
 
 
@@ -117,7 +122,7 @@ class SourceGuard:
     def open_error(self) -> SourceUnavailable:
         b = self.breaker
         return SourceUnavailable("open", f"not called: its circuit breaker is open after {b.failures} failures in "
-                                         f"a row (last: {b.last_error[:200]}); the next try in {b.retry_in():.0f} s")
+                                         f"a row (the last: {b.last_reason}); the next try in {b.retry_in():.0f} s")
 
     def submit(self, call: Callable[..., Any], *args) -> Future:
         """The call on one of this source's workers; SourceUnavailable ("busy") at once when all of them are held

@@ -127,9 +127,10 @@ class PostgresTable:
         self.pool = ConnectionPool(url, min_size=1, max_size=settings.pool_size, open=True, timeout=timeout_s,
                                    kwargs={"connect_timeout": max(1, int(timeout_s))},
                                    check=ConnectionPool.check_connection, name=f"gradfuse-{name}")
-        self.columns, self.metadata, self.readers_type = self._inspect()
+        # readers_column as read: also the `readers` column of a table gradfuse loaded where the config names none
+        self.columns, self.metadata, self.readers_type, self.readers_column = self._inspect()
 
-    def _inspect(self) -> tuple[set[str], dict[str, Any], str | None]:
+    def _inspect(self) -> tuple[set[str], dict[str, Any], str | None, str]:
         s = self.settings
         with self.pool.connection() as conn:
             exists = conn.execute("SELECT to_regclass(%s)", (s.table,)).fetchone()[0]
@@ -162,9 +163,8 @@ class PostgresTable:
         if metadata and not s.readers_column and types.get(LOADED_READERS_COLUMN) == "_text":
             # a table gradfuse loaded, named in a config without readers_column: its readers are still read, or
             # the documents it loaded for some would be open to all
-            self.settings = replace(s, readers_column=LOADED_READERS_COLUMN)
-            readers_type = READERS_TYPES["_text"]
-        return columns, metadata, readers_type
+            return columns, metadata, READERS_TYPES["_text"], LOADED_READERS_COLUMN
+        return columns, metadata, readers_type, s.readers_column
 
     def vector_version(self) -> tuple[int, ...] | None:
         """The installed pgvector's version (0.8.0 -> (0, 8, 0)), or None where it is not installed."""
@@ -242,7 +242,7 @@ class PostgresSource:
     def _readers_filter(self, readers: Readers) -> tuple[str, dict]:
         """The condition that keeps the rows `readers` may read, and its parameter; ("", {}) where every row is
         readable (readers None, or a table without a readers column), so that no clause costs anything then."""
-        column, array_type = self._table.settings.readers_column, self._table.readers_type
+        column, array_type = self._table.readers_column, self._table.readers_type
         if readers is None or not column:
             return "", {}
         # Bound, never formatted: the names reach the server as a parameter.
@@ -254,7 +254,7 @@ class PostgresSource:
         title = s.title_column if s.title_column in columns else "''"
         provenance = ("parent_id, span_start, span_end" if {"parent_id", "span_start", "span_end"} <= columns
                       else "NULL, NULL, NULL") + (", location" if "location" in columns else ", NULL")
-        readers = f"{s.readers_column}::text[]" if s.readers_column else "NULL"
+        readers = f"{self._table.readers_column}::text[]" if self._table.readers_column else "NULL"
         return f"{s.id_column}::text, coalesce({title}, ''), {s.text_column}, {provenance}, {readers}"
 
     def _tsvector(self) -> str:

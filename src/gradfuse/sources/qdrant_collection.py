@@ -66,12 +66,19 @@ class QdrantCollection:
             self._check_readers_field()
 
     def _check_readers_field(self) -> None:
-        """Refuse a `readers_field` no point holds (a misspelt key would leave every point open to every reader),
-        unless the collection is empty."""
+        """Refuse a `readers_field` no point `filter` keeps holds (a misspelt key would leave every point open to
+        every reader), unless it keeps none."""
         models, s = engine_client("qdrant_client", "models"), self.settings
         held = models.Filter(must_not=[models.IsEmptyCondition(is_empty=models.PayloadField(key=s.readers_field))])
-        if self._client.count(s.collection, count_filter=held, exact=True).count == 0 and \
-                self._client.count(s.collection, exact=True).count > 0:
+        try:
+            restricted = self._client.count(s.collection, exact=True, count_filter=models.Filter(
+                must=[held, self._filter] if self._filter else [held])).count
+            kept = self._client.count(s.collection, count_filter=self._filter, exact=True).count
+        except Exception as error:  # the client raises ValueError locally, its own errors from a server
+            self.close()
+            raise SourceError(f"qdrant {s.uri}: collection {s.collection!r} cannot be counted "
+                              f"({type(error).__name__}: {str(error)[:200]})") from None
+        if restricted == 0 and kept > 0:
             self.close()
             raise SourceError(f"qdrant collection {s.collection!r}: no point holds readers_field "
                               f"{s.readers_field!r}, so none would be restricted (check the key's spelling; a "

@@ -105,6 +105,9 @@ class RunSource:
     def warm(self) -> None:
         """Nothing to load: a run's rankings are stored."""
 
+    def document(self, doc_id: str, *, readers: Readers = None) -> Candidate | None:
+        return self._docs.document(self.name, doc_id, readers)
+
     def search(self, query: str, k: int, *, readers: Readers = None) -> list[Candidate]:
         with self._lock:
             match = self._db.execute(
