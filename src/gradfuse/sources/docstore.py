@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import threading
@@ -84,7 +85,7 @@ class DocStore:
                     parent_id=parent_id,
                     span=(start, end) if start is not None else None,
                     location=Location.from_json(location),
-                    readers=tuple(json.loads(readers)) if readers else (),
+                    readers=_readers(readers) if readers else (),
                 )
             )
         return result
@@ -115,3 +116,9 @@ class DocStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+@functools.lru_cache(maxsize=4096)
+def _readers(stored: str) -> tuple[str, ...]:
+    """A row's readers as stored (JSON): few distinct lists serve many rows, so each is parsed once."""
+    return tuple(json.loads(stored))
