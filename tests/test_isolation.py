@@ -243,12 +243,12 @@ def test_a_source_that_hangs_while_opening_delays_no_other_source_and_never_open
     try:
         (tmp_path / "gradfuse.toml").write_text(
             f'workspace = "ws"\n[sources.aaa]\nkind = "chroma"\nuri = "http://127.0.0.1:{hole.getsockname()[1]}"\n'
-            'collection = "c"\n')
+            'collection = "c"\ntimeout_s = 1\n')  # its own deadline: a request's shorter one would not count
         ws = Workspace.open(tmp_path / "gradfuse.toml")
         ws.index(SourceSpec("cooking", "jsonl", str(write_jsonl(tmp_path / "c.jsonl", COOKING))))
         assert ws.source_names() == ["aaa", "cooking"]  # the hanging one is opened first
         for _ in range(6):  # one more than breaker_failures
-            found = ws.search("bread yeast", method="rrf", k=3, timeout_s=1)
+            found = ws.search("bread yeast", method="rrf", k=3)
             assert found.candidates[0].doc_id == "bread"
             assert [(f.source, f.reason) for f in found.failures] in ([("aaa", "timeout")], [("aaa", "open")])
         assert ws.guards.state("cooking") == "closed" and ws.guards.state("aaa") == "open"

@@ -220,6 +220,10 @@ def _failure(guards: Guards, name: str, error: Exception, *, admitted: bool = Tr
     if admitted:
         if isinstance(error, (QueryNotAnswered, UnreadableReturned)):  # it answered: one caller's answer is refused
             guards[name].breaker.succeeded()
+        elif isinstance(error, SourceUnavailable) and error.reason == "busy":
+            # not called: the late calls that hold its workers count where they were the source's own fault (a
+            # caller's short deadlines would otherwise open it for every other)
+            guards[name].breaker.undecided()
         else:
             guards[name].breaker.failed(reason)
     return SourceFailure(name, reason, detail)
