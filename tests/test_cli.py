@@ -112,3 +112,18 @@ def test_search_and_ask_default_to_select_and_an_unanswerable_question_says_not_
                             terminal_width=200)
     assert missing.exit_code == 0, missing.output
     assert "Not found in these sources." in missing.output and "too weak to answer from" in missing.output
+
+
+def test_index_refuses_a_source_the_config_declares_otherwise(tmp_path):
+    """`index` would build it without the config's options: its readers' files would be open to every key."""
+    (tmp_path / "notes" / "hr").mkdir(parents=True)
+    (tmp_path / "notes" / "hr" / "pay.md").write_text("# Pay\n\nSalaries are paid on the last working day.\n")
+    config = tmp_path / "gradfuse.toml"
+    config.write_text('workspace = "ws"\n[sources.notes]\nkind = "files"\npath = "notes"\n'
+                      '[sources.notes.readers]\n"hr/*" = ["hr"]\n')
+    refused = runner.invoke(app, ["index", "files", str(tmp_path / "notes"), "-s", "notes", "-c", str(config)])
+    assert refused.exit_code == 2 and "source 'notes' is declared in the config" in refused.output
+    assert "gradfuse build" in refused.output and not (tmp_path / "ws" / "sources" / "notes").exists()
+    assert runner.invoke(app, ["build", "-c", str(config)]).exit_code == 0
+    other = runner.invoke(app, ["index", "files", str(tmp_path / "notes"), "-s", "other", "-c", str(config)])
+    assert other.exit_code == 0  # a name the config does not declare is the command's own

@@ -44,6 +44,17 @@ def document_readers(value: object, where: str) -> tuple[str, ...]:
         raise InvalidReader(f"{where}: {error}") from None
 
 
+def reader_rules(rules: object) -> list[tuple[str, tuple[str, ...]]]:
+    """A files source's `[sources.NAME.readers]`, checked: (pattern, readers) in the order given."""
+    if not isinstance(rules, dict):
+        raise InvalidReader("readers must be a table of file patterns, each with a list of names: \"hr/*\" = [\"hr\"]")
+    for pattern in rules:
+        if pattern.startswith(("/", "./")):
+            raise InvalidReader(f"readers pattern {pattern!r}: patterns match paths inside the folder, which start "
+                                f"with no {pattern[:pattern.index('/') + 1]!r} (write {pattern.lstrip('./')!r})")
+    return [(pattern, document_readers(names, f"readers {pattern!r}")) for pattern, names in rules.items()]
+
+
 def may_read(document: Iterable[str] | None, readers: Readers) -> bool:
     """Whether a caller with `readers` may read a document whose readers are `document`."""
     if readers is None or not document:

@@ -153,8 +153,8 @@ class KeyRing:
         try:
             info = os.stat(self._file)
             stamp = (info.st_mtime_ns, info.st_ctime_ns, info.st_size, info.st_ino)  # ctime: a chmod that fixed it
-        except OSError:
-            stamp = None
+        except OSError as error:
+            stamp, why = None, error.strerror
         if stamp == self._stamp:
             return
         with self._lock:
@@ -163,7 +163,7 @@ class KeyRing:
             ring: dict[str, Principal] = {}
             try:
                 if stamp is None:
-                    raise AccessError(f"key file {self._file} cannot be read")
+                    raise AccessError(f"key file {self._file} cannot be read ({why})")
                 for name, settings in read_key_file(self._file).items():
                     if name in self._config_names:  # two keys with different rights for one name
                         raise AccessError(f"key file {self._file}: principal {name} is in [access.principals] too")

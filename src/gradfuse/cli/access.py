@@ -1,4 +1,5 @@
-"""`gradfuse key add`: a new key for a principal, written to a key file as its SHA-256 (docs/access.md)."""
+"""`gradfuse key add` and `gradfuse key remove`: the principals of a key file, each key kept as its SHA-256
+(docs/access.md)."""
 
 from __future__ import annotations
 
@@ -6,17 +7,21 @@ import os
 import secrets
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import tomlkit
 import typer
 
+from gradfuse.access import InvalidReader, check_reader
 from gradfuse.access.keys import AccessError, key_hash, read_key_file
-from gradfuse.cli.common import _fail, app, console
+from gradfuse.cli.common import ConfigOpt, _fail, _workspace, app, console, escape
 
 key_app = typer.Typer(help="Keys of the server's principals (who may read which sources and documents).",
                       no_args_is_help=True)
 app.add_typer(key_app, name="key")
+
+KeyFile = Annotated[Optional[Path], typer.Option(
+    help="The key file (default: the config's [access] keys_file, else ./keys.toml)")]
 
 
 @key_app.command("add")
@@ -25,22 +30,69 @@ def add_key(
     sources: Annotated[str, typer.Option(help="The sources it may read, by comma ('*': every one)")],
     groups: Annotated[str, typer.Option(help="Its groups, by comma (documents' readers may list them)")] = "",
     every_document: Annotated[bool, typer.Option(help="Reads documents whoever they are for (an auditor)")] = False,
-    file: Annotated[Path, typer.Option(help="The key file ([access] keys_file)")] = Path("keys.toml"),
+    file: KeyFile = None,
+    config: ConfigOpt = None,
 ):
-    """Make a key for NAME, print it once, and keep only its SHA-256 in FILE: a running server reads the file
-    again at its next request. A principal already in the file gets a new key (the old one stops working)."""
-    file = file.resolve()  # a link's target: the file the server reads
-    document = tomlkit.parse(file.read_text()) if file.exists() else tomlkit.document()
-    principals = document.setdefault("principals", tomlkit.table(is_super_table=True))
+    """Make a key for NAME, print it once, and keep only its SHA-256 in the key file: a running server reads the
+    file again at its next request. A principal already in the file gets a new key (the old one stops working)."""
+    _check_principal(name)
+    readable = _listed(sources)
+    if not readable:
+        _fail("--sources names no source: give the sources it may read, or '*' for every one")
+    ws = _workspace(config, None)
+    unknown = [s for s in readable if s != "*" and s not in ws.source_names()]
+    if unknown:  # a typo, or a source not built yet: the key reads it once it is
+        console.print(f"[yellow]warning:[/] no source {', '.join(map(repr, unknown))} in this workspace yet")
+    file = _key_file(file, ws)
+    document = _opened(file)
     key = secrets.token_urlsafe(32)
     entry = tomlkit.table()
-    entry.update({"key_sha256": key_hash(key), "sources": _listed(sources), "groups": _listed(groups),
+    entry.update({"key_sha256": key_hash(key), "sources": readable, "groups": _listed(groups),
                   **({"every_document": True} if every_document else {})})
-    principals[name] = entry
-    # A file of its own (0600 from the start, never a name another run or a link holds), on disk before it replaces
-    # the key file at once: a server never reads half a file. An existing file keeps its mode (its reader).
-    descriptor, name = tempfile.mkstemp(dir=file.parent, prefix=f".{file.name}.")
-    written = Path(name)
+    document.setdefault("principals", tomlkit.table(is_super_table=True))[name] = entry
+    _write(file, document)
+    console.print(f"principal {escape(name)} in {escape(str(file))}; its key (shown once, not kept):")
+    print(key)
+
+
+@key_app.command("remove")
+def remove_key(
+    name: Annotated[str, typer.Argument(help="The principal whose key stops working")],
+    file: KeyFile = None,
+    config: ConfigOpt = None,
+):
+    """Take NAME out of the key file: a running server refuses its key from its next request on."""
+    file = _key_file(file, _workspace(config, None))
+    document = _opened(file)
+    if name not in document.get("principals", {}):
+        _fail(f"{file} has no principal {name!r}")
+    del document["principals"][name]
+    _write(file, document)
+    console.print(f"principal {escape(name)} removed from {escape(str(file))}")
+
+
+def _check_principal(name: str) -> None:
+    try:
+        check_reader(name)
+    except InvalidReader:
+        _fail(f"principal name {name!r}: use 1 to 128 ASCII letters, digits, '_', '.', '@' or '-', starting with a "
+              "letter or digit (documents' readers name it)")
+
+
+def _key_file(given: Path | None, ws) -> Path:
+    configured = ws.config.access.keys_file
+    return (given or (Path(configured) if configured else Path("keys.toml"))).resolve()  # a link's target
+
+
+def _opened(file: Path) -> tomlkit.TOMLDocument:
+    return tomlkit.parse(file.read_text()) if file.exists() else tomlkit.document()
+
+
+def _write(file: Path, document: tomlkit.TOMLDocument) -> None:
+    """A file of its own (0600 from the start, never a name another run or a link holds), on disk before it
+    replaces the key file at once: a server never reads half a file. An existing file keeps its mode (its reader)."""
+    descriptor, temporary = tempfile.mkstemp(dir=file.parent, prefix=f".{file.name}.")
+    written = Path(temporary)
     try:
         with os.fdopen(descriptor, "w") as handle:
             handle.write(tomlkit.dumps(document))
@@ -54,8 +106,6 @@ def add_key(
         _fail(str(error).replace(str(written), str(file)))
     finally:
         written.unlink(missing_ok=True)
-    console.print(f"principal {name} in {file}; its key (shown once, not kept):")
-    print(key)
 
 
 def _listed(names: str) -> list[str]:

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from gradfuse.cli.common import (
-    ConfigOpt, Into, Language, SkipMalformed, SourceName, TableName, Wait, WorkspaceOpt, _run_guarded,
+    ConfigOpt, Into, Language, SkipMalformed, SourceName, TableName, Wait, WorkspaceOpt, _fail, _run_guarded,
     _workspace, app, console, escape, index_app,
 )
 from gradfuse.schemas import source_record
@@ -51,8 +51,23 @@ def _print_build(report: BuildReport) -> None:
 
 def _index(config, workspace, spec: SourceSpec, into=None, table=None, language=None, wait=False) -> None:
     ws = _workspace(config, workspace)
+    declared = _declared_elsewhere(ws, spec)
+    if declared:
+        _fail(declared)
     _print_build(_run_guarded(lambda: ws.index(spec, into=into, table=table, language=language, progress=True,
                                                wait=wait)))
+
+
+def _declared_elsewhere(ws, spec: SourceSpec) -> str | None:
+    """Why `spec` may not be built by `index`: the config declares a source of that name otherwise, whose options
+    (its readers among them) this build would leave out, opening what they restrict."""
+    declared = ws.config.settings(spec.name).spec
+    if declared is None or (declared.kind, Path(declared.path).resolve(), declared.options) == \
+            (spec.kind, Path(spec.path).resolve(), spec.options):
+        return None
+    return (f"source {spec.name!r} is declared in the config ({declared.kind} {declared.path}): `gradfuse build` "
+            "builds it as declared there; this command would build it without the options set there (its readers "
+            "among them)")
 
 
 @index_app.command("beir")
@@ -117,6 +132,10 @@ def index_each(
     ws = _workspace(config, workspace)
     built = unchanged = 0
     for spec in specs:
+        declared = _declared_elsewhere(ws, spec)
+        if declared:
+            problems.append(f"{spec.name}: {declared}")
+            continue
         try:
             report = ws.index(spec)
         except (SourceError, IngestError, ValueError) as error:

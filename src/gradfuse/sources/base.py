@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from gradfuse.access import Readers
+from gradfuse.access import InvalidReader, Readers, reader_rules
 from gradfuse.candidate import Candidate
 from gradfuse.sources.encoder_names import recorded_encoder
 from gradfuse.sources.readers import LIMIT_OPTIONS
@@ -63,6 +63,11 @@ class SourceSpec:
         if unknown:
             raise ValueError(f"source {self.name!r}: {', '.join(map(repr, unknown))} is no option of kind "
                              f"{self.kind!r} (its options: {', '.join(BUILD_OPTIONS[self.kind])})")
+        if self.kind == "files" and "readers" in self.options:  # refused when the config is read, not at build
+            try:
+                reader_rules(self.options["readers"])
+            except InvalidReader as error:
+                raise ValueError(f"source {self.name!r}: {error}") from None
 
 
 class InvalidSourceName(ValueError):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from gradfuse.access import document_readers
+from gradfuse.access import InvalidReader, reader_rules
 from gradfuse.sources.base import (
     FORMAT_VERSION,
     SourceSpec,
@@ -119,15 +119,9 @@ def with_file_readers(documents, rules: object, report: IngestReport, folder: Pa
     wins); a file no rule matches is for every reader of the source. A file read through a link has the readers of
     the path it leads to (a link in public/ to hr/pay.md is hr's). A pattern no file matches is reported: a
     misspelt folder would leave its files open."""
-    if not isinstance(rules, dict):
-        raise IngestError("readers must be a table of file patterns, each with a list of names: \"hr/*\" = [\"hr\"]")
-    for pattern in rules:
-        if pattern.startswith(("/", "./")):
-            raise IngestError(f"readers pattern {pattern!r}: patterns match paths inside the folder, which start "
-                              f"with no {pattern[:pattern.index('/') + 1]!r} (write {pattern.lstrip('./')!r})")
     try:
-        checked = [(pattern, document_readers(names, f"readers {pattern!r}")) for pattern, names in rules.items()]
-    except ValueError as error:
+        checked = reader_rules(rules)
+    except InvalidReader as error:
         raise IngestError(str(error)) from None
     unmatched, root, decided_by = dict.fromkeys(rules), folder.resolve(), {}
     for document in documents:

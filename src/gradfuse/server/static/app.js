@@ -57,6 +57,7 @@ async function loadOptions() {
   $("n").max = options.limits.max_n;
   showControls();
   $("api-key-label").hidden = !options.api_key_required;
+  $("error").hidden = true;  // what an earlier key's refusal said is past
   await loadSources();
 }
 
