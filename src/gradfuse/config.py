@@ -184,13 +184,13 @@ class Config:
         return self.sources.get(source, SourceSettings())
 
 
-def load_config(path: Path | None = None, *, workspace: Path | None = None) -> Config:
+def load_config(path: Path | str | None = None, *, workspace: Path | str | None = None) -> Config:
     """Read `path` (or ./gradfuse.toml when it exists); `workspace` overrides the file's index folder."""
     if path is None and Path(DEFAULT_CONFIG_NAME).is_file():
-        path = Path(DEFAULT_CONFIG_NAME)
-    config = Config() if path is None else _parse(path)
+        path = DEFAULT_CONFIG_NAME
+    config = Config() if path is None else _parse(Path(path))
     if workspace is not None:
-        config.workspace = workspace
+        config.workspace = Path(workspace)
     return config
 
 

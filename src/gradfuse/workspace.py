@@ -39,7 +39,7 @@ class Workspace:
         self.answers = Answerer(self.query)
 
     @classmethod
-    def open(cls, config_file: Path | None = None, *, workspace: Path | None = None) -> Workspace:
+    def open(cls, config_file: Path | str | None = None, *, workspace: Path | str | None = None) -> Workspace:
         return cls(load_config(config_file, workspace=workspace))
 
     @property
