@@ -378,6 +378,9 @@ def test_the_key_file_is_read_again_when_it_changes_and_refused_whole_while_brok
     assert KeyRing(None, unset).required and KeyRing(None, AccessSettings()).required is False
     keys.write_text(f'[principals.dave]\nkey_sha256 = "{key_hash("d")}"\nsources = ["*"]\n')
     assert KeyRing(None, dataclasses.replace(unset, keys_file=str(keys))).principal(b"d") is None  # one name, two keys: the file is refused
+    caplog.clear()
+    assert KeyRing(None, AccessSettings(keys_file=str(tmp_path / "missing.toml"))).principal(b"d") is None
+    assert "missing.toml cannot be read (No such file or directory)" in caplog.text  # logged at start, with why
 
 
 @pytest.mark.skipif(not (Path(os.environ.get("GRADFUSE_DATA", "../shared/data")) / "beir_scifact").is_dir(),

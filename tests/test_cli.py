@@ -123,7 +123,15 @@ def test_index_refuses_a_source_the_config_declares_otherwise(tmp_path):
                       '[sources.notes.readers]\n"hr/*" = ["hr"]\n')
     refused = runner.invoke(app, ["index", "files", str(tmp_path / "notes"), "-s", "notes", "-c", str(config)])
     assert refused.exit_code == 2 and "source 'notes' is declared in the config" in refused.output
-    assert "gradfuse build" in refused.output and not (tmp_path / "ws" / "sources" / "notes").exists()
+    said = " ".join(refused.output.split())  # as wrapped to the terminal's width
+    assert "its options readers would be left out" in said and "gradfuse build" in said
+    assert not (tmp_path / "ws" / "sources" / "notes").exists()
     assert runner.invoke(app, ["build", "-c", str(config)]).exit_code == 0
     other = runner.invoke(app, ["index", "files", str(tmp_path / "notes"), "-s", "other", "-c", str(config)])
     assert other.exit_code == 0  # a name the config does not declare is the command's own
+    config.write_text('workspace = "ws"\n[sources.notes]\nkind = "files"\npath = "notes"\n[sources.lake]\n'
+                      'kind = "lancedb"\nuri = "lake"\ntable = "t"\n')
+    same = runner.invoke(app, ["index", "files", str(tmp_path / "notes"), "-s", "notes", "-c", str(config)])
+    assert same.exit_code == 0  # as declared, the command's own chunking beside: nothing of the config is lost
+    engine = runner.invoke(app, ["index", "files", str(tmp_path / "notes"), "-s", "lake", "-c", str(config)])
+    assert engine.exit_code == 2 and "as a source an engine serves" in " ".join(engine.output.split())

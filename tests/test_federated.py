@@ -10,7 +10,7 @@ from conftest import COOKING, write_jsonl
 from gradfuse import SourceSpec, Workspace
 from gradfuse.config import Config, SourceSettings
 from gradfuse.sources.federated import AllSourcesFailed, ask_sources, query_sources
-from gradfuse.sources.guard import Guards
+from gradfuse.sources.guard import Guards, GuardSettings
 
 
 class DeadSource:
@@ -57,26 +57,32 @@ def test_a_dead_and_a_slow_source_are_reported_and_the_others_still_answer(works
     assert result.ranked_lists["astronomy"][0].doc_id == "mars"
 
 
-def test_a_callers_shorter_deadline_does_not_count_toward_the_breaker(workspace):
-    """A request's own short timeout_s says nothing of the source: no caller may open its breaker for every other."""
-    guards, hanging, astronomy = Guards(), HangingSource(), workspace.source("astronomy", "bm25")
-    by_name = {"astronomy": astronomy, "slow": hanging}
-    own = {"astronomy": 5.0, "slow": 5.0}
-    try:
-        ask_sources(list(by_name), lambda name: (by_name[name], lambda: None), "planet moons", 5,
-                    {"astronomy": 5.0, "slow": 0.05}, guards, None, {"astronomy": 5.0, "slow": 0.05})
-        assert guards["slow"].breaker.failures == 1  # its own deadline: counted
-        assert "the last: timeout" in guards["slow"].open_error().args[0]  # its reason, never a detail
-        reasons = []
-        for _ in range(guards.settings.workers + 2):  # its late calls hold every worker: then it is busy
-            result = ask_sources(list(by_name), lambda name: (by_name[name], lambda: None), "planet moons", 5,
-                                 {"astronomy": 0.5, "slow": 0.05}, guards, None, own)
-            reasons += [f.reason for f in result.failures if f.source == "slow"]
-        assert reasons == ["timeout"] * (guards.settings.workers - 1) + ["busy"] * 3
-        assert guards.state("slow") == "closed" and guards["slow"].breaker.failures == 1
-    finally:
-        hanging.release.set()
-        guards.close()
+def test_a_callers_shorter_deadline_does_not_count_toward_the_breaker_and_its_own_does(workspace):
+    """A request's own short timeout_s says nothing of the source: no caller may open its breaker for every other.
+    The source's own deadline counts, and so does `busy` once a call late by it holds a worker."""
+    astronomy = workspace.source("astronomy", "bm25")
+
+    def ask(guards, hanging, slow_deadline, own_deadline):
+        by_name = {"astronomy": astronomy, "slow": hanging}
+        result = ask_sources(list(by_name), lambda name: (by_name[name], lambda: None), "planet moons", 5,
+                             {"astronomy": 5.0, "slow": slow_deadline}, guards, None,
+                             {"astronomy": 5.0, "slow": own_deadline})
+        return [f.reason for f in result.failures if f.source == "slow"]
+
+    for own_deadline, breaker in ((5.0, "closed"), (0.05, "open")):
+        guards, hanging = Guards(GuardSettings(breaker_failures=3)), HangingSource()
+        try:
+            reasons = [r for _ in range(guards.settings.workers + 2) for r in ask(guards, hanging, 0.05, own_deadline)]
+            if breaker == "closed":  # its late calls hold every worker, then it is busy: none of it counted
+                assert reasons == ["timeout"] * guards.settings.workers + ["busy"] * 2
+                assert guards["slow"].breaker.failures == 0
+            else:  # its own deadline: counted, and the breaker opens, its reason named, never a detail
+                assert reasons[:3] == ["timeout"] * 3 and reasons[-1] == "open"
+                assert "the last: timeout" in guards["slow"].open_error().args[0]
+            assert guards.state("slow") == breaker
+        finally:
+            hanging.release.set()
+            guards.close()
 
 
 def test_all_sources_failing_is_one_clear_error_naming_each():

@@ -127,7 +127,7 @@ class KeyRing:
         for name, settings in access.principals.items():
             self._add(self._fixed, name, settings, "[access.principals]")
         self._file = Path(access.keys_file) if access.keys_file else None
-        self._stamp, self._from_file = None, {}
+        self._stamp, self._from_file = ("not read yet",), {}  # not None: a file missing at start is logged too
         self._lock = threading.Lock()
         self._reload()
 

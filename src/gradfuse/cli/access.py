@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -40,17 +42,18 @@ def add_key(
     if not readable:
         _fail("--sources names no source: give the sources it may read, or '*' for every one")
     ws = _workspace(config, None)
+    if name in ws.config.access.principals:  # one name with two keys: the server would refuse the whole file
+        _fail(f"principal {name!r} is in the config's [access.principals]: its key is set there")
     unknown = [s for s in readable if s != "*" and s not in ws.source_names()]
     if unknown:  # a typo, or a source not built yet: the key reads it once it is
         console.print(f"[yellow]warning:[/] no source {', '.join(map(repr, unknown))} in this workspace yet")
     file = _key_file(file, ws)
-    document = _opened(file)
     key = secrets.token_urlsafe(32)
     entry = tomlkit.table()
     entry.update({"key_sha256": key_hash(key), "sources": readable, "groups": _listed(groups),
                   **({"every_document": True} if every_document else {})})
-    document.setdefault("principals", tomlkit.table(is_super_table=True))[name] = entry
-    _write(file, document)
+    with _changing(file) as document:
+        document.setdefault("principals", tomlkit.table(is_super_table=True))[name] = entry
     console.print(f"principal {escape(name)} in {escape(str(file))}; its key (shown once, not kept):")
     print(key)
 
@@ -62,12 +65,11 @@ def remove_key(
     config: ConfigOpt = None,
 ):
     """Take NAME out of the key file: a running server refuses its key from its next request on."""
-    file = _key_file(file, _workspace(config, None))
-    document = _opened(file)
-    if name not in document.get("principals", {}):
-        _fail(f"{file} has no principal {name!r}")
-    del document["principals"][name]
-    _write(file, document)
+    file = (file or _key_file(None, _workspace(config, None))).resolve()  # --file: no config to read first
+    with _changing(file) as document:
+        if name not in document.get("principals", {}):
+            _fail(f"{file} has no principal {name!r}")
+        del document["principals"][name]
     console.print(f"principal {escape(name)} removed from {escape(str(file))}")
 
 
@@ -81,11 +83,24 @@ def _check_principal(name: str) -> None:
 
 def _key_file(given: Path | None, ws) -> Path:
     configured = ws.config.access.keys_file
-    return (given or (Path(configured) if configured else Path("keys.toml"))).resolve()  # a link's target
+    if given is None and not configured:
+        console.print("[yellow]note:[/] the config names no [access] keys_file: ./keys.toml is read by a server "
+                      "only once keys_file names it")
+    file = (given or (Path(configured) if configured else Path("keys.toml"))).resolve()  # a link's target
+    if not file.parent.is_dir():
+        _fail(f"{file.parent} is not a folder")
+    return file
 
 
-def _opened(file: Path) -> tomlkit.TOMLDocument:
-    return tomlkit.parse(file.read_text()) if file.exists() else tomlkit.document()
+@contextmanager
+def _changing(file: Path):
+    """The key file's document, to change in place, written back whole; one change at a time (a lock beside it):
+    two at once would lose one, and a lost removal is a revoked key that works again."""
+    with open(file.with_name(f".{file.name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        document = tomlkit.parse(file.read_text()) if file.exists() else tomlkit.document()
+        yield document
+        _write(file, document)
 
 
 def _write(file: Path, document: tomlkit.TOMLDocument) -> None:

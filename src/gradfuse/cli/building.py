@@ -51,23 +51,36 @@ def _print_build(report: BuildReport) -> None:
 
 def _index(config, workspace, spec: SourceSpec, into=None, table=None, language=None, wait=False) -> None:
     ws = _workspace(config, workspace)
-    declared = _declared_elsewhere(ws, spec)
+    declared = _declared_elsewhere(ws, spec, into)
     if declared:
         _fail(declared)
     _print_build(_run_guarded(lambda: ws.index(spec, into=into, table=table, language=language, progress=True,
                                                wait=wait)))
 
 
-def _declared_elsewhere(ws, spec: SourceSpec) -> str | None:
-    """Why `spec` may not be built by `index`: the config declares a source of that name otherwise, whose options
-    (its readers among them) this build would leave out, opening what they restrict."""
-    declared = ws.config.settings(spec.name).spec
-    if declared is None or (declared.kind, Path(declared.path).resolve(), declared.options) == \
-            (spec.kind, Path(spec.path).resolve(), spec.options):
+def _declared_elsewhere(ws, spec: SourceSpec, into: str | None = None) -> str | None:
+    """Why `spec` may not be built by `index`: the config declares a source of that name otherwise (another input,
+    or an option this build would leave out or change, its readers among them: what they restrict would open), or
+    as an engine's, which a table registered under its name would stand in for."""
+    settings = ws.config.settings(spec.name)
+    if settings.engine is not None or (settings.postgres is not None and into is None):
+        held = "a PostgreSQL table" if settings.postgres else "a source an engine serves"
+        return f"source {spec.name!r} is declared in the config as {held}: give this build another name"
+    declared = settings.spec
+    if declared is None:
         return None
-    return (f"source {spec.name!r} is declared in the config ({declared.kind} {declared.path}): `gradfuse build` "
-            "builds it as declared there; this command would build it without the options set there (its readers "
-            "among them)")
+    wanted, given = _comparable(declared), _comparable(spec)
+    lost = sorted(k for k, v in wanted[2].items() if given[2].get(k) != v)
+    if wanted[:2] == given[:2] and not lost:  # its own defaults beside them change what is built, not who reads it
+        return None
+    why = f"its options {', '.join(lost)} would be left out or changed" if lost else "its input differs"
+    return (f"source {spec.name!r} is declared in the config ({declared.kind} {declared.path}) and {why}: "
+            "`gradfuse build` builds it as declared")
+
+
+def _comparable(spec: SourceSpec) -> tuple:
+    paths = {k: str(Path(v).resolve()) for k, v in spec.options.items() if k in ("corpus", "queries")}
+    return spec.kind, Path(spec.path).resolve(), {**spec.options, **paths}
 
 
 @index_app.command("beir")

@@ -158,13 +158,14 @@ class _Round:
     def _abandon(self, future: Future, name: str, step: str) -> None:
         """A call past its deadline: its source is let go of once the call returns (an open that ends late is
         released then; a late search keeps its source held until it ends)."""
+        counted = self.timeouts[name] >= self.own_timeouts[name]  # not a caller's shorter deadline
         if step == "open":
-            self.guards[name].abandon(future, _release_opened)
+            self.guards[name].abandon(future, _release_opened, own_deadline=counted)
             late = _Late(f"not opened within {self.timeouts[name]:g} s")
         else:
-            self.guards[name].abandon(future, lambda _, release=self.releases.pop(name): release())
+            self.guards[name].abandon(future, lambda _, release=self.releases.pop(name): release(),
+                                      own_deadline=counted)
             late = _Late(f"no answer within {self.timeouts[name]:g} s")
-        counted = self.timeouts[name] >= self.own_timeouts[name]  # not a caller's shorter deadline
         if not counted:
             self.guards[name].breaker.undecided()
         self.failures[name] = _failure(self.guards, name, late, admitted=counted)
@@ -220,9 +221,7 @@ def _failure(guards: Guards, name: str, error: Exception, *, admitted: bool = Tr
     if admitted:
         if isinstance(error, (QueryNotAnswered, UnreadableReturned)):  # it answered: one caller's answer is refused
             guards[name].breaker.succeeded()
-        elif isinstance(error, SourceUnavailable) and error.reason == "busy":
-            # not called: the late calls that hold its workers count where they were the source's own fault (a
-            # caller's short deadlines would otherwise open it for every other)
+        elif isinstance(error, SourceUnavailable) and not error.its_fault:  # busy by callers' short deadlines
             guards[name].breaker.undecided()
         else:
             guards[name].breaker.failed(reason)

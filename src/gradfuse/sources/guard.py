@@ -44,9 +44,11 @@ class GuardSettings:
 class SourceUnavailable(SourceError):
     """The source was not called: its breaker is open, or every worker it has is still held by late calls."""
 
-    def __init__(self, reason: Literal["busy", "open"], message: str):
+    def __init__(self, reason: Literal["busy", "open"], message: str, *, its_fault: bool = True):
         super().__init__(message)
-        self.reason = reason
+        # busy only where a call late by the source's own deadline holds a worker (a caller's shorter deadlines
+        # must not open the breaker for every other caller)
+        self.reason, self.its_fault = reason, its_fault
 
 
 class Breaker:
@@ -113,6 +115,7 @@ class SourceGuard:
         self._executor: ThreadPoolExecutor | None = None  # made on the first call, let go by `release`
         self._lock = threading.Lock()
         self.late = 0  # calls abandoned past their deadline that still hold a worker
+        self.late_by_own_deadline = 0  # of them, those past the source's own deadline (not a caller's shorter one)
 
     def admit(self) -> None:
         """Raises SourceUnavailable where the breaker keeps the source uncalled."""
@@ -130,7 +133,8 @@ class SourceGuard:
         with self._lock:
             if self.late >= self.settings.workers:
                 raise SourceUnavailable("busy", f"busy: all {self.settings.workers} of its workers are still held "
-                                                "by calls past their deadline ([guard] workers)")
+                                                "by calls past their deadline ([guard] workers)",
+                                        its_fault=self.late_by_own_deadline > 0)
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=self.settings.workers,
                                                     thread_name_prefix=f"gradfuse-{self.name}")
@@ -147,18 +151,21 @@ class SourceGuard:
             self.abandon(future)
             raise
 
-    def abandon(self, future: Future, on_return: Callable[[Future], None] | None = None) -> None:
+    def abandon(self, future: Future, on_return: Callable[[Future], None] | None = None, *,
+                own_deadline: bool = True) -> None:
         """Give up on a call past its deadline: one not started is cancelled; a running one holds its worker,
         counted as late, until it returns, and `on_return` is then given its future."""
         if future.cancel():
             return
         with self._lock:
             self.late += 1
-        future.add_done_callback(lambda done: self._returned(done, on_return))
+            self.late_by_own_deadline += own_deadline
+        future.add_done_callback(lambda done: self._returned(done, on_return, own_deadline))
 
-    def _returned(self, future: Future, on_return) -> None:
+    def _returned(self, future: Future, on_return, own_deadline: bool) -> None:
         with self._lock:
             self.late -= 1
+            self.late_by_own_deadline -= own_deadline
         if on_return is not None:
             on_return(future)
 
