@@ -386,7 +386,7 @@ def test_the_key_file_is_read_again_when_it_changes_and_refused_whole_while_brok
 @pytest.mark.skipif(not (Path(os.environ.get("GRADFUSE_DATA", "../shared/data")) / "beir_scifact").is_dir(),
                     reason="needs the shared data (GRADFUSE_DATA)")
 def test_an_embedded_source_ranks_only_what_the_caller_may_read_so_k_come_back(tmp_path, monkeypatch):
-    """1,200 SciFact passages, one in 40 for eng and the rest for hr, on the IVF index (the path of a large source):
+    """600 SciFact passages, one in 40 for eng and the rest for hr, on the IVF index (the path of a large source):
     bob gets k passages he may read in every mode, the nearest of them (the scan widens where the lists it scans
     hold too few), and the BM25 index ranks among his only."""
     import numpy as np
@@ -395,11 +395,11 @@ def test_an_embedded_source_ranks_only_what_the_caller_may_read_so_k_come_back(t
     from gradfuse.sources.encoder import load_encoder
 
     data = Path(os.environ.get("GRADFUSE_DATA", "../shared/data")) / "beir_scifact"
-    records = [json.loads(line) for line in (data / "corpus.jsonl").read_text().split("\n")[:1200] if line.strip()]
+    records = [json.loads(line) for line in (data / "corpus.jsonl").read_text().split("\n")[:600] if line.strip()]
     for n, record in enumerate(records):
         record["readers"] = ["eng"] if n % 40 == 0 else ["hr"]
     write_jsonl(tmp_path / "c.jsonl", records)
-    monkeypatch.setattr(embedded, "ANN_MIN_VECTORS", 1000)
+    monkeypatch.setattr(embedded, "ANN_MIN_VECTORS", 500)
     ws = Workspace(Config(workspace=tmp_path / "ws"))
     ws.index(SourceSpec("sci", "jsonl", str(tmp_path / "c.jsonl")))
     bob, readable = frozenset({"bob", "eng"}), {r["id"] for r in records if r["readers"] == ["eng"]}
