@@ -134,7 +134,6 @@ class ConfigError(ValueError):
     pass
 
 
-
 @dataclass
 class SourceSettings:
     weight: float = 1.0

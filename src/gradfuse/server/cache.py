@@ -32,8 +32,8 @@ class ResultCache:
         self.hits = self.misses = 0  # lookups of requests that may be kept (for /metrics)
 
     def key(self, endpoint: str, request: BaseModel, principal: Principal) -> tuple | None:
-        """The request, who may read what of it (two keys that read the same share results, no others), and the
-        versions of the indexes it reads; None where it must not be kept."""
+        """The request, who asks (each principal its own entries: Principal.fingerprint), and the versions of the
+        indexes it reads; None where it must not be kept."""
         if not self._room:
             return None
         try:

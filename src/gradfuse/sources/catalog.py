@@ -150,7 +150,7 @@ class SourceCatalog:
         read, and a source it may not read is refused in the very words of one that does not exist."""
         available = self.names()
         if principal.sources is not None:
-            available = [n for n in available if n in principal.sources]
+            available = [n for n in available if principal.may_read_source(n)]
             if not available:
                 raise UnknownSource("this key may read no source of this workspace",
                                     "sources: this key may read no source of this workspace")

@@ -110,7 +110,7 @@ class DocStore:
         if self._readers == "NULL":
             return []
         with self._lock:
-            return [(row, tuple(json.loads(readers))) for row, readers in
+            return [(row, _readers(readers)) for row, readers in
                     self._db.execute("SELECT row, readers FROM docs WHERE readers IS NOT NULL")]
 
     def close(self) -> None:

@@ -158,17 +158,15 @@ class _Round:
     def _abandon(self, future: Future, name: str, step: str) -> None:
         """A call past its deadline: its source is let go of once the call returns (an open that ends late is
         released then; a late search keeps its source held until it ends)."""
-        counted = self.timeouts[name] >= self.own_timeouts[name]  # not a caller's shorter deadline
+        its_fault = self.timeouts[name] >= self.own_timeouts[name]  # not a caller's shorter deadline
         if step == "open":
-            self.guards[name].abandon(future, _release_opened, own_deadline=counted)
-            late = _Late(f"not opened within {self.timeouts[name]:g} s")
+            self.guards[name].abandon(future, _release_opened, own_deadline=its_fault)
+            late = _Late(f"not opened within {self.timeouts[name]:g} s", its_fault)
         else:
             self.guards[name].abandon(future, lambda _, release=self.releases.pop(name): release(),
-                                      own_deadline=counted)
-            late = _Late(f"no answer within {self.timeouts[name]:g} s")
-        if not counted:
-            self.guards[name].breaker.undecided()
-        self.failures[name] = _failure(self.guards, name, late, admitted=counted)
+                                      own_deadline=its_fault)
+            late = _Late(f"no answer within {self.timeouts[name]:g} s", its_fault)
+        self.failures[name] = _failure(self.guards, name, late)
 
     def release(self) -> None:
         for release in self.releases.values():
@@ -206,7 +204,11 @@ def checked_sources(names: list[str], check: Callable[[str], object], timeouts: 
 
 
 class _Late(Exception):
-    """A call past the source's deadline."""
+    """A call past its deadline: the source's own (its fault), or a caller's shorter one."""
+
+    def __init__(self, message: str, its_fault: bool):
+        super().__init__(message)
+        self.its_fault = its_fault
 
 
 def _failure(guards: Guards, name: str, error: Exception, *, admitted: bool = True) -> SourceFailure:
@@ -221,7 +223,7 @@ def _failure(guards: Guards, name: str, error: Exception, *, admitted: bool = Tr
     if admitted:
         if isinstance(error, (QueryNotAnswered, UnreadableReturned)):  # it answered: one caller's answer is refused
             guards[name].breaker.succeeded()
-        elif isinstance(error, SourceUnavailable) and not error.its_fault:  # busy by callers' short deadlines
+        elif not getattr(error, "its_fault", True):  # late or busy by callers' shorter deadlines only
             guards[name].breaker.undecided()
         else:
             guards[name].breaker.failed(reason)

@@ -101,7 +101,8 @@ class Breaker:
             self._probing = False
 
     def undecided(self) -> None:
-        """A call that said nothing of the source (its caller's shorter deadline cut it): another may probe."""
+        """A call that said nothing of the source (callers' shorter deadlines cut it, or hold its workers):
+        another may probe."""
         with self._lock:
             self._probing = False
 

@@ -90,7 +90,8 @@ class LanceTable:
         try:
             count = self._table.count_rows(s.filter or None)
             rows = [row for offset, size in sample_windows(count, limit)
-                    for row in self._where(self._table.search(), s.filter).select(columns).offset(offset).limit(size).to_list()]
+                    for row in self._where(self._table.search(), s.filter).select(columns).offset(offset)
+                    .limit(size).to_list()]
         except Exception as error:  # LanceDB raises ValueError, OSError and its own errors
             raise SourceError(f"lancedb {s.uri}: table {s.table!r} cannot be sampled "
                               f"({type(error).__name__}: {str(error)[:200]})") from None
