@@ -298,7 +298,8 @@ def support_before(ws: Workspace, question: str, passages: list[Candidate]) -> f
     texts = [e.quoted() for e in evidence]
     encoder = ws.query.encoder()
     cosines = encoder.encode_short(texts) @ encoder.encode_query(question) if texts else np.zeros(0)
-    return chance_before(support.signals(question, texts, cosines, [e.passage for e in evidence]))
+    return chance_before(support.signals(question, texts, cosines, [e.passage for e in evidence],
+                                         only=("overlap", "cosine")))
 
 
 def scorer_rows(ws: Workspace, q: Question, method: str) -> dict:

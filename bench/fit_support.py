@@ -27,6 +27,7 @@ its threshold is the highest at which no set's answerable pools are declined mor
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 import random
@@ -45,6 +46,7 @@ import answers  # noqa: E402
 from gradfuse.candidate import Candidate  # noqa: E402
 from gradfuse.eval.qa import answer_in_context, checkable  # noqa: E402
 from gradfuse.evidence import Evidence, passage_sentences, quoted_first  # noqa: E402
+from gradfuse.reading.reader import READER_FILE, read  # noqa: E402
 from gradfuse.rerank import support  # noqa: E402
 
 OUT = answers.OUT
@@ -58,6 +60,9 @@ MIN_GAIN = 0.01  # a signal is added only if it raises the held-out mean this mu
 PUBMED_QUESTIONS = 200
 SENTENCE_SETS = ("tatqa", "hotpotqa", "answers")
 ANSWER_SETS = ("tatqa", "hotpotqa", "pubmedqa", "answers")
+# The reader's signal is tried where `make train-reader` has made one (reading/READER.md).
+READER = READER_FILE.is_file()
+SIGNALS = support.SIGNALS if READER else tuple(s for s in support.SIGNALS if s != "reader")
 SENTENCES_BEFORE = {"overlap": 7.2373}  # the sentence weights shipped on 2026-12-02 (with answers.NOT_FOUND_BEFORE)
 
 
@@ -77,6 +82,7 @@ class Pool:
     query: np.ndarray | None = None  # the question's vector
     vectors: np.ndarray | None = None  # its sentences' vectors
     features: dict | None = None  # support.signals of its sentences (computed after loading, never cached)
+    reader: np.ndarray | None = None  # the reader's logit of each sentence (reading/reader.py)
 
 
 class Embedded:
@@ -101,9 +107,11 @@ def make_pool(embedded: Embedded, name: str, question: str, answers_: tuple[str,
     texts = [e.quoted() for e in evidence]
     holds = np.array([bool(answers_) and answer_in_context(answers_, [t]) == 1.0 for t in texts], dtype=bool)
     query, vectors = embedded.vectors_of(question, texts)
+    overlap = support.signals(question, texts, vectors @ query, [e.passage for e in evidence], only=("overlap",))
+    reader = read(question, texts, overlap["overlap"], vectors @ query) if READER else None
     return Pool(name, question, texts, [e.passage for e in evidence], vectors @ query, holds, [e.span for e in evidence],
                 bool(holds.any()) if answerable is None else answerable, query=query.astype(np.float32),
-                vectors=vectors.astype(np.float32), **extra)
+                vectors=vectors.astype(np.float32), reader=reader, **extra)
 
 
 class Corpus:
@@ -176,7 +184,8 @@ def gathered() -> list[Pool]:
     """Every pool; the QA sets' from CACHE once made, the answer benchmark's anew (its questions change)."""
     ws, questions, _ = answers.build()
     embedded = Embedded(ws.query.encoder())
-    path = CACHE / f"qa-pools-{QA_POOLS_VERSION}.pkl"
+    reader = hashlib.sha256(READER_FILE.read_bytes()).hexdigest()[:12] if READER else "none"  # pools keep its logits
+    path = CACHE / f"qa-pools-{QA_POOLS_VERSION}-{reader}.pkl"
     if path.exists():
         qa = pickle.loads(path.read_bytes())
     else:
@@ -187,7 +196,7 @@ def gathered() -> list[Pool]:
 
 
 def found(pool: Pool) -> dict[str, np.ndarray]:
-    return support.signals(pool.question, pool.texts, pool.cosines, pool.passages)
+    return support.signals(pool.question, pool.texts, pool.cosines, pool.passages, only=SIGNALS, reader=pool.reader)
 
 
 def fit_weights(pools: list[Pool], signals: tuple[str, ...]) -> dict[str, float]:
@@ -254,9 +263,9 @@ def choose_signals(pools: list[Pool]) -> tuple[tuple[str, ...], list[dict]]:
     and takes no more than MIN_GAIN from any set; with every trial of every step (the one taken marked)."""
     chosen: tuple[str, ...] = ()
     best, before, table = -1.0, None, []
-    for step in range(1, len(support.SIGNALS) + 1):
+    for step in range(1, len(SIGNALS) + 1):
         trials = []
-        for signal in support.SIGNALS:
+        for signal in SIGNALS:
             if signal not in chosen:
                 scores = leave_one_set_out(pools, (*chosen, signal))
                 harmless = before is None or all(scores[n] >= before[n] - MIN_GAIN for n in SENTENCE_SETS)
@@ -326,7 +335,8 @@ def choose_threshold(pools: list[Pool], chance: np.ndarray) -> float:
 
 
 ANSWERED_SETS = (("overlap", "cosine"), ("cosine", "passage"), ("overlap", "cosine", "passage"),
-                 ("best", "overlap", "cosine", "passage", "margin"))
+                 ("best", "overlap", "cosine", "passage", "margin"), ("reader",), ("reader", "overlap", "cosine"),
+                 ("best", "reader", "overlap", "cosine", "passage", "margin"))
 
 
 def transfer(pools: list[Pool], weights: dict[str, float], names: tuple[str, ...]) -> list[dict]:
@@ -357,7 +367,7 @@ def before(pools: list[Pool]) -> list[dict]:
 def choose_answered(pools: list[Pool], weights: dict[str, float]) -> tuple[tuple[str, ...], list[dict]]:
     """The feature set whose held-out sets gain most (no-answer declined less answerable declined, mean over sets)."""
     rows, gains = [], {}
-    for names in ANSWERED_SETS:
+    for names in (n for n in ANSWERED_SETS if READER or "reader" not in n):
         held = transfer(pools, weights, names)
         gains[names] = float(np.mean([r["declined"] - r["declined wrongly"] for r in held]))
         rows += held

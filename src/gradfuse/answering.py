@@ -11,6 +11,8 @@ from contextlib import closing
 import time
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from gradfuse.candidate import Candidate
 from gradfuse.config import Config
 from gradfuse.evidence import Evidence, excerpts, extractive_answer, not_found, passage_sentences
@@ -18,6 +20,7 @@ from gradfuse.generate import BUNDLED_GENERATOR, Citation, fit_to_window, make_g
 from gradfuse.generate.local import load_tokenizer
 from gradfuse.generate.prompt import EXTRACTIVE, PASSAGE_CHARS, build_messages
 from gradfuse.query import QueryPipeline, SearchResult
+from gradfuse.reading.reader import read
 from gradfuse.rerank import support
 from gradfuse.rerank.sentences import LM_SENTENCE_SCORERS, EvidenceSettings, score_texts, within_passes
 from gradfuse.rerank.sentences import Passage as SentencePassage
@@ -126,12 +129,19 @@ class Answerer:
             units, passages = units[:fit], passages[:fit]
         scored = [Evidence.of(number, candidate, span, 0.0)
                   for number, (candidate, unit) in enumerate(zip(passages, units), start=1) for span in unit.sentences]
+        readings = np.full(len(scored), np.nan)
         if settings.scorer not in LM_SENTENCE_SCORERS:  # read as quoted: a table row with its column names
             encoder = self.query.encoder()
-            values = score_texts(settings.scorer, question, [e.quoted() for e in scored], embed=encoder.encode_short,
-                                 query_vector=encoder.encode_query(question), passages=[e.passage for e in scored])
-        return sorted((replace(e, score=float(value)) for e, value in zip(scored, values, strict=True)),
-                      key=lambda e: -e.score)
+            quoted = [e.quoted() for e in scored]
+            numbers = [e.passage for e in scored]
+            if settings.scorer == "support" and support.reads_reader(support.model()) and scored:
+                cosines = encoder.encode_short(quoted) @ encoder.encode_query(question)
+                overlap = support.signals(question, quoted, cosines, numbers, only=("overlap",))["overlap"]
+                readings = read(question, quoted, overlap, cosines)
+            values = score_texts(settings.scorer, question, quoted, embed=encoder.encode_short,
+                                 query_vector=encoder.encode_query(question), passages=numbers, reader=readings)
+        return sorted((replace(e, score=float(value), reading=None if np.isnan(reading) else float(reading))
+                       for e, value, reading in zip(scored, values, readings, strict=True)), key=lambda e: -e.score)
 
     def support(self, question: str, evidence: list[Evidence]) -> float | None:
         if not evidence:

@@ -28,6 +28,7 @@ class Evidence:
     parent_span: tuple[int, int] | None = None  # characters of the parent document, for a chunk of one
     location: Location | None = None  # the passage's page, slide, sheet and headings; a table row's own row
     columns: tuple[str, ...] = ()  # a table row's column names (its chunk's header row)
+    reading: float | None = None  # the reader's logit that it answers the question (reading/reader.py), where read
 
     @classmethod
     def of(cls, number: int, passage: Candidate, span: tuple[int, int], score: float) -> Evidence:

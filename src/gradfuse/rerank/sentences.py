@@ -101,16 +101,19 @@ def score_sentences(scorer: str, question: str, passages: list[Passage], *, lm: 
 
 
 def score_texts(scorer: str, question: str, texts: list[str], *, embed: Callable[[list[str]], np.ndarray],
-                query_vector: np.ndarray, passages: list[int] | None = None) -> np.ndarray:
+                query_vector: np.ndarray, passages: list[int] | None = None,
+                reader: np.ndarray | None = None) -> np.ndarray:
     """The LM-free scorers' values of sentences given as text (an answer scores a table row as it quotes it, with
-    its column names), in their passages' order (`passages`: each one's passage number)."""
+    its column names), in their passages' order (`passages`: each one's passage number). `reader`: the reader's
+    logits of the sentences, where the `support` model weighs them."""
     if not texts:
         return np.zeros(0)
     if scorer == "cosine":
         return embed(texts) @ query_vector
     weights = support.model().weights
     cosines = embed(texts) @ query_vector if "cosine" in weights else np.zeros(len(texts))  # encoded if weighed
-    return support.sentence_values(support.signals(question, texts, cosines, passages, only=tuple(weights)), weights)
+    return support.sentence_values(support.signals(question, texts, cosines, passages, only=tuple(weights),
+                                                   reader=reader), weights)
 
 
 def _packed(lm: LMScorer, question: str, passages: list[Passage], target: str | None):

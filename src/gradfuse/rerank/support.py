@@ -12,7 +12,8 @@ The signals of a sentence s for a question q (`SIGNALS`):
 - cosine: the encoder's cosine of q and s;
 - words: how long s is (log of its content words); novel: the share of its words q does not hold; label: s only
   introduces what follows (ends with a colon) or is a short line without a sentence's end;
-- rank: 1 / its passage's number; first: s opens its passage.
+- rank: 1 / its passage's number; first: s opens its passage;
+- reader: the logit of the reader trained here (reading/reader.py) that s, read with the passage around it, answers q.
 
 A sentence's value is a weighted sum of the signals that selection on held-out question sets chose (a conditional
 logit over each question's sentences; today overlap alone); the chance that the passages answer at
@@ -34,7 +35,8 @@ import numpy as np
 
 from gradfuse.evidence import introduces, quoted_first
 
-SIGNALS = ("overlap", "typed", "cosine", "words", "rank", "first", "label", "novel", "before", "passage", "exact")
+SIGNALS = ("overlap", "typed", "cosine", "words", "rank", "first", "label", "novel", "before", "passage", "exact",
+           "reader")
 MODEL_FILE = Path(__file__).with_name("support.json")
 
 _STOP = frozenset("""a an the of in on at to for from by with about as into through over under and or but if then than
@@ -119,10 +121,13 @@ _FINAL = re.compile(r"[.!?;)\]\"'’”]\s*$")
 
 
 def signals(question: str, sentences: list[str], cosines: np.ndarray, passages: list[int] | None = None,
-            only: tuple[str, ...] = SIGNALS) -> dict[str, np.ndarray]:
+            only: tuple[str, ...] = SIGNALS, reader: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """The signals `only` names (every one unless told) of every sentence (see the module's text), as arrays in the
     sentences' order: an answer computes those its model reads, a fit all of them. `passages`: each sentence's
-    passage number (a passage's sentences in their order); None: every sentence is its own passage."""
+    passage number (a passage's sentences in their order); None: every sentence is its own passage. `reader`: the
+    reader's logits, needed where `only` names it."""
+    if "reader" in only and reader is None:
+        raise ValueError("the reader signal needs the reader's logits of the sentences (reading/reader.py)")
     passages = list(range(1, len(sentences) + 1)) if passages is None else list(passages)
     asked = set(content_words(question))
     held = [set(content_words(s)) for s in sentences]
@@ -151,8 +156,15 @@ def signals(question: str, sentences: list[str], cosines: np.ndarray, passages: 
         "before": lambda: np.array([0.0 if first[i] else overlap[i - 1] for i in range(len(sentences))]),
         "passage": in_passage,
         "exact": lambda: exact_share(question, sentences),
+        "reader": lambda: _unread_lowest(np.asarray(reader, dtype=float)),
     }
     return {name: made[name]() for name in only}
+
+
+def _unread_lowest(logits: np.ndarray) -> np.ndarray:
+    """The reader's logits, where a sentence it did not read (NaN: reading.reader.to_read) counts as the lowest read."""
+    read = logits[~np.isnan(logits)]
+    return np.where(np.isnan(logits), read.min() if len(read) else 0.0, logits)
 
 
 _TOKEN = re.compile(r"(?<![\w-])[\w.:/~+-]*\d[\w.:/~+-]*|(?<![\w-])--?[A-Za-z][\w-]*")
@@ -175,8 +187,11 @@ def quoted_signals(question: str, evidence, encoder) -> dict[str, np.ndarray]:
     questions, declined with them)."""
     order = sorted(range(len(evidence)), key=lambda i: (evidence[i].passage, evidence[i].span))
     texts = [evidence[i].quoted() for i in order]
+    read = read_by(model())
     found = signals(question, texts, encoder.encode_short(texts) @ encoder.encode_query(question),
-                    [evidence[i].passage for i in order], only=tuple({*READ_BY_ANSWERED, *model().weights}))
+                    [evidence[i].passage for i in order], only=read,
+                    reader=np.array([np.nan if evidence[i].reading is None else evidence[i].reading for i in order])
+                    if "reader" in read else None)
     back = np.argsort(order)
     return {name: values[back] for name, values in found.items()}
 
@@ -187,17 +202,28 @@ def sentence_values(found: dict[str, np.ndarray], weights: dict[str, float]) -> 
 
 # What the "passages answer" model may read (bench/fit_support.py chooses among sets of them), and the signals
 # they are made of beside the sentence values.
-ANSWERED = ("best", "overlap", "cosine", "passage", "margin")
+ANSWERED = ("best", "overlap", "cosine", "passage", "margin", "reader")
 READ_BY_ANSWERED = ("overlap", "cosine", "passage")
+
+
+def read_by(model: SupportModel) -> tuple[str, ...]:
+    """The signals an answer computes for `model`: those its sentence values weigh and its "answered" model reads."""
+    return tuple(dict.fromkeys((*READ_BY_ANSWERED, *model.weights, *(("reader",) if "reader" in model.answered else ()))))
+
+
+def reads_reader(model: SupportModel) -> bool:
+    return "reader" in read_by(model)
 
 
 def answered_features(found: dict[str, np.ndarray], weights: dict[str, float]) -> dict[str, float]:
     """An answer's features for "the passages answer": its best sentence's value, the best overlap, the best cosine,
-    the best passage's overlap, and how far the best sentence stands above the second."""
+    the best passage's overlap, how far the best sentence stands above the second, and the reader's best logit
+    (where it was read)."""
     values = np.sort(sentence_values(found, weights))[::-1]
     return {"best": float(values[0]), "overlap": float(found["overlap"].max()), "cosine": float(found["cosine"].max()),
             "passage": float(found["passage"].max()),
-            "margin": float(values[0] - values[1]) if len(values) > 1 else 0.0}
+            "margin": float(values[0] - values[1]) if len(values) > 1 else 0.0,
+            "reader": float(found["reader"].max()) if "reader" in found else 0.0}
 
 
 def answered(found: dict[str, np.ndarray], model: SupportModel) -> float:

@@ -1,0 +1,82 @@
+"""The reader (reading/reader.py): its inference path on a tiny random model this test exports itself, which
+sentences an answer lets it read, how its logits enter the `support` signals, and, where `make train-reader` has
+made one, that the trained model reads as its training meant."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gradfuse.reading.reader import READER_FILE, READ_AT_MOST, Reader, load_reader, pair, read, to_read
+from gradfuse.rerank import support
+
+
+@pytest.fixture(scope="module")
+def tiny_reader(tmp_path_factory):
+    """A two-layer BERT with the encoder's vocabulary and the reader's head (training/reader.py's layout: a linear
+    head over mean-pooled tokens), random, exported as the reader is."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = BertModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2,
+                                                num_attention_heads=2, intermediate_size=64))
+            self.head = torch.nn.Linear(32, 1)
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask,
+                                  token_type_ids=token_type_ids).last_hidden_state
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            return self.head((hidden * mask).sum(1) / mask.sum(1))
+
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    sample = tuple(torch.ones((2, 5), dtype=torch.long) for _ in names)
+    path = tmp_path_factory.mktemp("reader") / "tiny.onnx"
+    torch.onnx.export(Tiny().eval(), sample, str(path), input_names=names, output_names=["logit"], opset_version=17,
+                      dynamo=False, dynamic_axes={**{n: {0: "batch", 1: "tokens"} for n in names}, "logit": {0: "batch"}})
+    return Reader(path)
+
+
+def test_the_reader_gives_one_logit_per_pair_whatever_their_lengths(tiny_reader):
+    pairs = [pair("Which option keeps the input file?", "-k, --keep\n   Keep (don't delete) input files."),
+             pair("Which option keeps the input file?", "word " * 400)]  # cut to MAX_TOKENS, not refused
+    logits = tiny_reader.logits(pairs)
+    assert logits.shape == (2,) and np.isfinite(logits).all()
+    assert pairs[0][1] == "-k, --keep Keep (don't delete) input files."  # read as quoted: line breaks as spaces
+    alone = tiny_reader.logits(pairs[:1])  # padding beside a longer pair does not change a logit
+    assert np.allclose(alone, logits[:1], atol=1e-4)
+    assert tiny_reader.logits([]).shape == (0,)
+
+
+def test_the_reader_reads_a_bounded_number_of_sentences_chosen_by_words_and_by_meaning():
+    overlap = np.array([0.9, 0.1, 0.0, 0.8, 0.0] + [0.0] * 20)
+    cosines = np.array([0.1, 0.2, 0.95, 0.1, 0.3] + [0.0] * 20)
+    assert to_read(overlap, cosines, at_most=4) == [0, 2, 3, 4]  # words' first, meaning's first, and their seconds
+    assert len(to_read(np.zeros(40), np.zeros(40))) == READ_AT_MOST
+    assert to_read(np.zeros(3), np.zeros(3)) == [0, 1, 2]
+
+
+def test_unread_sentences_are_nan_and_the_signal_counts_them_as_the_lowest_read(tiny_reader, monkeypatch):
+    monkeypatch.setattr("gradfuse.reading.reader.load_reader", lambda: tiny_reader)
+    sentences = [f"sentence number {i} about something" for i in range(READ_AT_MOST + 3)]
+    values = read("which sentence", sentences, np.linspace(1, 0, len(sentences)), np.zeros(len(sentences)))
+    assert np.isnan(values).sum() == 3 and np.isfinite(values[:READ_AT_MOST]).all()
+    texts = ["one sentence here", "another sentence there", "a third sentence"]
+    with pytest.raises(ValueError, match="reader"):
+        support.signals("which sentence", texts, np.zeros(3), only=("reader",))
+    found = support.signals("which sentence", texts, np.zeros(3), only=("reader",),
+                            reader=np.array([2.0, np.nan, -1.0]))
+    assert found["reader"].tolist() == [2.0, -1.0, -1.0]
+
+
+@pytest.mark.skipif(not READER_FILE.is_file(), reason="no trained reader here (make train-reader makes one)")
+def test_a_trained_reader_is_small_and_prefers_the_sentence_that_answers():
+    assert READER_FILE.stat().st_size <= 30 * 2**20  # the limit for weights in the package
+    question = "In what year did the Normans conquer England?"
+    logits = load_reader().logits([pair(question, s) for s in (
+        "The Norman conquest of England took place in 1066.", "Normandy is a region in the north of France.")])
+    assert logits[0] > logits[1]
