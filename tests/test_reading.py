@@ -80,3 +80,25 @@ def test_a_trained_reader_is_small_and_prefers_the_sentence_that_answers():
     logits = load_reader().logits([pair(question, s) for s in (
         "The Norman conquest of England took place in 1066.", "Normandy is a region in the north of France.")])
     assert logits[0] > logits[1]
+
+
+def test_an_answer_reads_its_sentences_where_the_support_model_weighs_the_reader(tiny_reader, monkeypatch, tmp_path):
+    """The answer path as it runs once a fit chooses the reader's signal: the evidence of every sentence it read
+    carries its logit, the others none, and "not found" reads the best of them."""
+    from gradfuse import Workspace
+    from gradfuse.candidate import Candidate
+    from gradfuse.config import Config
+
+    chosen = support.SupportModel({"overlap": 5.0, "reader": 1.0}, {"reader": 1.0, "overlap": 2.0, "bias": -1.0}, 0.2)
+    monkeypatch.setattr(support, "model", lambda: chosen)
+    monkeypatch.setattr("gradfuse.reading.reader.load_reader", lambda: tiny_reader)
+    text = " ".join(f"Sentence {i} says that the planet number {i} has {i} moons." for i in range(20))
+    passages = [Candidate("notes", "planets.md#1", text, 1.0, 1)]
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    evidence = ws.evidence("How many moons has planet number 7?", passages)
+    read_ones = [e for e in evidence if e.reading is not None]
+    assert len(evidence) == 20 and len(read_ones) == READ_AT_MOST
+    expected = tiny_reader.logits([pair("How many moons has planet number 7?", e.quoted()) for e in read_ones])
+    assert np.allclose([e.reading for e in read_ones], expected, atol=1e-4)
+    chance = ws.support("How many moons has planet number 7?", evidence)
+    assert 0.0 < chance < 1.0
