@@ -107,9 +107,10 @@ def make_pool(embedded: Embedded, name: str, question: str, answers_: tuple[str,
     texts = [e.quoted() for e in evidence]
     holds = np.array([bool(answers_) and answer_in_context(answers_, [t]) == 1.0 for t in texts], dtype=bool)
     query, vectors = embedded.vectors_of(question, texts)
-    overlap = support.signals(question, texts, vectors @ query, [e.passage for e in evidence], only=("overlap",))
-    reader = read(question, texts, overlap["overlap"], vectors @ query) if READER else None
-    return Pool(name, question, texts, [e.passage for e in evidence], vectors @ query, holds, [e.span for e in evidence],
+    cosines = vectors @ query
+    overlap = support.signals(question, texts, cosines, [e.passage for e in evidence], only=("overlap",))["overlap"]
+    reader = read(question, texts, overlap, cosines) if READER else None
+    return Pool(name, question, texts, [e.passage for e in evidence], cosines, holds, [e.span for e in evidence],
                 bool(holds.any()) if answerable is None else answerable, query=query.astype(np.float32),
                 vectors=vectors.astype(np.float32), reader=reader, **extra)
 

@@ -19,7 +19,6 @@ import json
 import math
 import os
 import pickle
-import platform
 import random
 import subprocess
 import sys

@@ -13,7 +13,7 @@ The signals of a sentence s for a question q (`SIGNALS`):
 - words: how long s is (log of its content words); novel: the share of its words q does not hold; label: s only
   introduces what follows (ends with a colon) or is a short line without a sentence's end;
 - rank: 1 / its passage's number; first: s opens its passage;
-- reader: the logit of the reader trained here (reading/reader.py) that s, read with the passage around it, answers q.
+- reader: the logit of the reader trained here (reading/reader.py) that s answers q (it reads s alone).
 
 A sentence's value is a weighted sum of the signals that selection on held-out question sets chose (a conditional
 logit over each question's sentences; today overlap alone); the chance that the passages answer at
@@ -208,7 +208,8 @@ READ_BY_ANSWERED = ("overlap", "cosine", "passage")
 
 def read_by(model: SupportModel) -> tuple[str, ...]:
     """The signals an answer computes for `model`: those its sentence values weigh and its "answered" model reads."""
-    return tuple(dict.fromkeys((*READ_BY_ANSWERED, *model.weights, *(("reader",) if "reader" in model.answered else ()))))
+    answered = ("reader",) if "reader" in model.answered else ()
+    return tuple(dict.fromkeys((*READ_BY_ANSWERED, *model.weights, *answered)))
 
 
 def reads_reader(model: SupportModel) -> bool:
