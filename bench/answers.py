@@ -319,7 +319,7 @@ def scorer_rows(ws: Workspace, q: Question, method: str) -> dict:
         evidence = ws.evidence(q.text, passages, settings=settings, chars=chars)
         row[f"{scorer} seconds"] = time.perf_counter() - started
         within = support.model().second_within if settings.scorer == "support" else None
-        row[scorer] = quoted_correct(q, extractive_answer(evidence, within=within)) if evidence else 0.0
+        row[scorer] = quoted_correct(q, extractive_answer(evidence, within=within, question=q.text)) if evidence else 0.0
     return row
 
 
@@ -436,7 +436,8 @@ def qa_extractive(ws: Workspace) -> dict:
                                        chars=PASSAGE_CHARS)
                 row[f"{scorer} seconds"] = time.perf_counter() - started
                 within = support.model().second_within if scorer == "support" else None
-                row[scorer] = answer_in_context(tuple(q["answers"]), [extractive_answer(evidence, within=within)])
+                row[scorer] = answer_in_context(tuple(q["answers"]), [extractive_answer(evidence, within=within,
+                                                                                         question=q["text"])])
             rows.append(row)
         out[name] = {s: {"contains gold": mean([r[s] for r in rows]), "seconds": mean([r[f"{s} seconds"] for r in rows]),
                          "questions": sum(r[s] is not None for r in rows)} for s in SCORERS}

@@ -11,7 +11,10 @@ the answer, made from the same corpus: near misses by construction):
 - pubmedqa: PubMedQA questions the answer benchmark does not use, over its abstracts, for "not found" only (its
   answers are yes or no: a pool holds the answer when it holds the question's abstract);
 - answers: the dev third of the answer benchmark (`bench/answers.py`), with the default method's passages; its
-  HotpotQA and TAT-QA questions come from those sets' test questions and are left out of the sentence fit.
+  HotpotQA and TAT-QA questions come from those sets' test questions and are left out of the sentence fit;
+- written: the reader's written test questions (`training/reader_questions.json`, over man pages, Node.js' API
+  and pydoc pages no benchmark reads; only the files the reader never trained on), a fifth of them near misses,
+  each with the five chunks of its domain that the dense prior ranks first.
 
 A sentence holds the answer when the gold answer string stands in it; a pool holds it when one of its sentences
 does (pubmedqa: when it holds the question's abstract). Sentence weights: a conditional logit over each question's
@@ -32,7 +35,7 @@ import json
 import pickle
 import random
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date
 from pathlib import Path
 
@@ -58,11 +61,12 @@ L2 = 0.01
 MIN_GAIN = 0.01  # a signal is added only if it raises the held-out mean this much and lowers no set by more
 # (the sets are small: HotpotQA's dev has 12 pools that hold its answer, the answer benchmark's 15)
 PUBMED_QUESTIONS = 200
-SENTENCE_SETS = ("tatqa", "hotpotqa", "answers")
-ANSWER_SETS = ("tatqa", "hotpotqa", "pubmedqa", "answers")
+SENTENCE_SETS = ("tatqa", "hotpotqa", "answers", "written")
+ANSWER_SETS = ("tatqa", "hotpotqa", "pubmedqa", "answers", "written")
 # The reader's signal is tried where `make train-reader` has made one (reading/READER.md).
 READER = READER_FILE.is_file()
 SIGNALS = support.SIGNALS if READER else tuple(s for s in support.SIGNALS if s != "reader")
+WRITTEN = answers.ROOT / "training" / "reader_questions.json"
 SENTENCES_BEFORE = {"overlap": 7.2373}  # the sentence weights shipped on 2026-12-02 (with answers.NOT_FOUND_BEFORE)
 
 
@@ -166,6 +170,34 @@ def qa_pools(embedded: Embedded) -> list[Pool]:
     return pools
 
 
+def written_pools(embedded: Embedded) -> list[Pool]:
+    """The reader's written test questions (training/reader_questions.json: files it never trained on), each with
+    the five chunks of its domain's pages (man pages, Node.js' API, pydoc) that the dense prior ranks first: pages
+    neither the answer benchmark nor the demo reads, a fifth of the questions near misses with no answer."""
+    sys.path.insert(0, str(answers.ROOT / "training"))
+    import reader_data
+
+    items, test = reader_data.written_questions()
+    pools = []
+    for domain in reader_data.TECHNICAL:
+        chunks = [c for _, file in sorted(reader_data.domain_chunks(domain).items()) for c in file]
+        path = CACHE / f"written-{domain}-{len(chunks)}.npy"
+        if path.exists():
+            vectors = np.load(path)
+        else:
+            vectors = embedded.encoder.encode([c.text for c in chunks])
+            CACHE.mkdir(parents=True, exist_ok=True)
+            np.save(path, vectors)
+        for q in items:
+            if q["domain"] == domain and (domain, q["file"]) in test:
+                order = np.argsort(-(vectors @ embedded.encoder.encode_query(q["question"])), kind="stable")[:POOL]
+                answerable = q["kind"] == "answerable"
+                pools.append(make_pool(embedded, "written", q["question"], (q["answer"],) if answerable else (),
+                                       [replace(chunks[i], native_rank=rank) for rank, i in enumerate(order, start=1)],
+                                       answerable=None if answerable else False, near_miss=not answerable))
+    return pools
+
+
 def answer_pools(embedded: Embedded, ws, questions) -> list[Pool]:
     pools = []
     for q in questions:
@@ -193,7 +225,13 @@ def gathered() -> list[Pool]:
         qa = qa_pools(embedded)
         CACHE.mkdir(parents=True, exist_ok=True)
         path.write_bytes(pickle.dumps(qa))
-    return answer_pools(embedded, ws, questions) + qa
+    path = CACHE / f"written-pools-{reader}-{hashlib.sha256(WRITTEN.read_bytes()).hexdigest()[:12]}.pkl"
+    if path.exists():
+        written = pickle.loads(path.read_bytes())
+    else:
+        written = written_pools(embedded)
+        path.write_bytes(pickle.dumps(written))
+    return answer_pools(embedded, ws, questions) + qa + written
 
 
 def found(pool: Pool) -> dict[str, np.ndarray]:
@@ -227,7 +265,7 @@ def quoted_holds(pool: Pool, weights: dict[str, float], within: float | None = N
     values = support.sentence_values(pool.features, weights)
     ranked = [Evidence(pool.passages[i], pool.set, "", pool.spans[i], pool.texts[i], float(values[i]))
               for i in np.argsort(-values, kind="stable")]
-    quoted = {e.text for quote in quoted_first(ranked, within=within) for e in quote}
+    quoted = {e.text for quote in quoted_first(ranked, within=within, question=pool.question) for e in quote}
     return any(h for t, h in zip(pool.texts, pool.holds) if t in quoted)
 
 

@@ -15,7 +15,7 @@ from gradfuse import SourceSpec, Workspace
 from gradfuse.candidate import Candidate, Location
 from gradfuse.cli import app
 from gradfuse.config import Config
-from gradfuse.evidence import Evidence, extractive_answer, not_found, sentence_spans
+from gradfuse.evidence import Evidence, extractive_answer, not_found, reads_badly, sentence_spans
 from gradfuse.rerank import load_scorer
 from gradfuse.rerank.sentences import Passage, passages_that_fit, score_sentences
 
@@ -154,6 +154,26 @@ def test_a_label_line_is_quoted_only_with_the_example_after_it():
                                          "[1] Use json.dumps. [2]")
     alone = [Evidence.of(1, module, label, 2.0), Evidence(2, "stdlib", "d", (0, 6), "Other.", 1.0)]
     assert extractive_answer(alone) == "Other. [2]"  # a label whose example was not scored is not quoted
+
+
+def test_examples_synopses_and_headings_are_quoted_only_when_asked_for_or_when_nothing_else_is_left():
+    def evidence(number: int, text: str, score: float) -> Evidence:
+        return Evidence(number, "man", f"d{number}", (0, len(text)), text, score)
+
+    synopsis = evidence(1, "gzip [ -acdfhklLnNrtvV19 ] [-S suffix] [ name ... ]", 3.0)
+    heading = evidence(2, "Net Cash Used In Investing Activities", 2.5)
+    shell = evidence(3, "$ echo '{\"json\": 1}' | python -m json.tool", 2.2)
+    option = evidence(4, "-k, --keep  Keep (don't delete) input files during compression", 2.0)
+    prose = evidence(5, "The default compression level is 6.", 1.0)
+    ranked = [synopsis, heading, shell, option, prose]
+    assert extractive_answer(ranked, question="How do I keep the input files?") == (
+        "-k, --keep Keep (don't delete) input files during compression [4] The default compression level is 6. [5]")
+    assert extractive_answer(ranked, question="What is the usage of gzip?").startswith(
+        "gzip [ -acdfhklLnNrtvV19 ] [-S suffix] [ name ... ] [1] $ echo")
+    assert extractive_answer([heading, synopsis]) == (  # nothing else left: quoted as before
+        "Net Cash Used In Investing Activities [2] gzip [ -acdfhklLnNrtvV19 ] [-S suffix] [ name ... ] [1]")
+    row = Evidence(1, "prices", "p", (0, 5), "a, b", 1.0, columns=("Date", "Close"))
+    assert not reads_badly(row) and not reads_badly(evidence(1, "Version 4.19.0", 1.0))
 
 
 def test_a_second_sentence_far_below_the_first_is_not_quoted():

@@ -176,14 +176,25 @@ def _loose(text: str) -> re.Pattern:
     return re.compile(r"\s+".join(re.escape(w) for w in text.split()))
 
 
-def written() -> list[Group]:
+def written_questions() -> tuple[list[dict], set[tuple[str, str]]]:
+    """The written questions, and the (domain, file) pairs whose questions are test questions (none trained on)."""
     items = json.loads(QUESTIONS.read_text(encoding="utf-8"))
     files = sorted({(q["domain"], q["file"]) for q in items})
     rng = random.Random("written")
-    test = {f for f in files if rng.random() < WRITTEN_TEST_SHARE}
+    return items, {f for f in files if rng.random() < WRITTEN_TEST_SHARE}
+
+
+def domain_chunks(domain: str) -> dict[str, list[Candidate]]:
+    """Every indexed chunk of a written domain's files, by file."""
+    items, _ = written_questions()
+    return _file_chunks(domain, {q["file"] for q in items if q["domain"] == domain})
+
+
+def written() -> list[Group]:
+    items, test = written_questions()
     groups = []
     for q in items:
-        chunks = _file_chunks(q["domain"], {f for d, f in files if d == q["domain"]}).get(q["file"], [])
+        chunks = domain_chunks(q["domain"]).get(q["file"], [])
         if not chunks:
             continue
         asked = set(support.content_words(q["question"]))

@@ -43,7 +43,7 @@ class _Prepared:
 
     def extract(self) -> str:
         quote = not_found if self.abstained else extractive_answer
-        return quote(self.evidence, within=self.within)
+        return quote(self.evidence, within=self.within, question=self.result.query)
 
 
 @dataclass

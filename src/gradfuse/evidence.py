@@ -212,16 +212,44 @@ def introduces(sentence: str) -> bool:
     return bool(_INTRODUCES.search(sentence))
 
 
-def quoted_first(evidence: list[Evidence], sentences: int = EXTRACTIVE_SENTENCES,
-                 within: float | None = None) -> list[tuple[Evidence, ...]]:
+# Lines that read badly as an answer unless the question asks for them (`reads_badly`): an interpreter's or a
+# shell's example, a command's synopsis ("gzip [ -acdf ] [-S suffix] [ name ... ]", "Usage: asn1Parser [OPTION]
+# FILE"), and a heading: a short line with no sentence's end that is no option's line ("-v, --verbose explain what
+# is being done") and holds no number.
+_EXAMPLE = re.compile(r"\s*(>>>|\.\.\.[ \t]|\$[ \t]|%[ \t])")
+_SYNOPSIS = re.compile(r"\s*(usage:\s*)?[\w.+-]+(\s+\[[^\]]*\]){2,}|\s*usage:\s", re.IGNORECASE)
+_HEADING_END = re.compile(r"[.!?;)\]\"'’”]\s*$")
+ASKS_FOR_EXAMPLES = re.compile(r"\b(examples?|usage|syntax|synopsis|samples?|invoc\w*|prompt)\b", re.IGNORECASE)
+
+
+def reads_badly(sentence: Evidence, question: str = "") -> bool:
+    """Whether a sentence is an example, a synopsis or a heading (see above) that `question` does not ask for: an
+    answer quotes it only when nothing else is left."""
+    if sentence.columns:  # a table row reads as its columns' names and values
+        return False
+    text = sentence.quoted()
+    heading = (len(text.split()) <= 8 and not _HEADING_END.search(text) and not _OPTION.match(text)
+               and not re.search(r"\d", text) and not introduces(sentence.text))
+    return heading or (not ASKS_FOR_EXAMPLES.search(question) and bool(_EXAMPLE.match(text) or _SYNOPSIS.match(text)))
+
+
+def quoted_first(evidence: list[Evidence], sentences: int = EXTRACTIVE_SENTENCES, within: float | None = None,
+                 question: str = "") -> list[tuple[Evidence, ...]]:
     """The quotes of an answer, best first, up to `sentences` of them: each a sentence, or a line that introduces
     what follows it (`introduces`) with the sentence after it in its passage (its example), never the label alone.
-    The same sentence in two passages (a page copied into two manuals) is quoted once, cited to the better-scored
-    passage; after the first, only quotes whose value is `within` of the first's (a shorter answer for a little
-    recall: results/answers/fit.md)."""
+    Examples, synopses and headings the question does not ask for (`reads_badly`) are passed over while anything
+    else is left. The same sentence in two passages (a page copied into two manuals) is quoted once, cited to the
+    better-scored passage; after the first, only quotes whose value is `within` of the first's (a shorter answer
+    for a little recall: results/answers/fit.md)."""
+    readable = [e for e in evidence if not reads_badly(e, question)]
+    return _quotes(readable, evidence, sentences, within) or _quotes(evidence, evidence, sentences, within)
+
+
+def _quotes(candidates: list[Evidence], evidence: list[Evidence], sentences: int,
+            within: float | None) -> list[tuple[Evidence, ...]]:
     quotes: list[tuple[Evidence, ...]] = []
     seen: set[str] = set()
-    for e in evidence:
+    for e in candidates:
         if len(quotes) >= sentences or (quotes and within is not None and quotes[0][0].score - e.score > within):
             break
         quote = (e, following) if introduces(e.text) and (following := _following(e, evidence)) else (e,)
@@ -244,19 +272,21 @@ def _quote(quote: tuple[Evidence, ...]) -> str:
 
 
 def extractive_answer(evidence: list[Evidence], sentences: int = EXTRACTIVE_SENTENCES,
-                      within: float | None = None) -> str:
+                      within: float | None = None, question: str = "") -> str:
     """The best evidence sentences themselves as the answer, each with its passage's number: nothing generated,
     so nothing is made up (`Evidence.quoted`: line breaks as spaces, a table row with its columns' names)."""
-    return " ".join(f"{_quote(q)} [{q[0].passage}]" for q in quoted_first(evidence, sentences, within)) or \
-        "The passages hold no sentence to answer from."
+    quotes = quoted_first(evidence, sentences, within, question)
+    return " ".join(f"{_quote(q)} [{q[0].passage}]" for q in quotes) or "The passages hold no sentence to answer from."
 
 
 NOT_FOUND = "Not found in these sources."
 
 
-def not_found(evidence: list[Evidence], sentences: int = EXTRACTIVE_SENTENCES, within: float | None = None) -> str:
+def not_found(evidence: list[Evidence], sentences: int = EXTRACTIVE_SENTENCES, within: float | None = None,
+              question: str = "") -> str:
     """What an answer says when its evidence is too weak: that, and the sentences that came closest, cited."""
-    closest = "; ".join(f"“{_quote(q)}” [{q[0].passage}]" for q in quoted_first(evidence, sentences, within))
+    quotes = quoted_first(evidence, sentences, within, question)
+    closest = "; ".join(f"“{_quote(q)}” [{q[0].passage}]" for q in quotes)
     return f"{NOT_FOUND} The closest: {closest}" if closest else NOT_FOUND
 
 
