@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gradfuse.reading.reader import READER_FILE, READ_AT_MOST, Reader, load_reader, pair, read, to_read
-from gradfuse.rerank import support
+from gradfuse.reading import support
 
 
 @pytest.fixture(scope="module")
