@@ -20,7 +20,7 @@ from gradfuse.generate import BUNDLED_GENERATOR, Citation, fit_to_window, make_g
 from gradfuse.generate.local import load_tokenizer
 from gradfuse.generate.prompt import EXTRACTIVE, PASSAGE_CHARS, build_messages
 from gradfuse.query import QueryPipeline, SearchResult
-from gradfuse.reading.reader import read
+from gradfuse.reading.reader import read, read_every
 from gradfuse.reading import support
 from gradfuse.reading.scoring import EvidenceSettings, score_texts
 from gradfuse.rerank.sentences import LM_SENTENCE_SCORERS, within_passes
@@ -135,7 +135,9 @@ class Answerer:
             encoder = self.query.encoder()
             quoted = [e.quoted() for e in scored]
             numbers = [e.passage for e in scored]
-            if settings.scorer == "support" and support.reads_reader(support.model()) and scored:
+            if settings.scorer == "reader" and scored:
+                readings = read_every(question, quoted, settings.reader)
+            elif settings.scorer == "support" and support.reads_reader(support.model()) and scored:
                 cosines = encoder.encode_short(quoted) @ encoder.encode_query(question)
                 overlap = support.signals(question, quoted, cosines, numbers, only=("overlap",))["overlap"]
                 readings = read(question, quoted, overlap, cosines)

@@ -3,6 +3,8 @@
 - support: no language model: a weighted sum of a sentence's signals (the share of the question's rare words it
   holds, and those that held-out question sets chose beside it; support.py);
 - cosine: the encoder's cosine between the question and each sentence (milliseconds);
+- reader: the reader's logit alone, every sentence read: the one trained here (reader.py) or the local model that
+  `[evidence] reader` names (local_reader.py);
 - gate, upr, loo: the scoring LM's values per sentence, stage 2's passes at the sentence level
   (rerank/sentences.py).
 """
@@ -22,7 +24,7 @@ from gradfuse.rerank.sentences import LM_SENTENCE_SCORERS, Passage, score_senten
 if TYPE_CHECKING:  # the LM scorers import torch, which the LM-free scorers do not need
     from gradfuse.rerank.lm_scorer import LMScorer
 
-TEXT_SCORERS = ("support", "cosine")  # no LM: they read a sentence's text alone
+TEXT_SCORERS = ("support", "cosine", "reader")  # no scoring LM: they read a sentence's text alone
 SENTENCE_SCORERS = (*TEXT_SCORERS, *LM_SENTENCE_SCORERS)
 
 
@@ -32,7 +34,10 @@ class EvidenceSettings:
 
     __pydantic_config__ = FILE_SETTINGS
     # The defaults follow make bench-answers (results/answers/fit.md and results.md): see support.py.
-    scorer: Text = "support"  # support | gate | cosine | upr | loo | none (no evidence)
+    scorer: Text = "support"  # support | cosine | reader | gate | upr | loo | none (no evidence)
+    # The `reader` scorer's model: a local Hugging Face sequence-classification folder (a relevance cross-encoder,
+    # an NLI or hallucination-detection model; docs/answers.md lists some); "": the reader trained here.
+    reader: Text = ""
     calibrated: Flag = False  # the gate minus its value under the content-free target
     target: Text = "query"  # query (likelihood of the question) | gold (a reference answer, where one is given)
     top: Count = 4  # sentences quoted with an answer
@@ -49,6 +54,9 @@ class EvidenceSettings:
                              f"{', '.join(SENTENCE_SCORERS)}, none)")
         if self.target not in ("query", "gold"):
             raise ValueError(f"unknown evidence target {self.target!r} (choose from query, gold)")
+        if self.reader and self.scorer != "reader":
+            raise ValueError(f"[evidence] reader is read by the reader scorer only: set [evidence] scorer = "
+                             f"\"reader\" to use it (scorer is {self.scorer!r})")
 
 
 def evidence_passes(settings: EvidenceSettings) -> int:
@@ -75,9 +83,13 @@ def score_texts(scorer: str, question: str, texts: list[str], *, embed: Callable
                 reader: np.ndarray | None = None) -> np.ndarray:
     """The LM-free scorers' values of sentences given as text (an answer scores a table row as it quotes it, with
     its column names), in their passages' order (`passages`: each one's passage number). `reader`: the reader's
-    logits of the sentences, where the `support` model weighs them."""
+    logits of the sentences, where the `support` model weighs them and for the reader scorer."""
     if not texts:
         return np.zeros(0)
+    if scorer == "reader":
+        if reader is None:
+            raise ValueError("the reader scorer needs the reader's logits of the sentences (reading/reader.py)")
+        return np.asarray(reader, dtype=float)
     if scorer == "cosine":
         return embed(texts) @ query_vector
     weights = support.model().weights
