@@ -47,8 +47,8 @@ from gradfuse import SourceSpec, Workspace
 from gradfuse.candidate import Candidate
 from gradfuse.config import Config
 from gradfuse.eval.qa import answer_in_context, checkable
-from gradfuse.evidence import extractive_answer
-from gradfuse.rerank import support
+from gradfuse.reading.evidence import extractive_answer
+from gradfuse.reading import support
 from gradfuse.generate.prompt import PASSAGE_CHARS
 from gradfuse.sources.build import FILE_CHUNK_OVERLAP, FILE_CHUNK_WORDS
 from gradfuse.sources.documents import IngestReport

@@ -36,7 +36,7 @@ import numpy as np
 from gradfuse import SourceSpec, Workspace
 from gradfuse.config import Config
 from gradfuse.eval.qa import answer_in_context
-from gradfuse.evidence import extractive_answer
+from gradfuse.reading.evidence import extractive_answer
 from gradfuse.sources.build import FILE_CHUNK_OVERLAP, FILE_CHUNK_WORDS
 from gradfuse.sources.documents import IngestReport
 from gradfuse.sources.files import read_files

@@ -32,10 +32,11 @@ from ranx import Qrels, Run, evaluate
 
 from gradfuse.candidate import Candidate
 from gradfuse.eval.qa import answer_in_context
-from gradfuse.evidence import Evidence, excerpts, extractive_answer
+from gradfuse.reading.evidence import Evidence, excerpts, extractive_answer
 from gradfuse.generate import build_messages, make_generator
 from gradfuse.rerank import load_scorer
-from gradfuse.rerank.sentences import Passage, score_sentences
+from gradfuse.reading.scoring import score_evidence
+from gradfuse.rerank.sentences import Passage
 from gradfuse.sources.encoder import load_encoder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,8 +98,8 @@ def main() -> None:
                 if name == "loo" and number >= args.oracle:
                     continue
                 started = time.perf_counter()
-                values = score_sentences(name.removesuffix("-calibrated"), query["text"], passages, lm=lm,
-                                         embed=encoder.encode, query_vector=vector, **options)
+                values = score_evidence(name.removesuffix("-calibrated"), query["text"], passages, lm=lm,
+                                        embed=encoder.encode, query_vector=vector, **options)
                 seconds[pool][name].append(time.perf_counter() - started)
                 runs[pool][name][query["id"]] = {u: float(v) for u, v in zip(units, values)}
                 top = [texts[i] for i in np.argsort(-values, kind="stable")[:KEPT]]
@@ -188,8 +189,8 @@ def timings_by_units(lm, encoder, corpus, spans) -> dict[str, dict[str, float]]:
         growth[str(n)] = {}
         for name, options in SCORERS:
             started = time.perf_counter()
-            score_sentences(name.removesuffix("-calibrated"), question, passages, lm=lm, embed=encoder.encode,
-                            query_vector=vector, **options)
+            score_evidence(name.removesuffix("-calibrated"), question, passages, lm=lm, embed=encoder.encode,
+                           query_vector=vector, **options)
             growth[str(n)][name] = time.perf_counter() - started
     return growth
 

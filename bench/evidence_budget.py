@@ -34,7 +34,7 @@ from gradfuse import Workspace
 from gradfuse.candidate import Candidate
 from gradfuse.config import Config
 from gradfuse.eval.qa import answer_in_context
-from gradfuse.evidence import excerpts, extractive_answer
+from gradfuse.reading.evidence import excerpts, extractive_answer
 from gradfuse.generate import build_messages, make_generator
 from gradfuse.generate.prompt import PASSAGE_CHARS
 from gradfuse.rerank import load_scorer

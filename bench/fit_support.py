@@ -1,4 +1,4 @@
-"""Fit the `support` evidence scorer (src/gradfuse/rerank/support.py) and its "not found" model on material the
+"""Fit the `support` evidence scorer (src/gradfuse/reading/support.py) and its "not found" model on material the
 answer benchmark does not test, and show that both transfer: each is measured on a domain it was not fitted on
 (the first half of `make bench-answers`).
 
@@ -23,7 +23,7 @@ leave-one-set-out: a signal is added while it raises the mean, over the held-out
 sentences an answer quotes hold the gold answer, by at least a point, and lowers none of the sets by more. "Not found": a logistic model, each set
 weighing the same, over the features of `ANSWERED_SETS` whose leave-one-set-out rows gain most (no-answer pools
 declined less answerable ones declined, on the set left out, with the model and threshold fitted on the others);
-its threshold is the highest at which no set's answerable pools are declined more than 10% of the time. Writes src/gradfuse/rerank/support.json and results/answers/fit.{md,json}.
+its threshold is the highest at which no set's answerable pools are declined more than 10% of the time. Writes src/gradfuse/reading/support.json and results/answers/fit.{md,json}.
 
     python bench/fit_support.py
 """
@@ -48,9 +48,9 @@ import answers  # noqa: E402
 
 from gradfuse.candidate import Candidate  # noqa: E402
 from gradfuse.eval.qa import answer_in_context, checkable  # noqa: E402
-from gradfuse.evidence import Evidence, passage_sentences, quoted_first  # noqa: E402
+from gradfuse.reading.evidence import Evidence, passage_sentences, quoted_first  # noqa: E402
 from gradfuse.reading.reader import READER_FILE, read  # noqa: E402
-from gradfuse.rerank import support  # noqa: E402
+from gradfuse.reading import support  # noqa: E402
 
 OUT = answers.OUT
 CACHE = answers.WORK / "fit"
@@ -449,7 +449,7 @@ def report(s: dict) -> str:
     counts = s["fitted_on"]
     lines = ["# The `support` evidence scorer and \"not found\", fitted away from the test questions", "",
              "Made by `python bench/fit_support.py` (the first half of `make bench-answers`); written to "
-             "`src/gradfuse/rerank/support.json`. Pools (a question's five passages: its corpus's dense prior's, or the "
+             "`src/gradfuse/reading/support.json`. Pools (a question's five passages: its corpus's dense prior's, or the "
              "default method's for the answer benchmark; the QA sets' again with the judged passages left out), per set: "
              + ", ".join(f"{n} {c['pools']} ({c['sentence fit']} in the sentence fit)" for n, c in counts.items())
              + ". A sentence holds the answer when the gold string stands in it.", "",

@@ -67,6 +67,21 @@ def test_a_refused_missing_or_unreachable_remote_fails_alone(remote, tmp_path, m
     assert result.candidates
 
 
+def test_what_one_caller_asks_of_a_remote_never_opens_its_breaker_for_the_others(remote, tmp_path, monkeypatch):
+    """Issue 58 H1: a depth beyond the remote's max_k (100) and a question beyond its max_query_chars (8000) were
+    answered 422, counted as the source's failures, and opened its breaker for every caller."""
+    monkeypatch.setenv("TEAM_KEY", KEY)
+    ws = with_remote(tmp_path, remote, guard="breaker_failures = 2", key_env='"TEAM_KEY"')
+    for _ in range(3):
+        deep = ws.search("Which planet has the moons Phobos and Deimos?", method="rrf", k=3, depth=150)
+        assert not deep.failures  # asked at the remote's own max_k
+        long = ws.search("planet " * 2000, method="rrf", k=3)  # 14,000 characters: refused before it is sent
+        assert [f.source for f in long.failures] == ["team"] and "at most 8000 characters" in long.failures[0].detail
+    assert ws.guards.state("team") == "closed" and ws.guards["team"].breaker.failures == 0
+    result = ws.search("Which planet has the moons Phobos and Deimos?", method="rrf", k=3)
+    assert not result.failures and any(c.source == "team" for c in result.candidates)
+
+
 def test_a_remote_source_takes_no_secret_in_the_file(tmp_path):
     config = tmp_path / "gradfuse.toml"
     config.write_text('[sources.team]\nkind = "gradfuse"\nurl = "http://user:secret@127.0.0.1:8321"\n')

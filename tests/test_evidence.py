@@ -15,7 +15,7 @@ from gradfuse import SourceSpec, Workspace
 from gradfuse.candidate import Candidate, Location
 from gradfuse.cli import app
 from gradfuse.config import Config
-from gradfuse.evidence import Evidence, extractive_answer, not_found, reads_badly, sentence_spans
+from gradfuse.reading.evidence import Evidence, extractive_answer, not_found, reads_badly, sentence_spans
 from gradfuse.rerank import load_scorer
 from gradfuse.rerank.sentences import Passage, passages_that_fit, score_sentences
 
@@ -197,7 +197,7 @@ def test_pdf_footnote_marks_are_left_out_of_quotes_and_the_span_still_points_at_
 
 
 def test_a_table_row_holding_the_key_a_question_names_is_a_lookup():
-    from gradfuse.rerank.support import looked_up
+    from gradfuse.reading.support import looked_up
 
     row = Evidence(1, "market", "prices.csv#0", (0, 24), "2003-09-19 | 29.76 | 29.96", 0.0,
                    columns=("Date", "Open", "Close"))
@@ -245,7 +245,7 @@ def test_a_long_passage_goes_to_pysbd_in_windows_and_gets_pysbds_own_sentences(m
     """pysbd's time grows with the square of its input (400 KB took 211 s): it is given at most PYSBD_WINDOW
     characters at a time, and the windows cost no sentence: the spans are those of pysbd over the whole text, also
     where a window would end inside "Dr. Smith" (the review of round 5 found windows cut there)."""
-    from gradfuse import evidence
+    from gradfuse.reading import evidence
 
     words = ["delta", "Dr.", "clay", "3.5 mm", "river", "e.g.", "sand", "(layer 4)", "U.S.", "silt"]
     sentences = [f"Sample {i} of the {words[i % 10]} core holds {words[(i * 3) % 10]} and {words[(i * 7) % 10]}."

@@ -28,7 +28,7 @@ def test_the_wheel_installs_into_a_fresh_venv_and_runs_the_demo(tmp_path):
     wheel, = dist.glob("gradfuse-*.whl")
     assert list(dist.glob("gradfuse-*.tar.gz"))
     names = zipfile.ZipFile(wheel).namelist()
-    shipped = {"gradfuse/server/static/index.html", "gradfuse/guide/architecture.md", "gradfuse/rerank/support.json"}
+    shipped = {"gradfuse/server/static/index.html", "gradfuse/guide/architecture.md", "gradfuse/reading/support.json"}
     assert shipped <= set(names)
 
     venv = tmp_path / "venv"

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from gradfuse import SourceSpec, Workspace
 from gradfuse.cli import app
 from gradfuse.config import Config
-from gradfuse.evidence import Evidence, row_spans
+from gradfuse.reading.evidence import Evidence, row_spans
 from gradfuse.schemas import search_record
 
 docx = pytest.importorskip("docx")

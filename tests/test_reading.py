@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gradfuse.reading.reader import READER_FILE, READ_AT_MOST, Reader, load_reader, pair, read, to_read
-from gradfuse.rerank import support
+from gradfuse.reading import support
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +102,63 @@ def test_an_answer_reads_its_sentences_where_the_support_model_weighs_the_reader
     assert np.allclose([e.reading for e in read_ones], expected, atol=1e-4)
     chance = ws.support("How many moons has planet number 7?", evidence)
     assert 0.0 < chance < 1.0
+
+
+def _tiny_classifier(folder, labels: list[str]):
+    """A random one-layer BERT sequence classifier (weights wide enough that its outputs vary with the input) with a
+    vocabulary of the words below, saved as a Hugging Face folder: what `[evidence] reader` names (a relevance cross-encoder for one label, NLI-style for more)."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    torch.manual_seed(0)
+    folder.mkdir(exist_ok=True)
+    words = "the a of is what which when how star stars moon sun light planet bread oven water salt flour".split()
+    (folder / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+    BertTokenizerFast(vocab_file=str(folder / "vocab.txt")).save_pretrained(folder)
+    config = BertConfig(vocab_size=5 + len(words), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, initializer_range=0.5, num_labels=len(labels), id2label=dict(enumerate(labels)),
+                        label2id={name: i for i, name in enumerate(labels)})
+    BertForSequenceClassification(config).eval().save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("labels", [["LABEL_0"], ["contradiction", "entailment", "neutral"]])
+def test_a_local_reader_folder_scores_every_sentence_of_an_answer_in_the_readers_role(workspace, tmp_path, labels):
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from gradfuse.reading.scoring import EvidenceSettings
+
+    folder = str(_tiny_classifier(tmp_path, labels))
+    question = "Which star is closest to the sun?"
+    passages = workspace.search(question, k=3).candidates
+    evidence = workspace.evidence(question, passages, settings=EvidenceSettings(scorer="reader", reader=folder))
+    assert len(evidence) >= 3 and [e.score for e in evidence] == sorted((e.score for e in evidence), reverse=True)
+    # What the folder's model says of each sentence as the answer quotes it, read here with transformers alone: a
+    # relevance model reads (question, sentence); an NLI model (sentence, question), its entailment's log-chance.
+    tokenizer, model = AutoTokenizer.from_pretrained(folder), AutoModelForSequenceClassification.from_pretrained(folder)
+    quoted = [e.quoted() for e in evidence]
+
+    def read(firsts, seconds):
+        with torch.no_grad():
+            logits = model(**tokenizer(firsts, seconds, padding=True, return_tensors="pt")).logits
+        return (torch.log_softmax(logits, -1)[:, 1] if len(labels) > 1 else logits[:, 0]).numpy()
+
+    nli = len(labels) > 1
+    as_nli, as_relevance = read(quoted, [question] * len(quoted)), read([question] * len(quoted), quoted)
+    expected, swapped = (as_nli, as_relevance) if nli else (as_relevance, as_nli)
+    assert np.abs(expected - swapped).max() > 1e-3  # the test tells the pair's order
+    assert np.allclose([e.score for e in evidence], expected, atol=1e-4)
+    assert not nli or max(e.score for e in evidence) < 0  # a log-chance
+
+
+def test_a_local_reader_is_refused_clearly_where_it_cannot_be_read(tmp_path):
+    from gradfuse.reading.local_reader import LocalReader, ReaderFolderError
+    from gradfuse.reading.scoring import EvidenceSettings
+
+    with pytest.raises(ValueError, match="reader scorer only"):
+        EvidenceSettings(scorer="support", reader=str(tmp_path))
+    with pytest.raises(ReaderFolderError, match="config.json"):
+        LocalReader(str(tmp_path))
+    with pytest.raises(ReaderFolderError, match="none names entailment"):
+        LocalReader(str(_tiny_classifier(tmp_path / "two", ["negative", "positive"])))

@@ -509,7 +509,7 @@ def test_lm_passes_count_the_upr_prior_and_the_evidence(workspace):
     [evidence] max_lm_passes): both count against the server's max_lm_passes, and the refusal says so."""
     from dataclasses import replace
 
-    from gradfuse.rerank.sentences import EvidenceSettings
+    from gradfuse.reading.scoring import EvidenceSettings
 
     config = replace(workspace.config, rerank=replace(workspace.config.rerank, prior="upr"),
                      evidence=EvidenceSettings(scorer="upr", max_lm_passes=20), answer="extractive")

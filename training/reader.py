@@ -33,7 +33,7 @@ import reader_data  # noqa: E402
 from reader_data import DOMAINS, TECHNICAL, Group  # noqa: E402
 
 from gradfuse.reading.reader import READER_FILE, feeds, tokenizer  # noqa: E402
-from gradfuse.rerank import support  # noqa: E402
+from gradfuse.reading import support  # noqa: E402
 from gradfuse.sources.encoder import DEFAULT_ENCODER, _model_path, load_encoder  # noqa: E402
 
 ROOT = reader_data.ROOT

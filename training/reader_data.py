@@ -27,9 +27,9 @@ import numpy as np
 
 from gradfuse.candidate import Candidate
 from gradfuse.eval.qa import answer_in_context
-from gradfuse.evidence import passage_sentences
+from gradfuse.reading.evidence import passage_sentences
 from gradfuse.reading.reader import pair
-from gradfuse.rerank import support
+from gradfuse.reading import support
 from gradfuse.sources.build import FILE_CHUNK_OVERLAP, FILE_CHUNK_WORDS
 from gradfuse.sources.documents import IngestReport
 from gradfuse.sources.files import read_files

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import reader as training  # noqa: E402
 
 from gradfuse.reading.reader import READER_FILE, pair  # noqa: E402
-from gradfuse.rerank import support  # noqa: E402
+from gradfuse.reading import support  # noqa: E402
 from gradfuse.sources.encoder import load_encoder  # noqa: E402
 
 FOLDER = training.reader_data.DATA / "wikiqa"

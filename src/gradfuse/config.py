@@ -114,8 +114,8 @@ from pydantic import Field, TypeAdapter, ValidationError, with_config
 
 from gradfuse.access.keys import AccessError, AccessSettings, parse_principals
 from gradfuse.checked import FILE_SETTINGS, Count, Depth, Flag, Seconds, Text, Weight
+from gradfuse.reading.scoring import EvidenceSettings
 from gradfuse.rerank import RerankSettings
-from gradfuse.rerank.sentences import EvidenceSettings
 from gradfuse.selection import SelectionSettings
 from gradfuse.selection.routing import RoutingSettings
 from gradfuse.server.settings import ServerSettings

@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from gradfuse.candidate import Candidate, Location
-from gradfuse.evidence import Evidence
+from gradfuse.reading.evidence import Evidence
 from gradfuse.generate import describe_generator
 from gradfuse.redact import redact
 from gradfuse.sources.base import SourceStats

@@ -1,6 +1,6 @@
 """The library API that the CLI, the server, MCP, the OpenAI endpoint and the framework components are thin shells
 over: a short facade over the source catalog (sources/catalog.py), the query pipeline (query.py) and the answer
-path (answering.py). What a shell needs that is not here gets a module of its own, not a method here.
+path (reading/answering.py). What a shell needs that is not here gets a module of its own, not a method here.
 
 Its methods hand over to those parts and do not call each other: a subclass that overrides one changes that call
 only. To change how a step works for every path, wrap or replace the part that owns it (`catalog`, `query`,
@@ -13,13 +13,13 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from gradfuse.access import EVERYTHING, Principal
-from gradfuse.answering import Answer, Answerer
+from gradfuse.reading.answering import Answer, Answerer
 from gradfuse.candidate import Candidate
 from gradfuse.config import Config, load_config
-from gradfuse.evidence import Evidence
+from gradfuse.reading.evidence import Evidence
 from gradfuse.execute import LOCAL, Executor
 from gradfuse.query import QueryPipeline, SearchResult
-from gradfuse.rerank.sentences import EvidenceSettings
+from gradfuse.reading.scoring import EvidenceSettings
 from gradfuse.selection import SelectionSettings
 from gradfuse.sources import BuildReport, Source, SourceSpec, SourceStats
 from gradfuse.sources.catalog import SourceCatalog
@@ -145,7 +145,7 @@ class Workspace:
         return self.query.rank(query, federated, method=method, k=k, gold=gold, selection=selection,
                                **rerank_options)
 
-    # --- answering (answering.py)
+    # --- answering (reading/answering.py)
 
     def ask(self, question: str, *, generator: str | None = None, context_k: int | None = None,
             max_new_tokens: int | None = None, **search_options) -> Answer:
@@ -173,5 +173,5 @@ class Workspace:
 
     def support(self, question: str, evidence: list[Evidence]) -> float | None:
         """The chance that `evidence` (every sentence of an answer's passages) holds the answer to `question`
-        (rerank/support.py); None without sentences scored."""
+        (reading/support.py); None without sentences scored."""
         return self.answers.support(question, evidence)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from gradfuse.candidate import Candidate
-from gradfuse.rerank.support import declines
+from gradfuse.reading.support import declines
 from gradfuse.schemas import failure_record, location_record
 from gradfuse.sources.federated import FederatedResult
 from gradfuse.workspace import SearchResult, Workspace

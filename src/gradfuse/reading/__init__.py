@@ -1,4 +1,13 @@
-"""Reading what was found: which sentences of the chosen passages answer the question, and whether any does.
+"""Reading what was found, and the answer: which sentences of the chosen passages answer the question, whether any
+does, and what the answer says.
 
-It may import the candidate record, the encoder (sources/) and the evidence record (evidence.py); never the query
-pipeline, a shell or the generators."""
+- evidence.py: the Evidence record of one scored sentence (or table row), how passages are cut into them, the quotes;
+- scoring.py: `[evidence]`, which scorer values the sentences, and the LM-free ones (stage 2's LM scorers per
+  sentence are rerank/sentences.py);
+- support.py: the default evidence scorer and "not found" (support.json: its weights, fitted by
+  bench/fit_support.py);
+- reader.py: the reader trained here (READER.md: its model card), a signal of support.py where a fit chooses it;
+- answering.py: the answer path, evidence → support → "not found" → the answer.
+
+Only answering.py imports the query pipeline and the generators; nothing here imports a shell, and rerank/ never
+imports reading/."""

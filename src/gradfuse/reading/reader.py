@@ -87,6 +87,16 @@ def to_read(overlap: np.ndarray, cosines: np.ndarray, at_most: int = READ_AT_MOS
     return sorted(chosen)
 
 
+def read_every(question: str, sentences: list[str], folder: str = "") -> np.ndarray:
+    """Every sentence's logit (the `reader` evidence scorer): by the local model in `folder` (local_reader.py), or
+    by the reader trained here."""
+    if folder:
+        from gradfuse.reading.local_reader import load_local_reader
+
+        return load_local_reader(folder).logits(question, sentences)
+    return load_reader().logits([pair(question, s) for s in sentences]).astype(float)
+
+
 def read(question: str, sentences: list[str], overlap: np.ndarray, cosines: np.ndarray) -> np.ndarray:
     """The reader's logit for the sentences (as quoted) that `to_read` chooses; NaN for the others."""
     values = np.full(len(sentences), np.nan)

@@ -11,7 +11,7 @@ the LM work of one re-rank as plain data, which an executor runs here or on a Ra
 - loo.py: exact leave-one-out and greedy loss-minimising selection (the oracles the gradient approximates);
 - upr.py: query likelihood per passage; relevance.py: a yes/no relevance prompt (the same scoring LM);
 - cross_encoder.py: a sentence-transformers cross-encoder from a local folder;
-- sentences.py: the same signals for the sentences of the passages an answer shows (its evidence).
+- sentences.py: the LM scorers' values for the sentences of the passages an answer shows (reading/ uses them).
 
 `rerank` takes the first n candidates of a pool (pools.py), asks the scorer for a value per document, combines it
 with the prior (base.combine) and writes every value into `Candidate.scores`, so `--explain` can show each step.

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from gradfuse.methods import METHOD_CHOICES, lm_passes
 from gradfuse.rerank.base import SIGNALS
-from gradfuse.rerank.sentences import evidence_passes
+from gradfuse.reading.scoring import evidence_passes
 from gradfuse.server.settings import ServerSettings
 from gradfuse.sources.base import check_source_name
 

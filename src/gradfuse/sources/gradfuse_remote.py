@@ -7,12 +7,18 @@ text, chunk span and location. The remote ranks its passages; their score here i
 remote reports as failed, and anything that keeps it from answering (down, slow, a refused key, a malformed
 reply, one row of it malformed, a reply larger than `max_reply_mb` or slower in all than `timeout_s`), is this
 source's failure with its reason; the other sources answer.
+
+What one caller sends must not fail the source for the others (its breaker counts failures in a row): the remote's
+own limits (its `/options`) clamp the depth asked of it, a question longer than it takes is not sent, and a 4xx
+answer to what was sent (other than a refused key or a missing endpoint) is that query's failure, not the
+source's (`QueryNotAnswered`).
 """
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -22,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from gradfuse.access import Readers
 from gradfuse.candidate import Candidate, Location
 from gradfuse.checked import FILE_SETTINGS, Count, Text
-from gradfuse.sources.base import SourceError, SourceStats, check_source_name
+from gradfuse.sources.base import QueryNotAnswered, SourceError, SourceStats, check_source_name
 from gradfuse.sources.stores import check_address, key_from
 from gradfuse.sources.summary import SourceSummary
 
@@ -47,6 +53,12 @@ class RemoteSettings:
             check_source_name(name)
 
 
+LIMITS_TTL_S = 300.0  # how long the remote's limits are trusted before they are read again
+# Answers to what a caller sent: the query's failure. 401 and 403 are the key's (this source's), and 404 or 405 say
+# the address is no gradfuse server: those stay the source's failure.
+_CALLERS_4XX = frozenset({400, 413, 414, 422, 429, 431})
+
+
 class RemoteGradfuse:
     """The source; `timeout_s` bounds each request, whole (the federated search has its own deadline too)."""
 
@@ -60,6 +72,7 @@ class RemoteGradfuse:
         self._client = httpx.Client(base_url=settings.url.rstrip("/"), timeout=timeout_s, trust_env=False,
                                     limits=httpx.Limits(max_keepalive_connections=0),
                                     headers={"Accept-Encoding": "identity"})
+        self._limits: tuple[float, _Limits] | None = None  # when read, and what
 
     def warm(self) -> None:
         """Nothing to load here: the remote embeds its own queries."""
@@ -67,6 +80,11 @@ class RemoteGradfuse:
     def search(self, query: str, k: int, *, readers: Readers = None) -> list[Candidate]:
         # The remote reads as the principal its key stands for there, and filters by it inside its own sources:
         # this side decides only who may read the source (docs/access.md).
+        limits = self.limits()
+        if limits.max_query_chars is not None and len(query) > limits.max_query_chars:
+            raise QueryNotAnswered(f"gradfuse server {self.settings.url} takes questions of at most "
+                                   f"{limits.max_query_chars} characters; this one has {len(query)}")
+        k = min(k, limits.max_k or k, limits.max_depth or k)
         body = {"query": query, "k": k, "retrieval": self.mode,
                 **({"sources": list(self.settings.sources)} if self.settings.sources else {}),
                 **({"method": self.settings.method} if self.settings.method else {})}
@@ -76,6 +94,17 @@ class RemoteGradfuse:
             failed = "; ".join(f"{f.source}: {f.reason}" for f in reply.failures)
             raise SourceError(f"gradfuse server {self.settings.url}: its sources failed ({failed})")
         return candidates
+
+    def limits(self) -> _Limits:
+        """The remote's limits from its `/options`, read again after LIMITS_TTL_S; none known where it serves none
+        (an older server), or where they cannot be read now (the search itself then says why)."""
+        if self._limits is None or time.monotonic() - self._limits[0] > LIMITS_TTL_S:
+            try:
+                read = self._read(_Options, self._call("GET", "/options"), "options").limits
+            except SourceError:
+                read = _Limits()
+            self._limits = (time.monotonic(), read)
+        return self._limits[1]
 
     def stats(self) -> SourceStats:
         rows = self._read(_SOURCE_LIST, self._call("GET", "/sources"), "source list")
@@ -152,6 +181,10 @@ class RemoteGradfuse:
             raise SourceError(f"gradfuse server {where} refused the key"
                               + (f" in {self.settings.key_env}" if self.settings.key_env else
                                  " (it needs one: name its variable with key_env)"))
+        if response.status_code in _CALLERS_4XX:
+            self._limits = None  # its limits may have changed: read them again
+            raise QueryNotAnswered(f"gradfuse server {where} refused this request ({response.status_code}: "
+                                   f"{_detail(content)[:300]})")
         if response.status_code != 200:
             raise SourceError(f"gradfuse server {where} answered {response.status_code}: {_detail(content)[:300]}")
         return content
@@ -259,6 +292,18 @@ class _Listed(BaseModel):
 
 
 _SOURCE_LIST = TypeAdapter(list[_Listed])
+
+
+class _Limits(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    max_query_chars: int | None = Field(default=None, ge=1)
+    max_k: int | None = Field(default=None, ge=1)
+    max_depth: int | None = Field(default=None, ge=1)
+
+
+class _Options(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+    limits: _Limits = Field(default_factory=_Limits)
 
 
 class _Summary(BaseModel):

@@ -2,7 +2,7 @@
 "not found" below `[evidence] abstain_below` → the answer, quoted from the evidence or written by a generator with
 its citations.
 
-It may import the query pipeline (query.py), evidence.py, rerank/ and generate/, never a shell."""
+It may import the query pipeline (query.py), the rest of reading/, rerank/ and generate/, never a shell."""
 
 from __future__ import annotations
 
@@ -15,14 +15,15 @@ import numpy as np
 
 from gradfuse.candidate import Candidate
 from gradfuse.config import Config
-from gradfuse.evidence import Evidence, excerpts, extractive_answer, not_found, passage_sentences
+from gradfuse.reading.evidence import Evidence, excerpts, extractive_answer, not_found, passage_sentences
 from gradfuse.generate import BUNDLED_GENERATOR, Citation, fit_to_window, make_generator, parse_citations
 from gradfuse.generate.local import load_tokenizer
 from gradfuse.generate.prompt import EXTRACTIVE, PASSAGE_CHARS, build_messages
 from gradfuse.query import QueryPipeline, SearchResult
-from gradfuse.reading.reader import read
-from gradfuse.rerank import support
-from gradfuse.rerank.sentences import LM_SENTENCE_SCORERS, EvidenceSettings, score_texts, within_passes
+from gradfuse.reading.reader import read, read_every
+from gradfuse.reading import support
+from gradfuse.reading.scoring import EvidenceSettings, score_texts
+from gradfuse.rerank.sentences import LM_SENTENCE_SCORERS, within_passes
 from gradfuse.rerank.sentences import Passage as SentencePassage
 from gradfuse.sources.federated import SourceFailure
 
@@ -134,7 +135,9 @@ class Answerer:
             encoder = self.query.encoder()
             quoted = [e.quoted() for e in scored]
             numbers = [e.passage for e in scored]
-            if settings.scorer == "support" and support.reads_reader(support.model()) and scored:
+            if settings.scorer == "reader" and scored:
+                readings = read_every(question, quoted, settings.reader)
+            elif settings.scorer == "support" and support.reads_reader(support.model()) and scored:
                 cosines = encoder.encode_short(quoted) @ encoder.encode_query(question)
                 overlap = support.signals(question, quoted, cosines, numbers, only=("overlap",))["overlap"]
                 readings = read(question, quoted, overlap, cosines)

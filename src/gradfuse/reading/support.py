@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gradfuse.evidence import introduces, quoted_first
+from gradfuse.reading.evidence import introduces, quoted_first
 
 SIGNALS = ("overlap", "typed", "cosine", "words", "rank", "first", "label", "novel", "before", "passage", "exact",
            "reader")
