@@ -252,6 +252,10 @@ def test_sources_options_healthz_and_the_page_name_only_what_the_key_may_read(se
     assert health.status_code == 200 and not any(name in health.text for name in [*BOBS, "hrvault"])
     assert httpx.get(url + "/", headers=_as(BOB_KEY)).status_code == 200  # the page reads /sources with its key
     assert httpx.get(url + "/sources", headers=_as("not-a-key")).status_code == 401
+    # Issue 58 L4: when a shared source last answered tells when the others used it: not to a limited key
+    assert _post(url, "/search", {"query": QUESTION}, ALICE_KEY).status_code == 200
+    listed = httpx.get(url + "/sources", headers=_as(BOB_KEY)).json()
+    assert all(s["last_answered_at"] is None and s["last_failure_at"] is None for s in listed)
     # the metrics name every source: to a key that may read everything only
     assert httpx.get(url + "/metrics", headers=_as(BOB_KEY)).status_code == 404
 
@@ -464,6 +468,22 @@ def test_a_files_pattern_that_matches_no_file_is_reported_and_one_from_the_root_
     for pattern in ("/hr/*", "./hr/*"):  # refused as the spec is made: when the config is read
         with pytest.raises(ValueError, match=f"readers pattern '{re.escape(pattern)}'.*write 'hr/\\*'"):
             SourceSpec("wiki", "files", str(tmp_path / "wiki"), {"readers": {pattern: ["hr"]}})
+
+
+def test_a_hard_link_across_readers_is_refused_and_reported(tmp_path):
+    """Issue 58 L3: a hard link of hr/pay.md placed in public/ took public/'s readers: everyone read it."""
+    (tmp_path / "wiki" / "hr").mkdir(parents=True)
+    (tmp_path / "wiki" / "public").mkdir()
+    (tmp_path / "wiki" / "hr" / "pay.md").write_text("# Pay\n\nSalaries are paid on the last working day.\n")
+    (tmp_path / "wiki" / "public" / "office.md").write_text("# Office\n\nThe office opens at eight.\n")
+    (tmp_path / "wiki" / "public" / "pay.md").hardlink_to(tmp_path / "wiki" / "hr" / "pay.md")
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    built = ws.index(SourceSpec("wiki", "files", str(tmp_path / "wiki"), {"readers": {"hr/*": ["hr"]}}))
+    skipped = {file: (reason, detail) for file, reason, detail in built.skipped}
+    assert skipped["public/pay.md"][0] == "hard link" and "hr/pay.md" in skipped["public/pay.md"][1]
+    assert skipped["hr/pay.md"][0] == "hard link"
+    with ws.holding("wiki", "bm25") as wiki:
+        assert {c.parent_id for c in wiki.search("salaries paid office", 5)} == {"public/office.md"}
 
 
 def test_a_corpus_whose_readers_field_means_something_else_is_told_how_to_read_none(tmp_path):

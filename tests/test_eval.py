@@ -83,6 +83,13 @@ def test_benchmark_file_errors_name_the_problem(tmp_path, monkeypatch):
     broken.write_text('data = "nowhere"\n')
     with pytest.raises(ConfigError, match="GRADFUSE_DATA"):
         load_benchmark(broken)
+    # Issue 58 L8: a misspelt folder is named as missing, even where a shared/data folder lies above the file
+    (tmp_path / "shared" / "data").mkdir(parents=True)
+    (tmp_path / "bench").mkdir()
+    misspelt = tmp_path / "bench" / "b.toml"
+    misspelt.write_text('data = "../../shraed/data"\n')
+    with pytest.raises(ConfigError, match="shraed"):
+        load_benchmark(misspelt)
     with pytest.raises(ConfigError, match="no \\[quick\\] section"):
         broken.write_text(f'data = "{tmp_path}"\n')
         load_benchmark(broken, quick=True)

@@ -100,7 +100,7 @@ def test_a_source_that_keeps_failing_is_not_called_until_its_breaker_lets_one_pr
 
 class _BrokenNode(BaseHTTPRequestHandler):
     """A node that answers /search badly, as `mode` says: trickle (a byte every 0.2 s), huge (3 MB, with or without
-    Content-Length), or one malformed row (`row`)."""
+    Content-Length), one malformed row (`row`), or slow (well, in 1.5 s)."""
 
     mode, row = "trickle", {}
 
@@ -133,6 +133,8 @@ class _BrokenNode(BaseHTTPRequestHandler):
                 self.wfile.flush()
                 time.sleep(0.2)
             return
+        if self.mode == "slow":  # a healthy node that takes 1.5 s to answer
+            time.sleep(1.5)
         if self.mode.startswith("huge"):
             body = json.dumps({"candidates": [{**good, "text": "x" * 3_000_000}]}).encode()
         else:
@@ -165,6 +167,23 @@ def broken_node():
     yield f"http://127.0.0.1:{server.server_port}", handler
     server.shutdown()
     server.server_close()
+
+
+def test_callers_short_deadlines_hold_at_most_half_of_a_sources_workers(broken_node, tmp_path):
+    """Issue 58 M1: requests with `timeout_s` 0.05 against a source that answers in 1.5 s each left a search
+    holding a worker, until all were held and every other caller's search of it was refused as busy."""
+    url, handler = broken_node
+    handler.mode = "slow"
+    ws = with_remote(tmp_path, url, guard="workers = 4\nbreaker_failures = 3", timeout_s=10)
+    with ThreadPoolExecutor(8) as clients:
+        hurried = list(clients.map(lambda _: ws.search("pasta", method="rrf", k=3, timeout_s=0.05), range(16)))
+    reasons = {f.reason for r in hurried for f in r.failures}
+    assert reasons == {"timeout", "busy"} and ws.guards["team"].late <= 2  # half of its 4 workers, at most
+    busy = next(f for r in hurried for f in r.failures if f.reason == "busy")
+    assert "deadline shorter than its own" in busy.detail
+    patient = ws.search("pasta", method="rrf", k=3)  # its own deadline: served meanwhile
+    assert not patient.failures and any(c.source == "team" for c in patient.candidates)
+    assert ws.guards.state("team") == "closed"
 
 
 @pytest.mark.parametrize("mode", ["trickle", "trickle-headers"])

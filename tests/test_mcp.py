@@ -160,3 +160,31 @@ def test_a_tools_refused_arguments_are_named_as_the_tool_names_them_without_pyda
     assert number_query == "search: query: Input should be a valid string"
     assert not any(word in text for text in (long, zero, no_sources, text_k, number_query)
                    for word in PYDANTIC_INTERNALS)
+
+
+def test_one_key_cannot_take_every_mcp_session_nor_use_another_keys(tmp_path, monkeypatch):
+    """Issue 58 M3 and L2: 100 sessions opened by bob's key blocked alice's MCP for 10 minutes, and a session id
+    was usable and closable by any key."""
+    monkeypatch.setenv("ALICE_MCP_KEY", "alice-secret")
+    monkeypatch.setenv("BOB_MCP_KEY", "bob-secret")
+    (tmp_path / "gradfuse.toml").write_text(
+        'workspace = "ws"\n[access.principals.alice]\nkey_env = "ALICE_MCP_KEY"\nsources = ["*"]\n'
+        '[access.principals.bob]\nkey_env = "BOB_MCP_KEY"\nsources = ["*"]\n')
+    ws = Workspace.open(tmp_path / "gradfuse.toml")
+    ws.index(SourceSpec("cooking", "jsonl", str(write_jsonl(tmp_path / "c.jsonl", COOKING))))
+    settings = ServerSettings(max_mcp_sessions=4, max_mcp_sessions_per_key=2)
+    alice, bob = ({**STREAMABLE, "X-API-Key": key} for key in ("alice-secret", "bob-secret"))
+    with serving(create_app(ws, settings)) as url:
+        opened = [httpx.post(f"{url}/mcp", json=INITIALIZE, headers=bob) for _ in range(2)]
+        assert [r.status_code for r in opened] == [200, 200]
+        refused = httpx.post(f"{url}/mcp", json=INITIALIZE, headers=bob)
+        assert refused.status_code == 429 and "max_mcp_sessions_per_key" in refused.text
+        assert httpx.post(f"{url}/mcp", json=INITIALIZE, headers=alice).status_code == 200  # alice still gets in
+        bobs = opened[0].headers["mcp-session-id"]
+        listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+        assert httpx.post(f"{url}/mcp", json=listing, headers={**alice, "Mcp-Session-Id": bobs}).status_code == 404
+        assert httpx.delete(f"{url}/mcp", headers={**alice, "Mcp-Session-Id": bobs}).status_code == 404
+        # bob's own session is his to close, and then he may open another
+        assert httpx.delete(f"{url}/mcp", headers={**bob, "Mcp-Session-Id": bobs}).status_code in (200, 204)
+        assert httpx.post(f"{url}/mcp", json=INITIALIZE, headers=bob).status_code == 200
+    ws.close()

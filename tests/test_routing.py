@@ -203,8 +203,11 @@ def test_a_remote_gradfuse_sends_its_summaries_and_is_routed_by_them(remote, tmp
     with Workspace(load_config(tmp_path / "gradfuse.toml")) as ws:
         ws.index(SourceSpec("music", "jsonl", str(write_jsonl(tmp_path / "music.jsonl", TOPICS["music"]))))
         unjudged = ws.search("Do bond prices fall when interest rates rise?")
-        # no summary yet: both remotes are asked (unjudged), and their summaries are being made meanwhile
-        assert set(unjudged.routing.unscored) == {"team-sailing", "team-finance"}
+        # no summary yet: the budget's one place goes to one remote, unjudged, the other waits its turn; both
+        # summaries are being made meanwhile
+        waiting = {n for n, why in unjudged.routing.skipped.items() if "asked in turn" in why}
+        assert len(unjudged.routing.unscored) == 1 and set(unjudged.routing.unscored) | waiting == {"team-sailing",
+                                                                                                    "team-finance"}
         assert ws.catalog.summaries.make(["team-sailing", "team-finance"]) == {"team-sailing": "", "team-finance": ""}
         routed = ws.search("Do bond prices fall when interest rates rise?")
         assert routed.routing.asked == ["team-finance"] and not routed.routing.unscored
@@ -343,3 +346,53 @@ def test_letting_a_guards_idle_workers_go_never_fails_a_call_being_submitted():
         stop.set()
         churner.join()
         guard.close()
+
+
+def test_unjudged_sources_take_only_their_share_of_the_budget_in_turn_and_an_open_breaker_is_not_asked():
+    """Issue 58 M2: every source without a summary was asked, beyond the budget, ahead of every scored one."""
+    table = SummaryTable.stack({"a": summary_at([1, 0, 0]), "b": summary_at([0.9, 0.1, 0]),
+                                "c": summary_at([0, 1, 0])})
+    unscored = {"down1": "could not be read", "down2": "could not be read", "down3": "could not be read"}
+    settings = RoutingSettings(budget=4)  # a quarter of it: one place for the unjudged
+    turns = [route(unit([1, 0, 0]), table, settings, unscored, turn=turn) for turn in range(3)]
+    assert [d.asked for d in turns] == [["down1", "a", "b", "c"], ["down2", "a", "b", "c"], ["down3", "a", "b", "c"]]
+    assert "asked in turn" in turns[0].skipped["down2"] and "asked in turn" in turns[0].skipped["down3"]
+    # a source whose breaker is open is skipped with that reason, and the next best takes its place
+    decision = route(unit([1, 0, 0]), table, RoutingSettings(budget=2), unscored,
+                     unavailable={"a": "its breaker is open", "down1": "its breaker is open"})
+    assert decision.asked == ["down2", "b"]
+    assert decision.skipped["a"] == "its breaker is open" and decision.skipped["down1"] == "its breaker is open"
+
+
+def test_down_remotes_without_summaries_no_longer_starve_a_local_source(tmp_path):
+    """Issue 58 M2 end to end: two unreachable remotes and a budget of 2 failed every question."""
+    remotes = "".join(f'[sources.down{i}]\nkind = "gradfuse"\nurl = "http://127.0.0.1:9"\ntimeout_s = 2\n'
+                      for i in (1, 2))
+    (tmp_path / "gradfuse.toml").write_text(f'workspace = "ws"\n[routing]\nabove = 0\nbudget = 2\n{remotes}')
+    ws = Workspace.open(tmp_path / "gradfuse.toml")
+    ws.index(SourceSpec("cooking", "jsonl", str(write_jsonl(tmp_path / "c.jsonl", COOKING))))
+    try:
+        for _ in range(2):
+            result = ws.search("How is risotto cooked?", method="rrf", k=3)
+            assert "cooking" in result.routing.asked and len(result.routing.asked) == 2
+            assert result.candidates and result.candidates[0].source == "cooking"
+    finally:
+        ws.close()
+
+
+def test_why_a_source_has_no_summary_is_told_only_to_a_key_that_reads_everything(tmp_path):
+    """Issue 58 L1: a document-limited key was shown the background worker's error, with a remote's address."""
+    from gradfuse.access import Principal
+
+    (tmp_path / "gradfuse.toml").write_text('workspace = "ws"\n[routing]\nabove = 0\n[sources.team]\n'
+                                            'kind = "gradfuse"\nurl = "http://127.0.0.1:9"\ntimeout_s = 2\n')
+    ws = Workspace.open(tmp_path / "gradfuse.toml")
+    ws.index(SourceSpec("cooking", "jsonl", str(write_jsonl(tmp_path / "c.jsonl", COOKING))))
+    try:
+        full = ws.search("How is risotto cooked?", method="rrf", k=3)
+        limited = ws.search("How is risotto cooked?", method="rrf", k=3, principal=Principal("bob"))
+        assert "team" in full.routing.unscored and "team" in limited.routing.unscored
+        assert limited.routing.unscored["team"] == "no summary to judge it by"
+        assert "127.0.0.1" not in json.dumps(search_record(limited).routing.model_dump())
+    finally:
+        ws.close()

@@ -384,6 +384,10 @@ def test_the_cache_keeps_at_most_its_megabytes_dropping_the_least_recently_used(
     cache.put(keys[1], ("d" * 2_000_000,), failed=False)  # larger than the whole cache: not kept
     assert cache.get(keys[1]) is None and cache.get(keys[2])
     assert ResultCache(workspace, 0).key("search", SearchRequest(query="q"), EVERYTHING) is None  # 0: off
+    # Issue 58 L5: counted in bytes: 300,000 astral characters are 1.2 MB, more than the whole cache
+    astral = cache.key("search", SearchRequest(query="astral"), EVERYTHING)
+    cache.put(astral, ("\U0001F600" * 300_000,), failed=False)
+    assert cache.get(astral) is None
 
 
 def test_a_result_where_a_source_failed_is_not_kept(faulty):
@@ -640,3 +644,24 @@ def test_an_empty_key_is_no_key_and_keeps_the_host_check(workspace, monkeypatch)
                              headers={"Host": "attacker.example"}, timeout=30)
         assert rebound.status_code == 400  # a page on another name cannot reach it
         assert httpx.post(url + "/search", json={"query": "moons", "method": "rrf"}, timeout=30).status_code == 200
+
+
+def test_one_key_holds_at_most_half_of_the_lm_line():
+    """Issue 58 L6: one key sending 8 LM requests took the whole line, and every other key's got 503."""
+    from gradfuse.access import Principal
+    from gradfuse.server.admission import Busy, LMAdmission
+
+    admission = LMAdmission(8)
+    bob, alice = Principal("bob"), Principal("alice")
+    held = [admission.place(True, bob) for _ in range(4)]
+    with pytest.raises(Busy, match="this key holds 4 places"):
+        admission.place(True, bob)
+    alices = [admission.place(True, alice) for _ in range(4)]  # the other half is alice's to take
+    with pytest.raises(Busy, match="8 language-model requests are already running"):
+        admission.place(True, Principal("carol"))
+    held[0]()
+    held[0]()  # given back once, however often it is called
+    admission.place(True, bob)
+    for give_back in alices:
+        give_back()
+    assert admission.active == 4

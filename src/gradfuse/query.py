@@ -6,6 +6,7 @@ It may import sources/, selection/, rerank/, methods.py and execute/, never the 
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -44,6 +45,7 @@ class QueryPipeline:
         self.config, self.catalog, self.executor = config, catalog, executor
         self._embeddings: EmbeddingCache | None = None
         self._lock = threading.Lock()
+        self._routing_turns = itertools.count()  # which unjudged sources a routed question asks (routing.route)
 
     def close(self) -> None:
         with self._lock:
@@ -62,7 +64,7 @@ class QueryPipeline:
         k = k or self.config.k
         routing, started = None, time.perf_counter()
         if not method.startswith("single:") and len(names) > self.config.routing.above:
-            routing = self.route(query, names)
+            routing = self.route(query, names, principal)
             names = routing.asked
         routed = time.perf_counter() - started
         if routing is not None and not names:  # every source empty: nothing to ask (not "every source")
@@ -77,13 +79,20 @@ class QueryPipeline:
             result.routing, result.timings["routing"] = routing, routed
         return result
 
-    def route(self, query: str, names: list[str]) -> RoutingDecision:
-        """The sources among `names` that `query` is sent to, from their summaries (`[routing]`)."""
+    def route(self, query: str, names: list[str], principal: Principal = EVERYTHING) -> RoutingDecision:
+        """The sources among `names` that `query` is sent to, from their summaries (`[routing]`). Why a source has
+        no summary (a remote's address and its error) is told only to a key that reads everything, as /sources
+        does."""
         if not query.strip():
             raise ValueError("the query is empty")
         vector = self.encoder().encode_query(query)
         table, unscored, empty = self.catalog.summaries.table(names, len(vector))
-        return route(vector, table, self.config.routing, unscored, empty)
+        if not principal.reads_everything:
+            unscored = dict.fromkeys(unscored, "no summary to judge it by")
+        unavailable = {n: "its breaker is open: not asked until its cool-down ends ([guard] breaker_cooldown_s)"
+                       for n in names if self.catalog.guards.state(n) == "open"}
+        return route(vector, table, self.config.routing, unscored, empty, unavailable=unavailable,
+                     turn=next(self._routing_turns))
 
     def retrieve(self, query: str, *, sources: list[str] | None = None, retrieval: str | None = None,
                  timeout_s: float | None = None, depth: int | None = None,

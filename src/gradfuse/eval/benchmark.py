@@ -49,6 +49,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import sys
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -254,15 +255,23 @@ def load_benchmark(path: Path, *, quick: bool = False) -> Benchmark:
     return bench
 
 
+SHIPPED_DATA = "../../shared/data"  # what the benchmark files in benchmarks/ name: the checkout beside shared/
+
+
 def _data_folder(base: Path, configured: str) -> Path:
-    """GRADFUSE_DATA, else the configured folder (relative to the benchmark file), else the nearest
-    `shared/data` beside a folder above the file (a checkout placed elsewhere next to the shared data)."""
+    """GRADFUSE_DATA, else the configured folder (relative to the benchmark file); where that is the shipped
+    files' own path and missing, the nearest `shared/data` beside a folder above the file (a checkout placed
+    elsewhere next to the shared data), said on stderr. A folder a file names itself is never replaced: a
+    misspelt path would measure other data without a word."""
     if os.environ.get("GRADFUSE_DATA"):
         return Path(os.environ["GRADFUSE_DATA"])
     folder = (base / configured).resolve()
-    if folder.is_dir():
+    if folder.is_dir() or configured != SHIPPED_DATA:
         return folder
     nearby = [parent / "shared" / "data" for parent in base.parents if (parent / "shared" / "data").is_dir()]
+    if nearby:
+        print(f"note: {folder} does not exist; reading the data in {nearby[0]} (set GRADFUSE_DATA to choose)",
+              file=sys.stderr)
     return nearby[0] if nearby else folder
 
 

@@ -46,6 +46,10 @@ class RoutingSettings:
     budget: Count = 24
     router: Literal["summary", "redde"] = "summary"
     redundancy_weight: Weight = 0.0
+    # Of the budget, at most this share (at least one place) goes to sources that cannot be judged (no summary
+    # yet, or one that cannot be read: a remote that is down, a key that does not read all of it); the others wait
+    # their turn, in rotation. Without it, such sources took the whole budget ahead of every scored one.
+    unscored_share: Weight = 0.25
     refresh_s: Seconds = 3600.0  # an engine's or a remote's summary is made again when older (sources/summaries.py)
     # Sources held open at once (each holds files, a database connection or a client): the least recently used
     # beyond it is closed, and opened again when next asked (at 1,000 sources by topic, routed to 24: 62 ms p50
@@ -70,28 +74,41 @@ class RoutingDecision:
         lowest = min(scored) if scored else float("nan")
         best_first = sorted(self.scores.items(), key=lambda item: -item[1])
         below = f"lowest asked {lowest:.3f}" if scored else f"the {len(self.unscored)} unjudged ones fill it"
-        return {s: self.reasons.get(s) or f"routed out by {self.router}: score {score:.3f}, not among the "
-                                           f"{self.budget} asked ({below})"
-                for s, score in best_first if s not in asked}
+        skipped = {s: self.reasons.get(s) or f"routed out by {self.router}: score {score:.3f}, not among the "
+                                              f"{self.budget} asked ({below})"
+                   for s, score in best_first if s not in asked}
+        return skipped | {s: why for s, why in self.reasons.items() if s not in self.scores and s not in asked}
 
 
 def route(query: np.ndarray, table: SummaryTable, settings: RoutingSettings,
-          unscored: dict[str, str] | None = None, empty: list[str] = ()) -> RoutingDecision:
-    """The sources `query` (an L2-normalised encoder vector) is sent to: `unscored` ones always (they cannot be
-    judged), then the best-scored of `table` up to the budget; `empty` ones never."""
-    unscored = dict(unscored or {})
-    room = max(0, settings.budget - len(unscored))
+          unscored: dict[str, str] | None = None, empty: list[str] = (), *,
+          unavailable: dict[str, str] | None = None, turn: int = 0) -> RoutingDecision:
+    """The sources `query` (an L2-normalised encoder vector) is sent to: `unscored` ones (they cannot be judged)
+    within their share of the budget, the `turn`-th in rotation first, then the best-scored of `table` up to the
+    budget; `empty` ones never, nor `unavailable` ones (an open breaker: each with why)."""
+    unavailable = dict(unavailable or {})
+    waiting = [n for n in (unscored or {}) if n not in unavailable]
+    places = min(len(waiting), max(1, int(settings.budget * settings.unscored_share))) if settings.budget else 0
+    start = turn % len(waiting) if waiting else 0
+    rotated = waiting[start:] + waiting[:start]
+    asked_unscored = {n: unscored[n] for n in rotated[:places]}
     scores = (_redde_scores if settings.router == "redde" else _summary_scores)(query, table)
     decision = RoutingDecision(settings.router, [], dict(zip(table.names, scores.tolist())), settings.budget,
-                               unscored)
+                               asked_unscored, dict(unavailable))
+    for name in rotated[places:]:
+        decision.reasons[name] = (f"not judged ({unscored[name]}) and the {places} places of the budget for "
+                                  "unjudged sources ([routing] unscored_share) were taken: asked in turn")
     for name in empty:
         decision.scores[name], decision.reasons[name] = float("-inf"), "holds no passages"
+    open_ = np.array([name in unavailable for name in table.names], dtype=bool)
+    scores = np.where(open_, -np.inf, scores) if len(scores) else scores
+    room = max(0, min(settings.budget - places, int((~open_).sum())))
     if settings.redundancy_weight > 0 and settings.router == "summary":
         chosen = _greedy(scores, table, settings.redundancy_weight, room, decision.reasons)
     else:
         chosen = _best(scores, room)
-    picked = set(unscored) | {table.names[i] for i in chosen}
-    decision.asked = [n for n in list(unscored) + table.names if n in picked]
+    picked = set(asked_unscored) | {table.names[i] for i in chosen}
+    decision.asked = [n for n in list(asked_unscored) + table.names if n in picked]
     return decision
 
 

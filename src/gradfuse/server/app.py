@@ -40,6 +40,7 @@ from gradfuse.server.cache import ResultCache
 from gradfuse.server.headers import SecurityHeaders
 from gradfuse.server.errors import BodyLimit, KeyRequired, install_error_handlers
 from gradfuse.server.requests import AskRequest, SearchRequest
+from gradfuse.server.mcp_sessions import McpSessionsPerKey
 from gradfuse.server.mcp_tools import build_mcp
 from gradfuse.server.metrics import ServerMetrics
 from gradfuse.server.openai_chat import add_chat_routes
@@ -142,7 +143,10 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
                                      "citations.")
     app.router.redirect_slashes = False  # a redirect's Location would be built from the client's Host header
     install_error_handlers(app)
-    # Middleware runs outermost last-added: the host check, then the key (before any body is read), then limits.
+    # Middleware runs outermost last-added: the host check, then the key (before any body is read), then limits,
+    # then MCP sessions per key.
+    app.add_middleware(McpSessionsPerKey, per_key=settings.max_mcp_sessions_per_key,
+                       idle_s=settings.mcp_idle_timeout_s)  # after the key: whose sessions
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
     app.add_middleware(KeyRequired, keys=keys)  # who asks (request.state.principal)
     if not keys.required:  # no key: only names of this machine may reach it, so a DNS-rebinding page cannot
@@ -178,7 +182,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
         key = cache.key("search", request, principal)
         if (kept := cache.get(key)) is not None:
             return _kept_json(kept[0])
-        with admission.slot((request.method or config.method) in LM_METHODS):
+        with admission.slot((request.method or config.method) in LM_METHODS, principal):
             result = health.recorded(lambda: workspace.search(request.query, k=request.k, principal=principal,
                                                               **request.search_options()))
         record_json = search_record(result).model_dump_json()
@@ -233,9 +237,12 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
         for name, stats, error in workspace.source_health(principal=principal):
             failure = health.last_failure.get(name)
             record = served_source_record(name, stats, error)
+            # when a shared source last answered or failed tells when others used it: to a key that reads all only
+            everything = principal.reads_everything
             records.append(SourceHealthRecord(
-                **record.model_dump(), breaker=workspace.guards.state(name), last_answered_at=health.last_ok.get(name),
-                last_failure_at=failure[0] if failure else None,
+                **record.model_dump(), breaker=workspace.guards.state(name),
+                last_answered_at=health.last_ok.get(name) if everything else None,
+                last_failure_at=failure[0] if failure and everything else None,
                 # its detail came of another caller's request (an engine's error may quote the query): its reason
                 # only, but to a key that reads everything
                 last_failure=(f"{failure[1].reason}: {failure[1].detail}" if principal.reads_everything

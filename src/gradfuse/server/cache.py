@@ -27,7 +27,7 @@ class ResultCache:
     def __init__(self, workspace, megabytes: int):
         self._workspace, self._room = workspace, megabytes * 1_000_000
         self._kept: OrderedDict[tuple, tuple[str, ...]] = OrderedDict()
-        self._used = 0  # characters of JSON kept
+        self._used = 0  # bytes of JSON kept (UTF-8)
         self._lock = threading.Lock()
         self.hits = self.misses = 0  # lookups of requests that may be kept (for /metrics)
 
@@ -60,14 +60,20 @@ class ResultCache:
 
     def put(self, key: tuple | None, value: tuple[str, ...], *, failed: bool) -> None:
         """Keep the JSON texts of a result (the least recently used leave to make room)."""
-        size = sum(len(text) for text in value)
+        size = _bytes(value)
         if key is None or failed or size > self._room:
             return
         with self._lock:
             if key in self._kept:
-                self._used -= sum(len(text) for text in self._kept.pop(key))
+                self._used -= _bytes(self._kept.pop(key))
             self._kept[key] = value
             self._used += size
             while self._used > self._room:
                 _, dropped = self._kept.popitem(last=False)
-                self._used -= sum(len(text) for text in dropped)
+                self._used -= _bytes(dropped)
+
+
+def _bytes(texts: tuple[str, ...]) -> int:
+    """What the texts take, counted as UTF-8 (a character of an astral plane is 4 bytes; CPython holds such a
+    string at 4 bytes a character too): `len` let the cache grow to 4 x cache_mb."""
+    return sum(len(text.encode("utf-8", "surrogatepass")) for text in texts)

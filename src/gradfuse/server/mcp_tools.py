@@ -121,7 +121,7 @@ def build_mcp(workspace: Workspace, settings: ServerSettings, admission: LMAdmis
         request = SearchRequest.from_client(query=query, sources=sources, method=method, k=k)
         request.check_limits(settings, config)
         reader = principal(ctx)
-        with admission.slot((method or config.method) in LM_METHODS):
+        with admission.slot((method or config.method) in LM_METHODS, reader):
             result = recorded(lambda: workspace.search(query, k=request.k, principal=reader,
                                                        **request.search_options()))
         return {"method": result.method, "passages": [_passage(n, c) for n, c in enumerate(result.candidates, 1)],

@@ -46,6 +46,8 @@ class ServerSettings:
     # the SDK's own bound is 10,000 for 30 minutes): past it a new session is refused with 503 until one ends or has
     # been idle (no request, no open stream) for mcp_idle_timeout_s, which closes it.
     max_mcp_sessions: Count = 100
+    # Of them, one key may hold this many (server/mcp_sessions.py): one key opening 100 blocked every other's MCP.
+    max_mcp_sessions_per_key: Count = 10
     mcp_idle_timeout_s: Seconds = 600.0
     # With no API key, only these Host names may reach the server (besides loopback names and the bound address),
     # so that a web page elsewhere cannot reach a local server through DNS rebinding.
@@ -63,7 +65,7 @@ class ServerSettings:
         object.__setattr__(self, "allowed_hosts", tuple(self.allowed_hosts))
         for name in ("max_body_bytes", "max_query_chars", "max_gold_chars", "max_k", "max_n", "max_depth", "max_new_tokens",
                      "lm_queue", "max_lm_passes", "max_connections", "max_client_connections",
-                     "max_mcp_sessions"):
+                     "max_mcp_sessions", "max_mcp_sessions_per_key"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.max_client_connections > self.max_connections:

@@ -29,7 +29,7 @@ async def start_answer(workspace: Workspace, admission: LMAdmission, recorded: R
     """A place in the LM line, then retrieval and ranking (of what `principal` may read), whose errors are raised
     here, before anything is sent; the answer's remaining steps, the search, and the one way to give the place
     back."""
-    release = admission.place(answer_needs_lm(workspace, request.method))
+    release = admission.place(answer_needs_lm(workspace, request.method), principal)
     try:
         events = workspace.ask_stream(request.query, context_k=request.k, max_new_tokens=request.max_new_tokens,
                                       principal=principal, **request.search_options())

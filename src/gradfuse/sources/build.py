@@ -123,16 +123,43 @@ def with_file_readers(documents, rules: object, report: IngestReport, folder: Pa
         checked = reader_rules(rules)
     except InvalidReader as error:
         raise IngestError(str(error)) from None
-    unmatched, root, decided_by = dict.fromkeys(rules), folder.resolve(), {}
-    for document in documents:
-        file = document.parent_id or ""
-        if file not in decided_by:  # once a file, not once a chunk
-            decided_by[file] = _rule_path(root, file)
-        matched = [(pattern, names) for pattern, names in checked if fnmatch.fnmatchcase(decided_by[file], pattern)]
+    unmatched, root = dict.fromkeys(rules), folder.resolve()
+    documents = list(documents)
+    readers_of: dict[str, tuple[str, ...]] = {}
+    for file in dict.fromkeys(d.parent_id or "" for d in documents):  # once a file, not once a chunk
+        matched = [(pattern, names) for pattern, names in checked
+                   if fnmatch.fnmatchcase(_rule_path(root, file), pattern)]
         for pattern, _ in matched:
             unmatched.pop(pattern, None)
-        yield dataclasses.replace(document, readers=matched[-1][1]) if matched else document
+        readers_of[file] = matched[-1][1] if matched else ()
+    refused = _hard_links_across_readers(root, readers_of)
+    for file, other in refused.items():
+        report.skipped_unreadable.append((file, "hard link", f"the same file as {other}, whose readers differ: "
+                                          "neither is indexed (a symbolic link or a copy keeps each path's readers)"))
+    for document in documents:
+        file = document.parent_id or ""
+        if file not in refused:
+            yield dataclasses.replace(document, readers=readers_of[file]) if readers_of[file] else document
     report.unmatched_readers.extend(unmatched)
+
+
+def _hard_links_across_readers(root: Path, readers_of: dict[str, tuple[str, ...]]) -> dict[str, str]:
+    """Files hard-linked to another path of the folder whose readers differ, each with one such path: a hard link
+    of hr/pay.md placed in public/ would otherwise take public/'s readers (a symbolic link is followed, and takes
+    its target's: `_rule_path`)."""
+    by_inode: dict[tuple[int, int], list[str]] = {}
+    for file in readers_of:
+        try:
+            found = os.stat(root / file)
+        except OSError:
+            continue
+        if found.st_nlink > 1:
+            by_inode.setdefault((found.st_dev, found.st_ino), []).append(file)
+    refused = {}
+    for paths in by_inode.values():
+        if len({readers_of[path] for path in paths}) > 1:
+            refused.update({path: next(p for p in paths if readers_of[p] != readers_of[path]) for path in paths})
+    return refused
 
 
 def _rule_path(root: Path, relative: str) -> str:

@@ -105,7 +105,8 @@ class _Round:
         for name in names:
             try:
                 self.guards[name].admit()
-                self.pending[self.guards[name].submit(open_source, name)] = (name, "open")
+                self.pending[self.guards[name].submit(open_source, name, short_deadline=self._short(name))] = \
+                    (name, "open")
             except SourceUnavailable as error:
                 self.failures[name] = _failure(self.guards, name, error, admitted=error.reason != "open")
         while self.pending:
@@ -144,7 +145,8 @@ class _Round:
             self._moved_on(time.perf_counter() - warming)
         try:
             searching = self.guards[name].submit(_timed_search, source, self.query, self.k,
-                                                 self.guards.settings.max_passage_chars, self.readers)
+                                                 self.guards.settings.max_passage_chars, self.readers,
+                                                 short_deadline=self._short(name))
         except SourceUnavailable as error:
             self.failures[name] = _failure(self.guards, name, error)
             return
@@ -155,10 +157,14 @@ class _Round:
         for name in self.deadlines:
             self.deadlines[name] += seconds
 
+    def _short(self, name: str) -> bool:
+        """Whether the caller gave `name` a shorter deadline than its own."""
+        return self.timeouts[name] < self.own_timeouts[name]
+
     def _abandon(self, future: Future, name: str, step: str) -> None:
         """A call past its deadline: its source is let go of once the call returns (an open that ends late is
         released then; a late search keeps its source held until it ends)."""
-        its_fault = self.timeouts[name] >= self.own_timeouts[name]  # not a caller's shorter deadline
+        its_fault = not self._short(name)
         if step == "open":
             self.guards[name].abandon(future, _release_opened, own_deadline=its_fault)
             late = _Late(f"not opened within {self.timeouts[name]:g} s", its_fault)

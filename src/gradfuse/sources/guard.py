@@ -3,7 +3,9 @@ circuit breaker.
 
 - A call that misses its deadline is abandoned, but its thread stays with the source until the call returns
   (Python cannot stop a thread). When all of a source's workers are held by such calls, the source answers "busy"
-  at once: a hung engine or a remote that trickles holds only its own threads, never the other sources'.
+  at once: a hung engine or a remote that trickles holds only its own threads, never the other sources'. Calls
+  late only by their caller's shorter deadline (a request's small `timeout_s`) may hold at most half of them: a
+  caller sending many such requests cannot leave the source busy for the others.
 - The breaker (closed → open → half-open): after `breaker_failures` failures in a row a source is not called
   for `breaker_cooldown_s`; then one request probes it, and its outcome closes the breaker or opens it again.
 
@@ -128,14 +130,20 @@ class SourceGuard:
         return SourceUnavailable("open", f"not called: its circuit breaker is open after {b.failures} failures in "
                                          f"a row (the last: {b.last_reason}); the next try in {b.retry_in():.0f} s")
 
-    def submit(self, call: Callable[..., Any], *args) -> Future:
+    def submit(self, call: Callable[..., Any], *args, short_deadline: bool = False) -> Future:
         """The call on one of this source's workers; SourceUnavailable ("busy") at once when all of them are held
-        by late calls."""
+        by late calls, or, for a call with a deadline shorter than the source's own (`short_deadline`), when half
+        of them are held by such calls."""
         with self._lock:
             if self.late >= self.settings.workers:
                 raise SourceUnavailable("busy", f"busy: all {self.settings.workers} of its workers are still held "
                                                 "by calls past their deadline ([guard] workers)",
                                         its_fault=self.late_by_own_deadline > 0)
+            if short_deadline and self.late - self.late_by_own_deadline >= self.callers_share:
+                raise SourceUnavailable("busy", f"busy for a deadline shorter than its own: {self.callers_share} of "
+                                                f"its {self.settings.workers} workers, the most such calls may "
+                                                "hold, are still held by them (a longer timeout is served)",
+                                        its_fault=False)
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=self.settings.workers,
                                                     thread_name_prefix=f"gradfuse-{self.name}")
@@ -143,6 +151,11 @@ class SourceGuard:
                 return self._executor.submit(call, *args)
             except RuntimeError:  # the interpreter is exiting
                 raise SourceUnavailable("busy", "not called: the process is shutting down") from None
+
+    @property
+    def callers_share(self) -> int:
+        """The workers that calls late only by their callers' shorter deadlines may hold: half, at least one."""
+        return max(1, self.settings.workers // 2)
 
     def wait(self, future: Future, timeout: float):
         """The call's result within `timeout` s; past it the call is abandoned (FutureTimeout, see `abandon`)."""
