@@ -78,6 +78,8 @@ def test_what_one_caller_asks_of_a_remote_never_opens_its_breaker_for_the_others
         long = ws.search("planet " * 2000, method="rrf", k=3)  # 14,000 characters: refused before it is sent
         assert [f.source for f in long.failures] == ["team"] and "at most 8000 characters" in long.failures[0].detail
     assert ws.guards.state("team") == "closed" and ws.guards["team"].breaker.failures == 0
+    ws.guards["team"].breaker.failed("timeout")  # nor does a refused question reset what the source did before
+    assert ws.search("planet " * 2000, method="rrf", k=3).failures and ws.guards["team"].breaker.failures == 1
     result = ws.search("Which planet has the moons Phobos and Deimos?", method="rrf", k=3)
     assert not result.failures and any(c.source == "team" for c in result.candidates)
 

@@ -184,6 +184,8 @@ def test_one_key_cannot_take_every_mcp_session_nor_use_another_keys(tmp_path, mo
         listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
         assert httpx.post(f"{url}/mcp", json=listing, headers={**alice, "Mcp-Session-Id": bobs}).status_code == 404
         assert httpx.delete(f"{url}/mcp", headers={**alice, "Mcp-Session-Id": bobs}).status_code == 404
+        doubled = [*alice.items(), ("Mcp-Session-Id", bobs), ("Mcp-Session-Id", "another")]  # the SDK reads the first
+        assert httpx.post(f"{url}/mcp", json=listing, headers=doubled).status_code == 400
         # bob's own session is his to close, and then he may open another
         assert httpx.delete(f"{url}/mcp", headers={**bob, "Mcp-Session-Id": bobs}).status_code in (200, 204)
         assert httpx.post(f"{url}/mcp", json=INITIALIZE, headers=bob).status_code == 200

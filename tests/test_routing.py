@@ -203,11 +203,10 @@ def test_a_remote_gradfuse_sends_its_summaries_and_is_routed_by_them(remote, tmp
     with Workspace(load_config(tmp_path / "gradfuse.toml")) as ws:
         ws.index(SourceSpec("music", "jsonl", str(write_jsonl(tmp_path / "music.jsonl", TOPICS["music"]))))
         unjudged = ws.search("Do bond prices fall when interest rates rise?")
-        # no summary yet: the budget's one place goes to one remote, unjudged, the other waits its turn; both
-        # summaries are being made meanwhile
+        # no summary yet: a budget of one goes to the best-scored source, the unjudged remotes wait their turn;
+        # their summaries are being made meanwhile
         waiting = {n for n, why in unjudged.routing.skipped.items() if "asked in turn" in why}
-        assert len(unjudged.routing.unscored) == 1 and set(unjudged.routing.unscored) | waiting == {"team-sailing",
-                                                                                                    "team-finance"}
+        assert unjudged.routing.asked == ["music"] and waiting == {"team-sailing", "team-finance"}
         assert ws.catalog.summaries.make(["team-sailing", "team-finance"]) == {"team-sailing": "", "team-finance": ""}
         routed = ws.search("Do bond prices fall when interest rates rise?")
         assert routed.routing.asked == ["team-finance"] and not routed.routing.unscored
@@ -362,6 +361,11 @@ def test_unjudged_sources_take_only_their_share_of_the_budget_in_turn_and_an_ope
                      unavailable={"a": "its breaker is open", "down1": "its breaker is open"})
     assert decision.asked == ["down2", "b"]
     assert decision.skipped["a"] == "its breaker is open" and decision.skipped["down1"] == "its breaker is open"
+    # what the scored sources leave of the budget goes to the unjudged; a budget of one is the best-scored's
+    many = {f"new{i}": "no summary yet" for i in range(10)}
+    assert len(route(unit([1, 0, 0]), table, RoutingSettings(budget=24), many).asked) == 13
+    assert route(unit([1, 0, 0]), table, RoutingSettings(budget=1), many).asked == ["a"]
+    assert len(route(unit([1, 0, 0]), table, RoutingSettings(budget=4, unscored_share=3.0), many).asked) == 4
 
 
 def test_down_remotes_without_summaries_no_longer_starve_a_local_source(tmp_path):
@@ -376,6 +380,23 @@ def test_down_remotes_without_summaries_no_longer_starve_a_local_source(tmp_path
             result = ws.search("How is risotto cooked?", method="rrf", k=3)
             assert "cooking" in result.routing.asked and len(result.routing.asked) == 2
             assert result.candidates and result.candidates[0].source == "cooking"
+    finally:
+        ws.close()
+
+
+def test_sources_routed_past_for_open_breakers_are_reported_as_failures(tmp_path):
+    """Review of issue 58's M2: with every routed source's breaker open, a search answered nothing and said nothing."""
+    from gradfuse.sources.federated import AllSourcesFailed
+
+    (tmp_path / "gradfuse.toml").write_text('workspace = "ws"\n[routing]\nabove = 0\n')
+    ws = Workspace.open(tmp_path / "gradfuse.toml")
+    ws.index(SourceSpec("cooking", "jsonl", str(write_jsonl(tmp_path / "c.jsonl", COOKING))))
+    try:
+        breaker = ws.guards["cooking"].breaker
+        for _ in range(breaker.failures_to_open):
+            breaker.failed("error")
+        with pytest.raises(AllSourcesFailed, match="circuit breaker is open"):
+            ws.search("How is risotto cooked?", method="rrf", k=3)
     finally:
         ws.close()
 

@@ -24,7 +24,7 @@ from gradfuse.selection import SelectionDecision, SelectionSettings
 from gradfuse.selection.routing import RoutingDecision, route
 from gradfuse.sources.catalog import SourceCatalog
 from gradfuse.sources.encoder import EmbeddingCache, embedding_text, load_encoder
-from gradfuse.sources.federated import FederatedResult, SourceFailure, ask_sources
+from gradfuse.sources.federated import AllSourcesFailed, FederatedResult, SourceFailure, ask_sources
 
 
 @dataclass
@@ -67,11 +67,20 @@ class QueryPipeline:
             routing = self.route(query, names, principal)
             names = routing.asked
         routed = time.perf_counter() - started
+        # sources routed past for their open breakers fail as they would have if asked
+        skipped = [SourceFailure(n, "open", str(self.catalog.guards[n].open_error()))
+                   for n in (routing.breaker_open if routing else [])]
         if routing is not None and not names:  # every source empty: nothing to ask (not "every source")
+            if skipped:
+                raise AllSourcesFailed(skipped)
             federated = FederatedResult({})
         else:
-            federated = self.retrieve(query, sources=names, retrieval=retrieval, timeout_s=timeout_s,
-                                      depth=max(k, depth or self.config.depth), principal=principal)
+            try:
+                federated = self.retrieve(query, sources=names, retrieval=retrieval, timeout_s=timeout_s,
+                                          depth=max(k, depth or self.config.depth), principal=principal)
+            except AllSourcesFailed as failed:
+                raise AllSourcesFailed(failed.failures + skipped) from None
+        federated.failures += skipped
         result = self.rank(query, federated, method=method, k=k, gold=gold, **rerank_options)
         if routing is not None:
             if principal.readers is not None:  # scores come of every document's vectors: which sources only

@@ -65,6 +65,7 @@ class RoutingDecision:
     budget: int
     unscored: dict[str, str] = field(default_factory=dict)  # asked without a score (no summary yet): why
     reasons: dict[str, str] = field(default_factory=dict)  # a skipped source's reason where it is not its score
+    breaker_open: list[str] = field(default_factory=list)  # not asked: their breakers are open
 
     @property
     def skipped(self) -> dict[str, str]:
@@ -88,13 +89,16 @@ def route(query: np.ndarray, table: SummaryTable, settings: RoutingSettings,
     budget; `empty` ones never, nor `unavailable` ones (an open breaker: each with why)."""
     unavailable = dict(unavailable or {})
     waiting = [n for n in (unscored or {}) if n not in unavailable]
-    places = min(len(waiting), max(1, int(settings.budget * settings.unscored_share))) if settings.budget else 0
+    scored = sum(name not in unavailable for name in table.names)
+    # their share (a place at least, from a budget of two), and whatever the scored sources leave unused
+    share = max(int(settings.budget * settings.unscored_share), int(settings.budget >= 2))
+    places = min(len(waiting), settings.budget, max(share, settings.budget - scored))
     start = turn % len(waiting) if waiting else 0
     rotated = waiting[start:] + waiting[:start]
     asked_unscored = {n: unscored[n] for n in rotated[:places]}
     scores = (_redde_scores if settings.router == "redde" else _summary_scores)(query, table)
     decision = RoutingDecision(settings.router, [], dict(zip(table.names, scores.tolist())), settings.budget,
-                               asked_unscored, dict(unavailable))
+                               asked_unscored, dict(unavailable), list(unavailable))
     for name in rotated[places:]:
         decision.reasons[name] = (f"not judged ({unscored[name]}) and the {places} places of the budget for "
                                   "unjudged sources ([routing] unscored_share) were taken: asked in turn")

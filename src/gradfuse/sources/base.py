@@ -38,6 +38,11 @@ class QueryNotAnswered(SourceError):
     query's failure, not the source's (its breaker does not count it)."""
 
 
+class CallerRefused(QueryNotAnswered):
+    """What one caller sent was refused (a remote's 4xx to its request, a question longer than the remote takes):
+    it says nothing of the source's health either way, so its breaker neither counts it nor is reset by it."""
+
+
 class UnknownSource(SourceError):
     """A request named a source that is not built (or is disabled) in this workspace. `public`: the message
     without the names given (see `fusion.UnknownMethod`)."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from gradfuse.access import Readers, may_read
 from gradfuse.candidate import Candidate
 from gradfuse.redact import redact
-from gradfuse.sources.base import QueryNotAnswered, Source, SourceError
+from gradfuse.sources.base import CallerRefused, QueryNotAnswered, Source, SourceError
 from gradfuse.sources.guard import Guards, SourceUnavailable
 
 
@@ -227,7 +227,9 @@ def _failure(guards: Guards, name: str, error: Exception, *, admitted: bool = Tr
     else:
         reason, detail = "error", f"{type(error).__name__}: {error}"
     if admitted:
-        if isinstance(error, (QueryNotAnswered, UnreadableReturned)):  # it answered: one caller's answer is refused
+        if isinstance(error, CallerRefused):  # what one caller sent: no word on the source either way
+            guards[name].breaker.undecided()
+        elif isinstance(error, (QueryNotAnswered, UnreadableReturned)):  # it answered: one caller's answer is refused
             guards[name].breaker.succeeded()
         elif not getattr(error, "its_fault", True):  # late or busy by callers' shorter deadlines only
             guards[name].breaker.undecided()

@@ -10,8 +10,8 @@ source's failure with its reason; the other sources answer.
 
 What one caller sends must not fail the source for the others (its breaker counts failures in a row): the remote's
 own limits (its `/options`) clamp the depth asked of it, a question longer than it takes is not sent, and a 4xx
-answer to what was sent (other than a refused key or a missing endpoint) is that query's failure, not the
-source's (`QueryNotAnswered`).
+answer to what was sent (its body, or a rate limit) is that query's failure, counted neither way by the source's
+breaker (`CallerRefused`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from gradfuse.access import Readers
 from gradfuse.candidate import Candidate, Location
 from gradfuse.checked import FILE_SETTINGS, Count, Text
-from gradfuse.sources.base import QueryNotAnswered, SourceError, SourceStats, check_source_name
+from gradfuse.sources.base import CallerRefused, SourceError, SourceStats, check_source_name
 from gradfuse.sources.stores import check_address, key_from
 from gradfuse.sources.summary import SourceSummary
 
@@ -54,9 +54,10 @@ class RemoteSettings:
 
 
 LIMITS_TTL_S = 300.0  # how long the remote's limits are trusted before they are read again
-# Answers to what a caller sent: the query's failure. 401 and 403 are the key's (this source's), and 404 or 405 say
-# the address is no gradfuse server: those stay the source's failure.
-_CALLERS_4XX = frozenset({400, 413, 414, 422, 429, 431})
+# Answers to what a caller sent (its question, its depth; 429: one caller's flood the remote limits): that query's
+# failure, counted neither way by the breaker. 401 and 403 are the key's, 404 or 405 say the address is no gradfuse
+# server, and 414 or 431 are of the URL and headers, which no caller chooses: those stay the source's failures.
+_CALLERS_4XX = frozenset({400, 413, 422, 429})
 
 
 class RemoteGradfuse:
@@ -82,7 +83,7 @@ class RemoteGradfuse:
         # this side decides only who may read the source (docs/access.md).
         limits = self.limits()
         if limits.max_query_chars is not None and len(query) > limits.max_query_chars:
-            raise QueryNotAnswered(f"gradfuse server {self.settings.url} takes questions of at most "
+            raise CallerRefused(f"gradfuse server {self.settings.url} takes questions of at most "
                                    f"{limits.max_query_chars} characters; this one has {len(query)}")
         k = min(k, limits.max_k or k, limits.max_depth or k)
         body = {"query": query, "k": k, "retrieval": self.mode,
@@ -183,7 +184,7 @@ class RemoteGradfuse:
                                  " (it needs one: name its variable with key_env)"))
         if response.status_code in _CALLERS_4XX:
             self._limits = None  # its limits may have changed: read them again
-            raise QueryNotAnswered(f"gradfuse server {where} refused this request ({response.status_code}: "
+            raise CallerRefused(f"gradfuse server {where} refused this request ({response.status_code}: "
                                    f"{_detail(content)[:300]})")
         if response.status_code != 200:
             raise SourceError(f"gradfuse server {where} answered {response.status_code}: {_detail(content)[:300]}")

@@ -119,6 +119,7 @@ class SourceGuard:
         self._lock = threading.Lock()
         self.late = 0  # calls abandoned past their deadline that still hold a worker
         self.late_by_own_deadline = 0  # of them, those past the source's own deadline (not a caller's shorter one)
+        self.hurried = 0  # calls with a deadline shorter than the source's own, running or waiting
 
     def admit(self) -> None:
         """Raises SourceUnavailable where the breaker keeps the source uncalled."""
@@ -133,13 +134,13 @@ class SourceGuard:
     def submit(self, call: Callable[..., Any], *args, short_deadline: bool = False) -> Future:
         """The call on one of this source's workers; SourceUnavailable ("busy") at once when all of them are held
         by late calls, or, for a call with a deadline shorter than the source's own (`short_deadline`), when half
-        of them are held by such calls."""
+        of them are taken by such calls, running or late."""
         with self._lock:
             if self.late >= self.settings.workers:
                 raise SourceUnavailable("busy", f"busy: all {self.settings.workers} of its workers are still held "
                                                 "by calls past their deadline ([guard] workers)",
                                         its_fault=self.late_by_own_deadline > 0)
-            if short_deadline and self.late - self.late_by_own_deadline >= self.callers_share:
+            if short_deadline and self.hurried >= self.callers_share:
                 raise SourceUnavailable("busy", f"busy for a deadline shorter than its own: {self.callers_share} of "
                                                 f"its {self.settings.workers} workers, the most such calls may "
                                                 "hold, are still held by them (a longer timeout is served)",
@@ -148,9 +149,18 @@ class SourceGuard:
                 self._executor = ThreadPoolExecutor(max_workers=self.settings.workers,
                                                     thread_name_prefix=f"gradfuse-{self.name}")
             try:  # under the lock: `release` cannot shut the workers down between taking them and this
-                return self._executor.submit(call, *args)
+                future = self._executor.submit(call, *args)
             except RuntimeError:  # the interpreter is exiting
                 raise SourceUnavailable("busy", "not called: the process is shutting down") from None
+            if short_deadline:
+                self.hurried += 1
+        if short_deadline:
+            future.add_done_callback(self._hurried_returned)
+        return future
+
+    def _hurried_returned(self, _: Future) -> None:
+        with self._lock:
+            self.hurried -= 1
 
     @property
     def callers_share(self) -> int:
