@@ -7,6 +7,7 @@ does, and what the answer says.
 - support.py: the default evidence scorer and "not found" (support.json: its weights, fitted by
   bench/fit_support.py);
 - reader.py: the reader trained here (READER.md: its model card), a signal of support.py where a fit chooses it;
+  local_reader.py: a local cross-encoder or NLI folder in its role (`[evidence] reader`);
 - answering.py: the answer path, evidence → support → "not found" → the answer.
 
 Only answering.py imports the query pipeline and the generators; nothing here imports a shell, and rerank/ never
