@@ -415,5 +415,9 @@ def test_why_a_source_has_no_summary_is_told_only_to_a_key_that_reads_everything
         assert "team" in full.routing.unscored and "team" in limited.routing.unscored
         assert limited.routing.unscored["team"] == "no summary to judge it by"
         assert "127.0.0.1" not in json.dumps(search_record(limited).routing.model_dump())
+        # nor is where a failed source lives (review of issue 58): its failure says why, not its address
+        assert "127.0.0.1" in full.failures[0].detail
+        assert "127.0.0.1" not in json.dumps(search_record(limited).model_dump())
+        assert "cannot be reached" in limited.failures[0].detail
     finally:
         ws.close()

@@ -19,6 +19,7 @@ from gradfuse.checked import MAX_DEPTH
 from gradfuse.config import Config
 from gradfuse.execute import Executor
 from gradfuse.methods import PIPELINE_METHODS, MethodContext, check_method, run_method, spec_of
+from gradfuse.redact import without_addresses
 from gradfuse.rerank import RerankOutcome
 from gradfuse.selection import SelectionDecision, SelectionSettings
 from gradfuse.selection.routing import RoutingDecision, route
@@ -112,9 +113,14 @@ class QueryPipeline:
         if depth is not None and not 1 <= depth <= MAX_DEPTH:
             raise ValueError(f"depth must be 1 to {MAX_DEPTH} (candidates asked of each source)")
         names = self.catalog.resolve(sources, principal)
-        return ask_sources(names, lambda name: self.catalog.lease(name, retrieval), query,
-                           depth or self.config.depth, self.catalog.timeouts(names, timeout_s), self.catalog.guards,
-                           principal.readers, self.catalog.timeouts(names))
+        try:
+            federated = ask_sources(names, lambda name: self.catalog.lease(name, retrieval), query,
+                                    depth or self.config.depth, self.catalog.timeouts(names, timeout_s),
+                                    self.catalog.guards, principal.readers, self.catalog.timeouts(names))
+        except AllSourcesFailed as failed:
+            raise AllSourcesFailed(_shown(failed.failures, principal)) from None
+        federated.failures = _shown(federated.failures, principal)
+        return federated
 
     def rank(self, query: str, federated: FederatedResult, *, method: str | None = None, k: int | None = None,
              gold: str | None = None, selection: SelectionSettings | None = None, **rerank_options) -> SearchResult:
@@ -154,3 +160,11 @@ class QueryPipeline:
     def embeddings(self) -> EmbeddingCache | None:
         """The candidate vectors' cache, once a method has needed it."""
         return self._embeddings
+
+
+def _shown(failures: list[SourceFailure], principal: Principal) -> list[SourceFailure]:
+    """The failures as `principal` is told them: without the sources' addresses, but to a key that reads everything
+    (as /sources tells a failure's detail)."""
+    if principal.reads_everything:
+        return failures
+    return [replace(f, detail=without_addresses(f.detail)) for f in failures]

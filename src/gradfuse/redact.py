@@ -25,6 +25,15 @@ _KEY_VALUE = re.compile(r"(?P<key>[\"']?\b(?:password|passwd|pwd|token|api_key|a
 _QUOTED = re.compile(r"\"[^\"\n]*\"")
 
 
+_ADDRESS = re.compile(rf"{_SCHEME}[^\s)\]\"'<>,;]+")
+
+
+def without_addresses(text: str) -> str:
+    """`text` with every URL (an engine's, a database's, a remote gradfuse's) replaced: where the workspace's
+    sources live is not for every key to know."""
+    return _ADDRESS.sub("<its address>", text)
+
+
 def redact(text: str, *, environment: bool = True) -> str:
     """`text` with URL userinfo, secret key values and (with `environment`) the secret environment variables'
     values masked."""
