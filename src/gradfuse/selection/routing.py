@@ -46,9 +46,10 @@ class RoutingSettings:
     budget: Count = 24
     router: Literal["summary", "redde"] = "summary"
     redundancy_weight: Weight = 0.0
-    # Of the budget, at most this share (at least one place) goes to sources that cannot be judged (no summary
-    # yet, or one that cannot be read: a remote that is down, a key that does not read all of it); the others wait
-    # their turn, in rotation. Without it, such sources took the whole budget ahead of every scored one.
+    # Of the budget, this share (a place at least, from a budget of two) goes to sources that cannot be judged (no
+    # summary yet, or one that cannot be read: a remote that is down, a key that does not read all of it), and
+    # whatever the scored sources leave; the others wait their turn, in rotation. Without it, such sources took
+    # the whole budget ahead of every scored one.
     unscored_share: Weight = 0.25
     refresh_s: Seconds = 3600.0  # an engine's or a remote's summary is made again when older (sources/summaries.py)
     # Sources held open at once (each holds files, a database connection or a client): the least recently used
@@ -105,7 +106,7 @@ def route(query: np.ndarray, table: SummaryTable, settings: RoutingSettings,
     for name in empty:
         decision.scores[name], decision.reasons[name] = float("-inf"), "holds no passages"
     open_ = np.array([name in unavailable for name in table.names], dtype=bool)
-    scores = np.where(open_, -np.inf, scores) if len(scores) else scores
+    scores = np.where(open_, -np.inf, scores)
     room = max(0, min(settings.budget - places, int((~open_).sum())))
     if settings.redundancy_weight > 0 and settings.router == "summary":
         chosen = _greedy(scores, table, settings.redundancy_weight, room, decision.reasons)

@@ -245,7 +245,7 @@ def create_app(workspace: Workspace, settings: ServerSettings | None = None, *, 
                 last_failure_at=failure[0] if failure and everything else None,
                 # its detail came of another caller's request (an engine's error may quote the query): its reason
                 # only, but to a key that reads everything
-                last_failure=(f"{failure[1].reason}: {failure[1].detail}" if principal.reads_everything
+                last_failure=(f"{failure[1].reason}: {failure[1].detail}" if everything
                               else failure[1].reason) if failure else None,
             ))
         return records

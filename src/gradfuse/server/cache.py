@@ -26,7 +26,7 @@ _NOT_IN_KEY = {"timeout_s", "stream"}
 class ResultCache:
     def __init__(self, workspace, megabytes: int):
         self._workspace, self._room = workspace, megabytes * 1_000_000
-        self._kept: OrderedDict[tuple, tuple[str, ...]] = OrderedDict()
+        self._kept: OrderedDict[tuple, tuple[tuple[str, ...], int]] = OrderedDict()  # the texts, and their bytes
         self._used = 0  # bytes of JSON kept (UTF-8)
         self._lock = threading.Lock()
         self.hits = self.misses = 0  # lookups of requests that may be kept (for /metrics)
@@ -50,13 +50,13 @@ class ResultCache:
         if key is None:
             return None
         with self._lock:
-            value = self._kept.get(key)
-            if value is None:
+            kept = self._kept.get(key)
+            if kept is None:
                 self.misses += 1
-            else:
-                self.hits += 1
-                self._kept.move_to_end(key)
-            return value
+                return None
+            self.hits += 1
+            self._kept.move_to_end(key)
+            return kept[0]
 
     def put(self, key: tuple | None, value: tuple[str, ...], *, failed: bool) -> None:
         """Keep the JSON texts of a result (the least recently used leave to make room)."""
@@ -65,12 +65,12 @@ class ResultCache:
             return
         with self._lock:
             if key in self._kept:
-                self._used -= _bytes(self._kept.pop(key))
-            self._kept[key] = value
+                self._used -= self._kept.pop(key)[1]
+            self._kept[key] = (value, size)
             self._used += size
             while self._used > self._room:
-                _, dropped = self._kept.popitem(last=False)
-                self._used -= _bytes(dropped)
+                _, (_, dropped) = self._kept.popitem(last=False)
+                self._used -= dropped
 
 
 def _bytes(texts: tuple[str, ...]) -> int:

@@ -84,7 +84,7 @@ class RemoteGradfuse:
         limits = self.limits()
         if limits.max_query_chars is not None and len(query) > limits.max_query_chars:
             raise CallerRefused(f"gradfuse server {self.settings.url} takes questions of at most "
-                                   f"{limits.max_query_chars} characters; this one has {len(query)}")
+                                f"{limits.max_query_chars} characters; this one has {len(query)}")
         k = min(k, limits.max_k or k, limits.max_depth or k)
         body = {"query": query, "k": k, "retrieval": self.mode,
                 **({"sources": list(self.settings.sources)} if self.settings.sources else {}),
@@ -185,7 +185,7 @@ class RemoteGradfuse:
         if response.status_code in _CALLERS_4XX:
             self._limits = None  # its limits may have changed: read them again
             raise CallerRefused(f"gradfuse server {where} refused this request ({response.status_code}: "
-                                   f"{_detail(content)[:300]})")
+                                f"{_detail(content)[:300]})")
         if response.status_code != 200:
             raise SourceError(f"gradfuse server {where} answered {response.status_code}: {_detail(content)[:300]}")
         return content

@@ -4,8 +4,8 @@ circuit breaker.
 - A call that misses its deadline is abandoned, but its thread stays with the source until the call returns
   (Python cannot stop a thread). When all of a source's workers are held by such calls, the source answers "busy"
   at once: a hung engine or a remote that trickles holds only its own threads, never the other sources'. Calls
-  late only by their caller's shorter deadline (a request's small `timeout_s`) may hold at most half of them: a
-  caller sending many such requests cannot leave the source busy for the others.
+  with a deadline shorter than the source's own (a request's small `timeout_s`) may take at most half of them,
+  running or late: a caller sending many such requests cannot leave the source busy for the others.
 - The breaker (closed → open → half-open): after `breaker_failures` failures in a row a source is not called
   for `breaker_cooldown_s`; then one request probes it, and its outcome closes the breaker or opens it again.
 
@@ -164,7 +164,7 @@ class SourceGuard:
 
     @property
     def callers_share(self) -> int:
-        """The workers that calls late only by their callers' shorter deadlines may hold: half, at least one."""
+        """The workers that calls with their callers' shorter deadlines may take: half, at least one."""
         return max(1, self.settings.workers // 2)
 
     def wait(self, future: Future, timeout: float):
