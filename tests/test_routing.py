@@ -3,6 +3,7 @@ what was skipped and why, a stage 1 that reads only the pairs it needs, and a bo
 
 from __future__ import annotations
 
+import base64
 import json
 
 import numpy as np
@@ -18,7 +19,7 @@ from gradfuse.config import Config, load_config
 from gradfuse.schemas import search_record
 from gradfuse.selection import SelectionSettings, choose_sources, select_sources, source_redundancy
 from gradfuse.selection.routing import RoutingSettings, route
-from gradfuse.sources.summary import SUMMARY_FILE, SourceSummary, SummaryTable, summarize
+from gradfuse.sources.summary import MAX_CLAIMED_DOCUMENTS, SUMMARY_FILE, SourceSummary, SummaryTable, summarize
 
 TOPICS = {
     "astronomy": ASTRONOMY,
@@ -276,6 +277,18 @@ def test_a_remote_summary_is_checked_and_made_unit_length():
                  (5, 4, sent["centroids"], [float("inf")], sent["sample"]), (5, 3, sent["centroids"], [1.0], "")):
         with pytest.raises(ValueError):
             SourceSummary.from_wire(*args)
+
+
+def test_a_remote_summary_cannot_claim_more_than_a_summary_holds():
+    vectors = unit(np.random.default_rng(1).normal(size=(500, 8)))
+    sent = summarize(vectors).wire("x")
+    claimed = SourceSummary.from_wire(10**15, 8, sent["centroids"], sent["shares"], sent["sample"])
+    assert claimed.documents == MAX_CLAIMED_DOCUMENTS  # ReDDE weighs a source by its size: a lie is bounded
+    many = summarize(np.tile(vectors, (3, 1)))  # 16 sampled vectors; 48 when three are sent as one
+    tripled = base64.b64encode(np.tile(np.frombuffer(base64.b64decode(many.wire("x")["sample"]), np.float16),
+                                       3).tobytes()).decode()
+    with pytest.raises(ValueError, match="1 to 16 sampled vectors"):
+        SourceSummary.from_wire(500, 8, sent["centroids"], sent["shares"], tripled)
 
 
 def test_summaries_that_fail_are_retried_later_and_never_stop_the_others(tmp_path, monkeypatch):

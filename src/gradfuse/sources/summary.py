@@ -22,6 +22,9 @@ SUMMARY_FILE = "summary.npz"
 CENTROIDS = 8  # topics kept per source, fewer for a small one
 SAMPLE = 16  # passage vectors kept per source
 SAMPLE_TEXTS = 256  # passages read from an engine to make its summary
+# The most passages a summary from another server may claim: ReDDE weighs a source by its size, and a remote that
+# lied about it would otherwise be routed every question (and see its text).
+MAX_CLAIMED_DOCUMENTS = 10_000_000
 
 
 @dataclass(frozen=True)
@@ -51,14 +54,18 @@ class SourceSummary:
 
     @staticmethod
     def from_wire(documents: int, dimension: int, centroids: str, shares: list[float], sample: str) -> SourceSummary:
-        """The summary another gradfuse sent, its rows made unit length again (a remote's scale must not win the
-        routing); ValueError where its parts do not fit together or are not finite."""
+        """The summary another gradfuse sent, its rows made unit length again and its size bounded (a remote's
+        scale or claims must not win the routing); ValueError where its parts do not fit together, are more than a
+        summary holds, or are not finite."""
         rows, sampled = _rows(centroids, dimension), _rows(sample, dimension)
-        if not len(rows) or len(rows) != len(shares) or not len(sampled):
-            raise ValueError(f"{len(rows)} centroids, {len(shares)} shares and {len(sampled)} sampled vectors")
+        if not 0 < len(rows) <= CENTROIDS or len(rows) != len(shares) or not 0 < len(sampled) <= SAMPLE:
+            raise ValueError(f"{len(rows)} centroids, {len(shares)} shares and {len(sampled)} sampled vectors "
+                             f"(a summary holds 1 to {CENTROIDS} centroids, each with its share, and 1 to {SAMPLE} "
+                             "sampled vectors)")
         if not (np.isfinite(rows).all() and np.isfinite(sampled).all() and np.isfinite(shares).all()):
             raise ValueError("values that are not finite numbers")
-        return SourceSummary(documents, _unit(rows), np.asarray(shares, np.float32), _unit(sampled))
+        return SourceSummary(min(documents, MAX_CLAIMED_DOCUMENTS), _unit(rows), np.asarray(shares, np.float32),
+                             _unit(sampled))
 
     def merged(self, other: SourceSummary) -> SourceSummary:
         """One summary for a source that is several (a remote asked for more than one of its sources)."""
