@@ -48,7 +48,8 @@ from gradfuse.access import EVERYTHING, Principal  # noqa: E402
 from gradfuse.access.keys import AccessSettings, PrincipalSettings, key_hash  # noqa: E402
 from gradfuse.config import Config  # noqa: E402
 from gradfuse.eval.benchmark import load_benchmark  # noqa: E402
-from gradfuse.eval.runner import commit_id, queries_and_qrels  # noqa: E402
+from gradfuse.eval.record import commit_id  # noqa: E402
+from gradfuse.eval.runner import queries_and_qrels  # noqa: E402
 from gradfuse.hardware import cpu_description  # noqa: E402
 from gradfuse.server.app import create_app  # noqa: E402
 from gradfuse.sources.base import SourceSpec  # noqa: E402

@@ -50,9 +50,10 @@ from gradfuse.eval.qa import answer_in_context, checkable
 from gradfuse.reading.evidence import extractive_answer
 from gradfuse.reading import support
 from gradfuse.generate.prompt import PASSAGE_CHARS
-from gradfuse.sources.build import FILE_CHUNK_OVERLAP, FILE_CHUNK_WORDS
-from gradfuse.sources.documents import IngestReport
-from gradfuse.sources.files import read_files
+from gradfuse.indexing.build import FILE_CHUNK_OVERLAP, FILE_CHUNK_WORDS
+from gradfuse.ingest.documents import IngestReport
+from gradfuse.ingest.files import read_files
+from gradfuse.eval.record import commit_id, machine_description
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -351,7 +352,7 @@ def main() -> None:
                "questions": {"test": len(test), "dev": len(questions) - len(test),
                              "no answer": sum(not q.answerable for q in questions),
                              "by kind (test)": count_kinds(test)},
-               **built, "machine": machine(), "minutes": (time.perf_counter() - started) / 60}
+               **built, "commit": commit_id(), "machine": machine_description(), "minutes": (time.perf_counter() - started) / 60}
     summary["qa_extractive"] = qa_extractive(ws)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "results.json").write_text(json.dumps(summary, indent=1))
@@ -443,13 +444,6 @@ def qa_extractive(ws: Workspace) -> dict:
                          "questions": sum(r[s] is not None for r in rows)} for s in SCORERS}
     return out
 
-
-def machine() -> str:
-    import torch
-
-    from gradfuse.hardware import cpu_description
-
-    return f"{cpu_description()}, torch {torch.__version__}"
 
 
 def report(summary: dict) -> str:

@@ -16,8 +16,8 @@ half name none (every source). Two rows without a fault: `none` (all eight answe
 source" requests name the four healthy ones only, as if the others did not exist). The load is closed: four
 requests are always in flight, so where all of them are cheap (`absent`) they compete for the two cores the most,
 and the healthy requests' p50 is higher there than in `none`, whose every-source requests wait on remotes. The server runs its defaults ([guard]: 8 workers a source, a breaker opened by 5
-failures in a row, 30 s cool-down), with timeout_s = 3 for every source. After each fault ends, one request naming
-every source is sent every 0.5 s until no faulted source fails: that time is the recovery.
+failures in a row, 30 s cool-down), with timeout_s = 3 for every source and the result cache off. After each fault
+ends, one request naming every source is sent every 0.5 s until no faulted source fails: that time is the recovery.
 
 Then one key against another (issue 58): a second server with two keys, `alice` and `bob`, over the four healthy
 sources, `remote`, `slow` (a node that relays after 1.5 s) and `down-a`, `down-b` (remotes nobody runs), routing
@@ -56,9 +56,9 @@ from live_server import chroma_run, free_port, gradfuse_serve  # noqa: E402  (th
 
 from gradfuse import SourceSpec, Workspace  # noqa: E402
 from gradfuse.config import load_config  # noqa: E402
-from gradfuse.eval.runner import commit_id, machine_description  # noqa: E402
-from gradfuse.sources.documents import IngestReport, read_beir_corpus  # noqa: E402
-from gradfuse.sources.encoder import load_encoder  # noqa: E402
+from gradfuse.eval.record import commit_id, machine_description  # noqa: E402
+from gradfuse.ingest.documents import IngestReport, read_beir_corpus  # noqa: E402
+from gradfuse.embedding.encoder import load_encoder  # noqa: E402
 
 SCIFACT = Path(os.environ.get("GRADFUSE_DATA") or ROOT.parent / "shared" / "data") / "beir_scifact"
 WORK = ROOT / ".gradfuse" / "bench" / "chaos"
@@ -70,6 +70,9 @@ FAULTS = {"absent": [], "none": [], "hang": ["remote", "node-a", "node-b", "chro
 CLIENTS = 4
 SLOW_S = 1.5  # how long the `slow` node waits before it relays
 KEYS = {"alice": "alice-chaos-key", "bob": "bob-chaos-key"}
+# Every request does its work: with the result cache on, a phase's questions repeated earlier phases' (the clients'
+# seeds are the same) and were answered from it, so later phases looked faster than `none`.
+NO_CACHE = ("[server]", "cache_mb = 0")
 MCP_HEADERS = {"Accept": "application/json, text/event-stream"}
 INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
     "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "chaos", "version": "0"}}}
@@ -185,7 +188,7 @@ def build_far(folder: Path, parts: dict[str, list[dict]]) -> Path:
 
 
 def main_config(folder: Path, chroma: str, far: str, nodes: dict[str, NodeServer]) -> Path:
-    lines = ['workspace = "ws"', "[defaults]", "timeout_s = 3.0", "[sources.chroma]", 'kind = "chroma"', f'uri = "{chroma}"',
+    lines = ['workspace = "ws"', *NO_CACHE, "[defaults]", "timeout_s = 3.0", "[sources.chroma]", 'kind = "chroma"', f'uri = "{chroma}"',
              'collection = "scifact"', 'title_field = "title"', "[sources.remote]", 'kind = "gradfuse"',
              f'url = "{far}"', 'sources = ["far"]']
     for name, node in nodes.items():
@@ -302,7 +305,7 @@ def summary(log: list, faulted: list[str]) -> dict:
 def keyed_config(folder: Path, far: str, slow: NodeServer) -> Path:
     """The key rows' server: the built healthy sources, `remote`, `slow`, two remotes nobody runs, two keys, and
     every question routed to 4 sources."""
-    lines = ['workspace = "ws"', "[defaults]", "timeout_s = 3.0", "[routing]", "above = 0", "budget = 4",
+    lines = ['workspace = "ws"', *NO_CACHE, "[defaults]", "timeout_s = 3.0", "[routing]", "above = 0", "budget = 4",
              "[sources.remote]", 'kind = "gradfuse"', f'url = "{far}"', 'sources = ["far"]',
              "[sources.slow]", 'kind = "gradfuse"', f'url = "{slow.url}"', 'sources = ["far-a"]']
     for name in ("down-a", "down-b"):
@@ -467,7 +470,7 @@ def write(results: dict, seconds: float) -> None:
     lines = ["# Chaos: each source fails alone, and one key abuses the others' sources", "",
              f"Commit {header['commit']}; {header['machine']}. Made by `make bench-chaos` (bench/chaos.py, whose "
              f"docstring says how): 8 sources behind one `gradfuse serve`, {CLIENTS} clients for {seconds:g} s per "
-             "fault, timeout_s 3, [guard] defaults. \"Healthy\" requests name two of the four local sources; "
+             "fault, timeout_s 3, [guard] defaults, the result cache off. \"Healthy\" requests name two of the four local sources; "
              "\"every source\" requests name none (`absent`: the four healthy ones). Failure reasons count "
              "(request, source) pairs. Recovery: from the fault's end until a request naming every source has no "
              "faulted source failing (the breaker's cool-down is 30 s).", "",

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
 import sys
 import time
@@ -31,7 +30,8 @@ from gradfuse.rerank import RerankSettings, load_scorer
 from gradfuse.rerank.base import chosen_then_rest
 from gradfuse.rerank.conditional import ConditionalGateScorer
 from gradfuse.rerank.upr import UPRScorer
-from gradfuse.sources.encoder import load_encoder
+from gradfuse.embedding.encoder import load_encoder
+from gradfuse.eval.record import commit_id, machine_description
 
 ROOT = Path(__file__).resolve().parents[1]
 HOTPOT = ROOT.parent / "shared" / "data" / "hotpotqa_train100_hipporag"
@@ -111,7 +111,7 @@ def main() -> None:
         print(f"{len(records)}/{args.queries}", {k: v for k, v in record["complete@2"].items()}, file=sys.stderr)
     payload = {"command": "python bench/conditional_hotpotqa.py " + " ".join(sys.argv[1:]), "n": args.n,
                "rounds": args.rounds, "doc_tokens": args.doc_tokens, "queries": len(records),
-               "machine": f"{platform.machine()}, Python {platform.python_version()}",
+               "commit": commit_id(), "machine": machine_description(),
                "wall_minutes": round((time.perf_counter() - started) / 60, 1), "records": records}
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "hotpotqa.json").write_text(json.dumps(payload, indent=1))

@@ -19,7 +19,7 @@ from gradfuse import Workspace
 from gradfuse.config import Config
 from gradfuse.conversation import question_of
 from gradfuse.eval.benchmark import load_benchmark
-from gradfuse.eval.runner import commit_id, machine_description
+from gradfuse.eval.record import commit_id, machine_description
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ROOT / "bench" / "conversation_cases.json"

@@ -25,7 +25,6 @@ from __future__ import annotations
 import csv
 import inspect
 import json
-import platform
 import shutil
 import tempfile
 import time
@@ -37,9 +36,10 @@ from gradfuse import SourceSpec, Workspace
 from gradfuse.config import Config
 from gradfuse.eval.qa import answer_in_context
 from gradfuse.reading.evidence import extractive_answer
-from gradfuse.sources.build import FILE_CHUNK_OVERLAP, FILE_CHUNK_WORDS
-from gradfuse.sources.documents import IngestReport
-from gradfuse.sources.files import read_files
+from gradfuse.indexing.build import FILE_CHUNK_OVERLAP, FILE_CHUNK_WORDS
+from gradfuse.ingest.documents import IngestReport
+from gradfuse.ingest.files import read_files
+from gradfuse.eval.record import commit_id, machine_description
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "documents"
 PDFS = [Path("/usr/share/doc/libtasn1-doc/libtasn1.pdf"), Path("/usr/share/doc/shared-mime-info/shared-mime-info-spec.pdf")]
@@ -192,8 +192,7 @@ def main() -> None:
                 dropped.append(text)
         rows = [measure(ws, question) for question in usable]
     summary = {"builds": builds, "dropped_questions": dropped, "per_format": summarise(rows),
-               "questions": len(usable), "machine": f"{platform.processor() or platform.machine()}, "
-                                                     f"{__import__('os').cpu_count()} cores"}
+               "questions": len(usable), "commit": commit_id(), "machine": machine_description()}
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "results.json").write_text(json.dumps(summary, indent=2))
     (OUT / "results.md").write_text(report(summary))

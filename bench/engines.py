@@ -27,10 +27,11 @@ from live_server import chroma_run  # noqa: E402  (the tests' helper: one way to
 
 from gradfuse.eval.benchmark import is_lm_method, load_benchmark  # noqa: E402
 from gradfuse.eval.report import write_results  # noqa: E402
-from gradfuse.eval.runner import benchmark_workspace, commit_id, machine_description, run_benchmark  # noqa: E402
+from gradfuse.eval.record import commit_id, machine_description  # noqa: E402
+from gradfuse.eval.runner import benchmark_workspace, run_benchmark  # noqa: E402
 from gradfuse.eval.stats import paired_p_value, per_query  # noqa: E402
-from gradfuse.sources.documents import IngestReport, read_beir_corpus  # noqa: E402
-from gradfuse.sources.encoder import DEFAULT_ENCODER, EmbeddingCache, embedding_text, load_encoder  # noqa: E402
+from gradfuse.ingest.documents import IngestReport, read_beir_corpus  # noqa: E402
+from gradfuse.embedding.encoder import DEFAULT_ENCODER, EmbeddingCache, embedding_text, load_encoder  # noqa: E402
 from gradfuse.sources.engines import engine_kind  # noqa: E402
 
 FILE = ROOT / "benchmarks" / "engines.toml"

@@ -17,11 +17,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import platform
 import random
 import re
 import string
-import sys
 import time
 from pathlib import Path
 
@@ -31,6 +29,7 @@ from scipy.stats import spearmanr
 from gradfuse import SourceSpec, Workspace
 from gradfuse.config import Config
 from gradfuse.rerank import load_scorer, passage_text
+from gradfuse.eval.record import commit_id, machine_description
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
@@ -180,9 +179,8 @@ def main() -> None:
         print(f"{number + 1}/{len(questions)} {q['text'][:60]!r}", flush=True)
 
     summaries = [summarise(records, pools, scorer, args.n), summarise(records, pools, scorer, args.timing_n)]
-    machine = f"{platform.machine()}, 2 threads, Python {sys.version.split()[0]}"
     OUT.mkdir(parents=True, exist_ok=True)
-    payload = {"args": vars(args), "machine": machine, "wall_seconds": round(time.perf_counter() - wall),
+    payload = {"args": vars(args), "commit": commit_id(), "machine": machine_description(), "wall_seconds": round(time.perf_counter() - wall),
                "summaries": summaries,
                "queries": [{k: (sorted(v) if isinstance(v, set) else v) for k, v in p.items()} for p in pools],
                "records": records}

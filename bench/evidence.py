@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -37,7 +36,8 @@ from gradfuse.generate import build_messages, make_generator
 from gradfuse.rerank import load_scorer
 from gradfuse.reading.scoring import score_evidence
 from gradfuse.rerank.sentences import Passage
-from gradfuse.sources.encoder import load_encoder
+from gradfuse.embedding.encoder import load_encoder
+from gradfuse.eval.record import commit_id, machine_description
 
 ROOT = Path(__file__).resolve().parents[1]
 HOTPOT = ROOT.parent / "shared" / "data" / "hotpotqa_train100_hipporag"
@@ -136,8 +136,7 @@ def main() -> None:
                "answer_contains_gold": answered,
                "prompt_tokens": {k: float(np.mean(v)) for k, v in prompt_tokens.items()},
                "generation_seconds": {k: float(np.mean(v)) for k, v in generation_seconds.items()},
-               "seconds_by_units": growth, "machine": f"{platform.processor() or platform.machine()}, "
-                                                      f"{__import__('os').cpu_count()} cores"}
+               "seconds_by_units": growth, "commit": commit_id(), "machine": machine_description()}
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "results.json").write_text(json.dumps(summary, indent=2))
     (OUT / "results.md").write_text(report(summary))

@@ -22,7 +22,6 @@ Writes results/evidence/budget.{md,json}.
 from __future__ import annotations
 
 import json
-import platform
 import sys
 import tempfile
 import time
@@ -38,7 +37,8 @@ from gradfuse.reading.evidence import excerpts, extractive_answer
 from gradfuse.generate import build_messages, make_generator
 from gradfuse.generate.prompt import PASSAGE_CHARS
 from gradfuse.rerank import load_scorer
-from gradfuse.sources.encoder import load_encoder
+from gradfuse.embedding.encoder import load_encoder
+from gradfuse.eval.record import commit_id, machine_description
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
@@ -101,7 +101,7 @@ def main() -> None:
                 print(f"{name} {number}/{len(parts['test'])}", file=sys.stderr, flush=True)
     summary = {"budgets": list(BUDGETS), "chosen_budget": chosen, "budget_rule_met": met, "dev": summarise(dev), "test": summarise(test),
                "questions": {name: {part: len(qs) for part, qs in parts.items()} for name, parts in sets.items()},
-               "machine": f"{platform.processor() or platform.machine()}, {__import__('os').cpu_count()} cores"}
+               "commit": commit_id(), "machine": machine_description()}
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "budget.json").write_text(json.dumps(summary, indent=2))
     (OUT / "budget.md").write_text(report(summary))

@@ -68,7 +68,7 @@ def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from many_sources import DEV_SHARE, OUT, build, pooled_corpus, split, vectors_of
 
-    from gradfuse.eval.runner import commit_id, machine_description
+    from gradfuse.eval.record import commit_id, machine_description
     from gradfuse.eval.stats import paired_p_value
 
     documents, queries = pooled_corpus()

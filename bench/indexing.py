@@ -59,7 +59,7 @@ def abstracts(count: int) -> list[dict]:
 
 def forward_rates(texts: list[str]) -> dict[str, float]:
     """Passages per CPU-second of each way to embed them, the model loaded and warmed up first."""
-    from gradfuse.sources.encoder import Encoder
+    from gradfuse.embedding.encoder import Encoder
 
     rates = {}
     onnx = Encoder("all-MiniLM-L6-v2@float32")
@@ -117,7 +117,7 @@ def demo(folder: Path, env: dict) -> dict:
 
 def worker(documents: int) -> dict:
     from gradfuse.hardware import cpu_description
-    from gradfuse.sources.encoder import embedding_text
+    from gradfuse.embedding.encoder import embedding_text
 
     records = abstracts(max(documents, FORWARD_PASSAGES + 8))
     texts = [embedding_text(r["title"], r["text"]) for r in records]
@@ -187,8 +187,9 @@ def main() -> None:
         if done.returncode != 0:
             raise RuntimeError(f"the {kernels} worker failed: {done.stderr[-3000:]}")
         classes[kernels] = json.loads(done.stdout.strip().splitlines()[-1])
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
+    from gradfuse.eval.record import commit_id
+
+    commit = commit_id()
     results = {"documents": args.documents, "commit": commit, "classes": classes}
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "results.json").write_text(json.dumps(results, indent=2) + "\n")

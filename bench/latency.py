@@ -38,7 +38,8 @@ import httpx
 import numpy as np
 from scipy.stats import spearmanr
 
-from gradfuse.hardware import AVX2_ONLY, cpu_description
+from gradfuse.eval.record import commit_id, machine_description
+from gradfuse.hardware import AVX2_ONLY
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "latency"
@@ -206,7 +207,7 @@ def agreement(before: list[list], after: list[list]) -> dict:
 def query_vectors() -> dict:
     """The ONNX copy's query vectors against sentence-transformers' (float32, and bf16: the passages' precision
     before issue 38)."""
-    from gradfuse.sources.encoder import Encoder
+    from gradfuse.embedding.encoder import Encoder
 
     onnx = Encoder("all-MiniLM-L6-v2@float32")
     torch32 = onnx._passage_model().encode(QUESTIONS, normalize_embeddings=True, convert_to_numpy=True)
@@ -246,9 +247,8 @@ def main() -> None:
     questions = QUESTIONS[: args.questions]
     if args.kernels == "avx2":
         os.environ.update(AVX2_ONLY)
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    results = {"machine": cpu_description(), "baseline": BASELINE, "commit": commit, "codes": {}}
+    commit = commit_id()
+    results = {"machine": machine_description(), "baseline": BASELINE, "commit": commit, "codes": {}}
     rankings = {}
     for label, code in (("before", BASELINE), ("after", None)):
         with code_of(code) as env:

@@ -37,10 +37,10 @@ from live_server import gradfuse_serve  # noqa: E402  (the tests' helper)
 
 from gradfuse import Workspace  # noqa: E402
 from gradfuse.config import load_config  # noqa: E402
-from gradfuse.eval.runner import commit_id, machine_description  # noqa: E402
+from gradfuse.eval.record import commit_id, machine_description  # noqa: E402
 from gradfuse.eval.stats import paired_p_value, per_query  # noqa: E402
 from gradfuse.selection.routing import RoutingSettings  # noqa: E402
-from gradfuse.sources.encoder import EmbeddingCache, embedding_text, load_encoder  # noqa: E402
+from gradfuse.embedding.encoder import EmbeddingCache, embedding_text, load_encoder  # noqa: E402
 
 DATA = Path(os.environ.get("GRADFUSE_DATA") or ROOT.parent / "shared" / "data")
 CORPORA = {"dl19": "trec_dl19_passage", "scifact": "beir_scifact", "dbpedia": "beir_dbpedia_entity_sample",

@@ -19,12 +19,13 @@ import numpy as np
 from gradfuse import Workspace
 from gradfuse.config import Config, SourceSettings
 from gradfuse.eval.benchmark import load_benchmark
-from gradfuse.eval.runner import commit_id, machine_description, outcome_of, queries_and_qrels
+from gradfuse.eval.record import commit_id, machine_description
+from gradfuse.eval.runner import outcome_of, queries_and_qrels
 from gradfuse.eval.stats import per_query
-from gradfuse.sources.federated import FederatedResult
+from gradfuse.federation.federated import FederatedResult
 from gradfuse.sources.local_postgres import LocalPostgres
 from gradfuse.sources.postgres import PostgresSettings
-from gradfuse.sources.postgres_load import load_into_postgres
+from gradfuse.indexing.postgres_load import load_into_postgres
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPTH = 100  # candidates per source, as in benchmarks/federated.toml

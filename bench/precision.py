@@ -23,9 +23,9 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from gradfuse.eval import load_benchmark
-from gradfuse.eval.runner import commit_id, machine_description, run_benchmark
+from gradfuse.eval.record import commit_id, machine_description
+from gradfuse.eval.runner import run_benchmark
 from gradfuse.eval.stats import paired_p_value, per_query
-from gradfuse.hardware import cpu_description
 from gradfuse.rerank.precision import resolve_dtype
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,7 +90,7 @@ def compare(name: str, method: str, by_precision: dict) -> dict:
 
 
 def this_machine() -> str:
-    return f"{machine_description()}; {cpu_description()} (auto → {resolve_dtype('auto')})"
+    return f"{machine_description()} (auto → {resolve_dtype('auto')})"
 
 
 def write(rows: list[dict], argv: list[str]) -> None:

@@ -32,10 +32,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 from live_server import free_port  # noqa: E402
 
 from gradfuse.eval.benchmark import load_benchmark  # noqa: E402
-from gradfuse.eval.runner import commit_id, machine_description  # noqa: E402
+from gradfuse.eval.record import commit_id, machine_description  # noqa: E402
 from gradfuse.sources import SourceSpec  # noqa: E402
-from gradfuse.sources.build import build_source  # noqa: E402
-from gradfuse.sources.documents import IngestReport, read_beir_corpus  # noqa: E402
+from gradfuse.indexing.build import build_source  # noqa: E402
+from gradfuse.ingest.documents import IngestReport, read_beir_corpus  # noqa: E402
 
 SIZES = [10_000, 50_000, 200_000, 1_000_000]
 ENCODER = "all-MiniLM-L6-v2"  # the default encoder (bf16), as the federated benchmark's sources use it
@@ -90,7 +90,7 @@ def measure(name: str, queries_file: Path) -> dict:
     """In a fresh process: open the source, search, report latencies, recall and memory."""
     from gradfuse.sources.embedded import ANN_FILE, EmbeddedSource, build_ann_index
     from gradfuse.sources.base import current_version
-    from gradfuse.sources.encoder import load_encoder
+    from gradfuse.embedding.encoder import load_encoder
 
     queries = json.loads(queries_file.read_text())
     encoder = load_encoder(ENCODER)
@@ -139,7 +139,7 @@ def measure(name: str, queries_file: Path) -> dict:
 
 
 def scale_rows(data: Path, tmp: Path) -> tuple[list[dict], dict]:
-    from gradfuse.sources.encoder import EmbeddingCache, embedding_text, load_encoder
+    from gradfuse.embedding.encoder import EmbeddingCache, embedding_text, load_encoder
 
     real = real_passages(data)
     queries_file = tmp / "queries.json"
@@ -228,7 +228,7 @@ def ray_throughput(data: Path, requests: int = 16) -> dict:
 def gpu_sizing(throughput: dict) -> dict:
     """Requests a second per GPU from the FLOP count: a forward and a backward pass cost about 6 x parameters
     FLOPs a token (2 forward, 4 backward), an upper bound for the reader gate (its documents only go forward)."""
-    from gradfuse.generate.local import load_transformers
+    from gradfuse.lm.models import load_transformers
 
     _, model = load_transformers("smollm2")
     parameters = sum(p.numel() for p in model.parameters())

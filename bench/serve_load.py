@@ -24,7 +24,7 @@ from live_server import gradfuse_serve  # noqa: E402
 from gradfuse import Workspace  # noqa: E402
 from gradfuse.config import Config  # noqa: E402
 from gradfuse.eval.benchmark import load_benchmark, read_qrels, sample_queries  # noqa: E402
-from gradfuse.eval.runner import commit_id, machine_description  # noqa: E402
+from gradfuse.eval.record import commit_id, machine_description  # noqa: E402
 
 # (method, stage-2 target, concurrent clients, requests): rrf at the load the issue asks for and below it; gro
 # alone with each honest target (n = 10 passages of up to 128 tokens, the defaults), then at the LM line's sizes

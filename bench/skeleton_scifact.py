@@ -9,9 +9,7 @@ sources as distractors. Writes results/skeleton/scifact.{md,json}.
 from __future__ import annotations
 
 import json
-import platform
 import statistics
-import sys
 import tempfile
 import time
 import warnings
@@ -21,7 +19,8 @@ from ranx import Qrels, Run, evaluate
 
 from gradfuse import SourceSpec, Workspace
 from gradfuse.config import Config
-from gradfuse.sources.encoder import load_encoder
+from gradfuse.embedding.encoder import load_encoder
+from gradfuse.eval.record import commit_id, machine_description
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 OUT = Path(__file__).resolve().parents[1] / "results" / "skeleton"
@@ -83,13 +82,13 @@ def main(workspace_dir: Path) -> dict:
 
 def write(results: dict, seconds: float) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    machine = f"{platform.machine()}, {__import__('os').cpu_count()} cores, Python {sys.version.split()[0]}"
-    results["machine"], results["wall_seconds"] = machine, round(seconds)
+    machine = machine_description()
+    results["commit"], results["machine"], results["wall_seconds"] = commit_id(), machine, round(seconds)
     (OUT / "scifact.json").write_text(json.dumps(results, indent=2))
     lines = [
         "# Skeleton on real data: beir_scifact (+ cranfield and hotpotqa as distractor sources)",
         "",
-        f"Command: `make bench-skeleton` · machine: {machine} · wall time {seconds / 60:.1f} min",
+        f"Command: `make bench-skeleton` · commit {results['commit']} · machine: {machine} · wall time {seconds / 60:.1f} min",
         "",
         "## Indexing (cold: no embedding cache)",
         "",

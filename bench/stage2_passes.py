@@ -26,9 +26,10 @@ import torch
 from scipy.stats import spearmanr
 
 from gradfuse.eval.benchmark import load_benchmark
-from gradfuse.eval.runner import commit_id, machine_description, queries_and_qrels
+from gradfuse.eval.record import commit_id, machine_description
+from gradfuse.eval.runner import queries_and_qrels
 from gradfuse.generate.llamacpp import load_llamacpp
-from gradfuse.generate.local import bundled_gguf
+from gradfuse.lm.models import bundled_gguf
 from gradfuse.rerank import RerankSettings, load_scorer, passage_text
 from gradfuse.rerank.attention import AttentionScorer
 from gradfuse.rerank.conditional import ConditionalGateScorer

@@ -25,8 +25,8 @@ from gradfuse.candidate import Candidate
 from gradfuse.config import Config
 from gradfuse.server.app import create_app
 from gradfuse.sources import SourceSpec
-from gradfuse.sources.federated import AllSourcesFailed, query_sources
-from gradfuse.sources.guard import GuardSettings, Guards
+from gradfuse.federation.federated import AllSourcesFailed, query_sources
+from gradfuse.federation.guard import GuardSettings, Guards
 from gradfuse.sources.local_postgres import LocalPostgres
 
 ALICE_KEY, BOB_KEY, PARTNER_KEY = "alice-key-for-tests", "bob-key-for-tests", "partner-key-for-tests"
@@ -52,7 +52,7 @@ def _records(prefix: str, restricted: bool = True) -> list[dict]:
 
 
 def _vectors(texts):
-    from gradfuse.sources.encoder import load_encoder
+    from gradfuse.embedding.encoder import load_encoder
 
     return load_encoder("all-MiniLM-L6-v2").encode(texts).tolist()
 
@@ -272,7 +272,7 @@ def test_the_cache_serves_no_key_what_another_read(served, monkeypatch):
     url, _ = served
     # The sources were built seconds ago: within 2 s of a publish the cache keys a result by its sources' versions,
     # after it by the folder's stamp, so a result kept across that moment is missed. Trust the stamp at once.
-    monkeypatch.setattr("gradfuse.sources.catalog.STAMP_SETTLED_NS", 0)
+    monkeypatch.setattr("gradfuse.federation.catalog.STAMP_SETTLED_NS", 0)
     body = {"query": "When are salaries paid by payroll?", "k": 5, "sources": ["handbook", "wiki"]}  # built here: kept
     first = _post(url, "/search", body, ALICE_KEY)
     again = _post(url, "/search", body, ALICE_KEY)
@@ -399,7 +399,7 @@ def test_an_embedded_source_ranks_only_what_the_caller_may_read_so_k_come_back(t
     import numpy as np
 
     from gradfuse.sources import embedded
-    from gradfuse.sources.encoder import load_encoder
+    from gradfuse.embedding.encoder import load_encoder
 
     data = Path(os.environ.get("GRADFUSE_DATA", "../shared/data")) / "beir_scifact"
     records = [json.loads(line) for line in (data / "corpus.jsonl").read_text().split("\n")[:600] if line.strip()]
@@ -487,7 +487,7 @@ def test_a_hard_link_across_readers_is_refused_and_reported(tmp_path):
 
 
 def test_a_corpus_whose_readers_field_means_something_else_is_told_how_to_read_none(tmp_path):
-    from gradfuse.sources.documents import IngestError
+    from gradfuse.ingest.documents import IngestError
 
     write_jsonl(tmp_path / "reviews.jsonl", [{"id": "r1", "text": "A fine book.", "readers": 1200}])
     ws = Workspace(Config(workspace=tmp_path / "ws"))

@@ -40,7 +40,7 @@ OPEN = {"open0", "open1", "open2"}
 
 @pytest.fixture(scope="module")
 def vectors():
-    from gradfuse.sources.encoder import load_encoder
+    from gradfuse.embedding.encoder import load_encoder
 
     return load_encoder("all-MiniLM-L6-v2").encode([text for _, text, _ in ROWS]).tolist()
 

@@ -12,8 +12,8 @@ import pytest
 
 from gradfuse import SourceSpec, Workspace
 from gradfuse.config import Config, SourceSettings
-from gradfuse.sources import postgres_load
-from gradfuse.sources.documents import Document
+from gradfuse.indexing import postgres_load
+from gradfuse.ingest.documents import Document
 from gradfuse.sources.local_postgres import LocalPostgres
 from gradfuse.sources.postgres import PostgresError, PostgresSettings, PostgresSource, PostgresTable, vector_literal
 
@@ -258,7 +258,7 @@ def test_hnsw_with_a_restrictive_filter_still_returns_k_readable_rows(pg):
         assert len(found) == 5 and all(c.readers == ("carol",) for c in found)
         assert {c.doc_id for c in source.search(QUERY, 5)} & {c.doc_id for c in found} == set()
         # Without the iterative scan the same index scan ends with what its ef_search rows held: fewer than k.
-        from gradfuse.sources.encoder import load_encoder
+        from gradfuse.embedding.encoder import load_encoder
 
         query = vector_literal(load_encoder("all-MiniLM-L6-v2").encode_query(QUERY))
         sql = ("SELECT doc_id FROM sales WHERE (readers IS NULL OR cardinality(readers) = 0 OR readers && %s::text[])"

@@ -10,7 +10,7 @@ import numpy as np
 from gradfuse import SourceSpec, Workspace
 from gradfuse.config import Config
 from gradfuse.sources import embedded
-from gradfuse.sources.encoder import load_encoder
+from gradfuse.embedding.encoder import load_encoder
 
 from test_eval import _shared_data, needs_data
 

@@ -13,9 +13,9 @@ from conftest import ASTRONOMY, COOKING, write_jsonl
 from gradfuse import SourceSpec, Workspace
 from gradfuse.config import Config
 from gradfuse.hardware import AVX2_ONLY, BF16_CPU_FLAGS, KERNEL_CAPS, cpu_flags
-from gradfuse.sources.encoder import EmbeddingCache, Encoder, load_encoder
-from gradfuse.sources.encoder_names import encoder_name, recorded_encoder
-from gradfuse.sources.onnx_encoder import onnx_file
+from gradfuse.embedding.encoder import EmbeddingCache, Encoder, load_encoder
+from gradfuse.embedding.encoder_names import encoder_name, recorded_encoder
+from gradfuse.embedding.onnx_encoder import onnx_file
 
 ASK = textwrap.dedent("""
     import sys

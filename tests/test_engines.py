@@ -102,7 +102,7 @@ def test_a_remote_source_takes_no_secret_in_the_file(tmp_path):
 # --- a framework's retriever as a source -------------------------------------------------------------------------
 
 def _minilm():
-    from gradfuse.sources.encoder import load_encoder
+    from gradfuse.embedding.encoder import load_encoder
 
     return load_encoder("all-MiniLM-L6-v2")
 
@@ -253,7 +253,7 @@ def _sample_vectors():
 
 
 def _embedding_texts(rows) -> list[str]:
-    from gradfuse.sources.encoder import embedding_text
+    from gradfuse.embedding.encoder import embedding_text
 
     return [embedding_text(r["title"], r["text"]) for r in rows]
 

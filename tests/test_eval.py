@@ -163,7 +163,10 @@ def test_quick_benchmark_reproduces_its_expected_scores(name, tmp_path):
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((out / "results.json").read_text())
-    assert (out / "results.md").is_file() and list(out.glob("*.png"))
+    assert (out / "results.md").is_file() and list(out.glob("*.png")) and summary["finished"] is True
+    assert summary["commit"] not in ("", "unknown") and "bf16 native" in summary["machine"]
+    lm_rows = [row for row in summary["tables"][-1]["rows"] if row["method"].split("/")[0].split(":")[0] == "gro"]
+    assert lm_rows and all(row["scorer"] == "upr" for row in lm_rows)  # which stage-2 signal gro's row ran
     every_method = summary["tables"][-1]["rows"]  # the last table holds every method, scoring-LM ones included
     assert len(list((tmp_path / "runs").glob("*.trec"))) == len(every_method)
 
@@ -247,7 +250,7 @@ def test_a_run_is_judged_as_trec_eval_judges_its_file_with_copies_of_one_text_ke
     from gradfuse.candidate import Candidate
     from gradfuse.eval.benchmark import Benchmark
     from gradfuse.eval.runner import outcome_of
-    from gradfuse.sources.federated import FederatedResult
+    from gradfuse.federation.federated import FederatedResult
 
     texts = ["a passage about moons", "a passage about rings", "a passage about moons", "a passage about dust"]
     run = [Candidate("bm25", f"d{i}", text, 10.0 - i, i + 1) for i, text in enumerate(texts)]
@@ -280,3 +283,25 @@ def test_run_files_keep_ids_with_spaces_as_one_field_and_read_back_exactly(tmp_p
     lines = (tmp_path / "gro-query.trec").read_text().splitlines()
     assert len(lines) == 3 and all(len(line.split()) == 6 for line in lines)
     assert [(q, d) for q, d, _, _ in read_trec_run(tmp_path / "gro-query.trec")] == [("q 1", d) for d, _ in ranking]
+
+
+@needs_data
+def test_a_run_stopped_half_way_leaves_what_it_measured(tmp_path):
+    from gradfuse.eval import run_benchmark
+    from gradfuse.eval.report import write_partial
+
+    bench = load_benchmark(BENCHMARKS / "dl19.toml", quick=True)
+    bench.methods = ["rrf", "upr"]  # the cheap row, then one scoring-LM method
+
+    class Stopped(Exception):
+        pass
+
+    def checkpoint(so_far):
+        write_partial(so_far, tmp_path, "gradfuse eval dl19.toml --quick")
+        raise Stopped  # as a run killed after its cheap methods
+
+    with pytest.raises(Stopped):
+        run_benchmark(bench, progress=False, checkpoint=checkpoint)
+    partial = json.loads((tmp_path / "results.json").read_text())
+    assert partial["finished"] is False and partial["commit"] and partial["machine"]
+    assert [row["method"] for row in partial["tables"][0]["rows"]] == ["rrf"]

@@ -9,8 +9,8 @@ from conftest import COOKING, write_jsonl
 
 from gradfuse import SourceSpec, Workspace
 from gradfuse.config import Config, SourceSettings
-from gradfuse.sources.federated import AllSourcesFailed, ask_sources, query_sources
-from gradfuse.sources.guard import Guards, GuardSettings
+from gradfuse.federation.federated import AllSourcesFailed, ask_sources, query_sources
+from gradfuse.federation.guard import Guards, GuardSettings
 
 
 class DeadSource:

@@ -122,8 +122,8 @@ def test_a_gguf_is_converted_once_in_a_child_or_in_this_process_where_no_copy_ca
     import torch
 
     from gradfuse.generate import gguf_copy
-    from gradfuse.generate.gguf_copy import converted_folder, ensure_converted
-    from gradfuse.generate.local import _load_gguf, bundled_gguf, load_tokenizer
+    from gradfuse.lm.gguf_copy import converted_folder, ensure_converted
+    from gradfuse.lm.models import _load_gguf, bundled_gguf, load_tokenizer
 
     monkeypatch.setattr(gguf_copy, "_failed", set())  # what earlier tests in this process left is not this test's
     monkeypatch.setenv("GRADFUSE_CACHE", str(tmp_path / "cache"))
@@ -188,8 +188,9 @@ def test_an_answer_through_an_endpoint_reports_the_passages_its_window_could_not
 def test_concurrent_cold_loads_give_one_model_and_one_lock_for_the_scorer_and_the_generator():
     from concurrent.futures import ThreadPoolExecutor
 
-    from gradfuse.generate.gguf_copy import converted_folder
-    from gradfuse.generate.local import bundled_gguf, load_local_generator, load_transformers
+    from gradfuse.lm.gguf_copy import converted_folder
+    from gradfuse.lm.models import bundled_gguf, load_transformers
+    from gradfuse.generate.local import load_local_generator
     from gradfuse.rerank import load_scorer
 
     load_transformers("smollm2")  # makes the de-quantised folder a transformers generator can load

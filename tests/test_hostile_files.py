@@ -21,10 +21,10 @@ import pytest
 from gradfuse import SourceSpec, Workspace
 from gradfuse.config import Config
 from gradfuse.sources.base import current_version
-from gradfuse.sources.documents import IngestReport, chunk_text
-from gradfuse.sources.files import read_files
-from gradfuse.sources.readers import ReaderLimits
-from gradfuse.sources.readers.isolation import ParserWorker, _receive, _TooLong
+from gradfuse.ingest.documents import IngestReport, chunk_text
+from gradfuse.ingest.files import read_files
+from gradfuse.ingest.readers import ReaderLimits
+from gradfuse.ingest.readers.isolation import ParserWorker, _receive, _TooLong
 
 docx = pytest.importorskip("docx")
 openpyxl = pytest.importorskip("openpyxl")
@@ -162,8 +162,8 @@ def test_nested_pdf_forms_stay_inside_the_workers_memory_and_text_limits(tmp_pat
     assert pdf.stat().st_size < 4000
     script = textwrap.dedent(f"""
         import json, resource
-        from gradfuse.sources.readers import ReaderLimits, Unreadable
-        from gradfuse.sources.readers.isolation import ParserWorker
+        from gradfuse.ingest.readers import ReaderLimits, Unreadable
+        from gradfuse.ingest.readers.isolation import ParserWorker
         data = open({str(pdf)!r}, "rb").read()
         with ParserWorker() as worker:
             try:
@@ -282,8 +282,8 @@ def test_the_worker_dies_with_its_parent(tmp_path):
     sheet = raw_xlsx(tmp_path / "large.xlsx", "".join(_row(i, f"item {i}", str(i)) for i in range(1, 600_001)))
     script = textwrap.dedent(f"""
         import sys
-        from gradfuse.sources.readers import ReaderLimits
-        from gradfuse.sources.readers.isolation import ParserWorker
+        from gradfuse.ingest.readers import ReaderLimits
+        from gradfuse.ingest.readers.isolation import ParserWorker
         worker = ParserWorker()
         worker.parse(b"warm", ".txt", "warm.txt", ReaderLimits())
         print(worker.pid, flush=True)
@@ -348,7 +348,7 @@ def _reference_chunks(text: str, words: int, overlap: int) -> list[tuple[int, in
     """Windows over the list of every word's bounds: what chunk_text computed before it streamed."""
     import re
 
-    from gradfuse.sources.documents import CHARS_PER_WORD, _by_characters
+    from gradfuse.ingest.documents import CHARS_PER_WORD, _by_characters
 
     bounds = [(m.start(), m.end()) for m in re.finditer(r"\S+", text)]
     spans, step = [], words - overlap
@@ -438,7 +438,7 @@ def tiny_disk(tmp_path):
 
 
 def test_a_full_disk_while_caching_a_parse_is_one_clear_error_and_leaves_no_temporary_file(tmp_path, tiny_disk):
-    from gradfuse.sources.documents import IngestError
+    from gradfuse.ingest.documents import IngestError
 
     folder = tmp_path / "docs"
     folder.mkdir()

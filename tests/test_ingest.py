@@ -8,7 +8,7 @@ from gradfuse import SourceSpec, Workspace
 from gradfuse.config import Config
 from gradfuse.sources import IngestError, open_source
 from gradfuse.sources.base import current_version
-from gradfuse.sources.documents import chunk_text
+from gradfuse.ingest.documents import chunk_text
 
 from conftest import ASTRONOMY, write_jsonl
 
@@ -204,8 +204,8 @@ def test_a_file_swapped_for_a_link_after_the_listing_is_never_read_from_outside(
     import threading
     import time
 
-    from gradfuse.sources.documents import IngestReport
-    from gradfuse.sources.files import read_files
+    from gradfuse.ingest.documents import IngestReport
+    from gradfuse.ingest.files import read_files
 
     outside = tmp_path / "outside.txt"
     outside.write_text("TOP-SECRET outside the folder")

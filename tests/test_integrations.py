@@ -10,7 +10,7 @@ from conftest import ASTRONOMY, COOKING, write_jsonl
 from gradfuse import SourceSpec, Workspace
 from gradfuse.config import Config, SourceSettings
 from gradfuse.generate import make_generator
-from gradfuse.sources.encoder import load_encoder
+from gradfuse.embedding.encoder import load_encoder
 from gradfuse.sources.postgres import PostgresSettings
 
 QUESTION = "Which planet has the moons Phobos and Deimos?"
@@ -110,7 +110,7 @@ def test_llamaindex_query_engine_over_the_retriever_and_the_reranker_after_its_o
     from llama_index.core.llms.callbacks import llm_completion_callback
     from llama_index.core.query_engine import RetrieverQueryEngine
 
-    from gradfuse.generate.local import load_tokenizer
+    from gradfuse.lm.models import load_tokenizer
     from gradfuse.integrations.llamaindex import GradfuseReranker, GradfuseRetriever
 
     generator = make_generator("smollm2")

@@ -23,7 +23,7 @@ from gradfuse import SourceSpec, Workspace
 from gradfuse.config import ConfigError, load_config
 from gradfuse.server import create_app
 from gradfuse.sources.base import SourceError
-from gradfuse.sources.federated import AllSourcesFailed
+from gradfuse.federation.federated import AllSourcesFailed
 
 
 @pytest.fixture(scope="module")

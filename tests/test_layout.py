@@ -8,7 +8,10 @@ from pathlib import Path
 import gradfuse
 
 PACKAGE = Path(gradfuse.__file__).parent
-STEPS = ("sources", "selection", "fusion", "rerank", "reading")  # in the pipeline's order: a step imports earlier ones
+# In the pipeline's order: a step imports only earlier ones (generate/ writes an answer for reading/'s answer path)
+STEPS = ("ingest", "embedding", "sources", "indexing", "federation", "selection", "fusion", "rerank", "generate",
+         "reading")
+SHARED = ("candidate", "checked", "folders", "hardware", "loading", "redact", "access", "lm")  # beneath every step
 SHELLS = ("cli", "server", "integrations")
 SHELL_SETTINGS = "gradfuse.server.settings"  # config.py reads `[server]`'s settings, and nothing else of a shell
 
@@ -44,4 +47,10 @@ def test_nothing_below_the_shells_imports_one():
     wrong = [f"{module} imports {imported}" for module, imports in _by_module().items()
              if _part(module) not in SHELLS and module != "__init__"
              for imported in imports if _part(imported) in SHELLS and imported != SHELL_SETTINGS]
+    assert not wrong, wrong
+
+
+def test_what_every_step_shares_imports_no_step_nor_shell():
+    wrong = [f"{module} imports {imported}" for module, imports in _by_module().items() if _part(module) in SHARED
+             for imported in imports if _part(imported) in STEPS + SHELLS]
     assert not wrong, wrong

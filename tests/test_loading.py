@@ -7,7 +7,7 @@ import textwrap
 # A fresh process, as a user's first CLI query is: the threads race for the encoder, then the scoring LM loads.
 RACE = textwrap.dedent("""
     import threading
-    from gradfuse.sources.encoder import load_encoder
+    from gradfuse.embedding.encoder import load_encoder
     from gradfuse.rerank import load_scorer
     from gradfuse.rerank.upr import UPRScorer
 

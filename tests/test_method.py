@@ -7,7 +7,7 @@ from gradfuse.candidate import Candidate
 from gradfuse.config import Config
 from gradfuse.rerank import RerankSettings, rerank
 from gradfuse.selection import SelectionSettings, select_sources
-from gradfuse.sources.encoder import load_encoder
+from gradfuse.embedding.encoder import load_encoder
 
 from conftest import write_jsonl
 

@@ -146,7 +146,7 @@ def test_the_statement_timeout_stops_a_query_on_the_server(pg, loaded):
 
 
 def test_a_table_samples_its_rows_embedding_texts(loaded):
-    from gradfuse.sources.encoder import embedding_text
+    from gradfuse.embedding.encoder import embedding_text
 
     ws = loaded[0]
     texts = [embedding_text(r["title"], r["text"]) for r in ASTRONOMY + COOKING[:2]]

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from gradfuse.generate.local import bundled_gguf
+from gradfuse.lm.models import bundled_gguf
 from gradfuse.rerank.lm_scorer import LMScorer
 
 DOCS = [

@@ -223,7 +223,7 @@ def test_a_remote_gradfuse_sends_its_summaries_and_is_routed_by_them(remote, tmp
 
 def test_an_engines_summary_is_made_from_a_sample_read_through_its_own_client(tmp_path):
     lancedb = pytest.importorskip("lancedb")
-    from gradfuse.sources.encoder import load_encoder
+    from gradfuse.embedding.encoder import load_encoder
 
     rows = TOPICS["sailing"] + TOPICS["gardening"]
     vectors = load_encoder("all-MiniLM-L6-v2").encode([r["text"] for r in rows])
@@ -246,7 +246,7 @@ def test_a_source_published_by_another_process_is_listed_at_once(tmp_path, monke
     with Workspace(Config(workspace=tmp_path / "ws")) as reader, Workspace(Config(workspace=tmp_path / "ws")) as writer:
         writer.index(SourceSpec("music", "jsonl", str(write_jsonl(tmp_path / "m.jsonl", TOPICS["music"]))))
         assert reader.source_names() == ["music"]
-        monkeypatch.setattr("gradfuse.sources.catalog.STAMP_SETTLED_NS", 0)  # trust the stamp however recent
+        monkeypatch.setattr("gradfuse.federation.catalog.STAMP_SETTLED_NS", 0)  # trust the stamp however recent
         listings = reader.catalog.listings
         assert reader.source_names() == ["music"] and reader.catalog.listings == listings  # not listed again
         writer.index(SourceSpec("finance", "jsonl", str(write_jsonl(tmp_path / "f.jsonl", TOPICS["finance"]))))
@@ -300,7 +300,7 @@ def test_summaries_that_fail_are_retried_later_and_never_stop_the_others(tmp_pat
         assert all("sampling it failed" in why for why in outcome.values())
         made = ws.catalog.summaries._made["a"]
         assert made.failures == 1 and not ws.catalog.summaries._due(made)  # not again at the next question
-        monkeypatch.setattr("gradfuse.sources.summaries.RETRY_S", 0.0)
+        monkeypatch.setattr("gradfuse.federation.summaries.RETRY_S", 0.0)
         assert ws.catalog.summaries._due(made)
         # a summary saved for "a-b" is not taken for "a"'s old one
         (tmp_path / "ws" / "cache" / "summaries").mkdir(parents=True)
@@ -342,7 +342,7 @@ def test_when_every_source_is_empty_nothing_is_asked(tmp_path):
 def test_letting_a_guards_idle_workers_go_never_fails_a_call_being_submitted():
     import threading
 
-    from gradfuse.sources.guard import GuardSettings, SourceGuard
+    from gradfuse.federation.guard import GuardSettings, SourceGuard
 
     guard, stop = SourceGuard("churned", GuardSettings()), threading.Event()
 
@@ -399,7 +399,7 @@ def test_down_remotes_without_summaries_no_longer_starve_a_local_source(tmp_path
 
 def test_sources_routed_past_for_open_breakers_are_reported_as_failures(tmp_path):
     """Review of issue 58's M2: with every routed source's breaker open, a search answered nothing and said nothing."""
-    from gradfuse.sources.federated import AllSourcesFailed
+    from gradfuse.federation.federated import AllSourcesFailed
 
     (tmp_path / "gradfuse.toml").write_text('workspace = "ws"\n[routing]\nabove = 0\n')
     ws = Workspace.open(tmp_path / "gradfuse.toml")

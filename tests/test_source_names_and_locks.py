@@ -17,7 +17,7 @@ from gradfuse.candidate import Candidate
 from gradfuse.generate import build_messages
 from gradfuse.server import ServerSettings, create_app
 from gradfuse.sources import SourceSpec, check_source_name
-from gradfuse.sources.lock import source_lock
+from gradfuse.indexing.lock import source_lock
 
 GRADFUSE = str(Path(sys.executable).with_name("gradfuse"))
 BAD_NAMES = ['a"b', "a<b", "cost$", "two\nlines", "rtl\u202ename", "../evil", "x" * 300, "-leading", "naïve", ""]

@@ -34,7 +34,7 @@ from reader_data import DOMAINS, TECHNICAL, Group  # noqa: E402
 
 from gradfuse.reading.reader import READER_FILE, feeds, tokenizer  # noqa: E402
 from gradfuse.reading import support  # noqa: E402
-from gradfuse.sources.encoder import DEFAULT_ENCODER, _model_path, load_encoder  # noqa: E402
+from gradfuse.embedding.encoder import DEFAULT_ENCODER, _model_path, load_encoder  # noqa: E402
 
 ROOT = reader_data.ROOT
 OUT = ROOT / "results" / "reader"

@@ -30,9 +30,9 @@ from gradfuse.eval.qa import answer_in_context
 from gradfuse.reading.evidence import passage_sentences
 from gradfuse.reading.reader import pair
 from gradfuse.reading import support
-from gradfuse.sources.build import FILE_CHUNK_OVERLAP, FILE_CHUNK_WORDS
-from gradfuse.sources.documents import IngestReport
-from gradfuse.sources.files import read_files
+from gradfuse.indexing.build import FILE_CHUNK_OVERLAP, FILE_CHUNK_WORDS
+from gradfuse.ingest.documents import IngestReport
+from gradfuse.ingest.files import read_files
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("GRADFUSE_DATA", ROOT.parent / "shared" / "data"))

@@ -21,7 +21,7 @@ import reader as training  # noqa: E402
 
 from gradfuse.reading.reader import READER_FILE, pair  # noqa: E402
 from gradfuse.reading import support  # noqa: E402
-from gradfuse.sources.encoder import load_encoder  # noqa: E402
+from gradfuse.embedding.encoder import load_encoder  # noqa: E402
 
 FOLDER = training.reader_data.DATA / "wikiqa"
 # The paper's best rows (Yang et al. 2015, tables 3 and 4): CNN-Cnt for ranking, CNN-Cnt with all features for

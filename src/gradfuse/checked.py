@@ -4,6 +4,7 @@ a count is a whole number of at least 1, a number is finite, a string is a strin
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from pydantic import ConfigDict, Field
@@ -21,3 +22,22 @@ Weight = Annotated[float, Field(ge=0, strict=True)]
 Seconds = Annotated[float, Field(gt=0, strict=True)]
 Text = Annotated[str, Field(strict=True)]
 Flag = Annotated[bool, Field(strict=True)]
+
+
+class InvalidSourceName(ValueError):
+    public = ("invalid source name: use 1 to 64 ASCII letters, digits, '-' or '_', starting with a letter or "
+              "digit")
+
+
+_SOURCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", re.ASCII)
+
+
+def check_source_name(name: str) -> str:
+    """The one check of a source name, wherever one comes in (index, config, CLI, requests): a name becomes a
+    folder, a prompt attribute and a log field, so it is 1-64 ASCII letters, digits, '-' or '_', starting with
+    a letter or digit."""
+    if not isinstance(name, str) or not _SOURCE_NAME.fullmatch(name):
+        shown = repr(name) if not isinstance(name, str) or len(name) <= 80 else repr(name[:80] + "…")
+        raise InvalidSourceName(f"invalid source name {shown}: use 1 to 64 ASCII letters, digits, '-' or '_', "
+                                "starting with a letter or digit")
+    return name

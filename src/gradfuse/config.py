@@ -59,7 +59,7 @@ Example (every key optional)::
     ray = ""                         # "HOST:PORT" or "auto": stage 2 on a Ray cluster's scorer replicas (docs/ray.md)
     ray_replicas = 0                 # 0: one per GPU, or one per node without GPUs
     cache_mb = 64                    # MB of /search and /ask results kept for a repeated request until a publish
-    [guard]                          # each source fails alone (gradfuse.sources.guard.GuardSettings)
+    [guard]                          # each source fails alone (gradfuse.federation.guard.GuardSettings)
     workers = 8                      # threads per source: all held by calls past their deadline, it answers "busy"
     breaker_failures = 5             # failures in a row that open a source's circuit breaker (0: never)
     breaker_cooldown_s = 30.0        # an open breaker's pause before one request probes the source again
@@ -119,9 +119,10 @@ from gradfuse.rerank import RerankSettings
 from gradfuse.selection import SelectionSettings
 from gradfuse.selection.routing import RoutingSettings
 from gradfuse.server.settings import ServerSettings
-from gradfuse.sources.base import SourceSpec, check_source_name
+from gradfuse.checked import check_source_name
+from gradfuse.sources.base import SourceSpec
 from gradfuse.sources.engines import ENGINE_KINDS
-from gradfuse.sources.guard import GuardSettings
+from gradfuse.federation.guard import GuardSettings
 from gradfuse.sources.stores import relative_to
 from gradfuse.sources.postgres import PostgresSettings, default_table
 

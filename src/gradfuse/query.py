@@ -1,5 +1,5 @@
 """The query pipeline: route (above `[routing] above` sources, only the sources their summaries pick are asked:
-selection/routing.py) → retrieve (each source's own ranking, concurrently, sources/federated.py) → select the
+selection/routing.py) → retrieve (each source's own ranking, concurrently, federation/federated.py) → select the
 sources (stage 1) → rank their passages (fusion, or stage 2's scoring LM), by one method (methods.py).
 
 It may import sources/, selection/, rerank/, methods.py and execute/, never the answer path or a shell."""
@@ -23,9 +23,9 @@ from gradfuse.redact import without_addresses
 from gradfuse.rerank import RerankOutcome
 from gradfuse.selection import SelectionDecision, SelectionSettings
 from gradfuse.selection.routing import RoutingDecision, route
-from gradfuse.sources.catalog import SourceCatalog
-from gradfuse.sources.encoder import EmbeddingCache, embedding_text, load_encoder
-from gradfuse.sources.federated import AllSourcesFailed, FederatedResult, SourceFailure, ask_sources
+from gradfuse.federation.catalog import SourceCatalog
+from gradfuse.embedding.encoder import EmbeddingCache, embedding_text, load_encoder
+from gradfuse.federation.federated import AllSourcesFailed, FederatedResult, SourceFailure, ask_sources
 
 
 @dataclass
@@ -150,7 +150,7 @@ class QueryPipeline:
 
     def embed(self, candidates: list[Candidate]) -> np.ndarray:
         """Candidate vectors from the workspace cache: indexed passages hit it on disk; an engine's or a remote's
-        are encoded and held in memory, bounded (sources/encoder.py)."""
+        are encoded and held in memory, bounded (embedding/encoder.py)."""
         with self._lock:
             if self._embeddings is None:
                 self._embeddings = EmbeddingCache(self.catalog.root / "cache" / "embeddings.sqlite", self.encoder())

@@ -19,7 +19,7 @@ from gradfuse.reading.evidence import Evidence
 from gradfuse.generate import describe_generator
 from gradfuse.redact import redact
 from gradfuse.sources.base import SourceStats
-from gradfuse.sources.federated import SourceFailure
+from gradfuse.federation.federated import SourceFailure
 from gradfuse.workspace import Answer, SearchResult
 
 

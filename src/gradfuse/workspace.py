@@ -1,5 +1,5 @@
 """The library API that the CLI, the server, MCP, the OpenAI endpoint and the framework components are thin shells
-over: a short facade over the source catalog (sources/catalog.py), the query pipeline (query.py) and the answer
+over: a short facade over the source catalog (federation/catalog.py), the query pipeline (query.py) and the answer
 path (reading/answering.py). What a shell needs that is not here gets a module of its own, not a method here.
 
 Its methods hand over to those parts and do not call each other: a subclass that overrides one changes that call
@@ -21,9 +21,10 @@ from gradfuse.execute import LOCAL, Executor
 from gradfuse.query import QueryPipeline, SearchResult
 from gradfuse.reading.scoring import EvidenceSettings
 from gradfuse.selection import SelectionSettings
-from gradfuse.sources import BuildReport, Source, SourceSpec, SourceStats
-from gradfuse.sources.catalog import SourceCatalog
-from gradfuse.sources.federated import FederatedResult
+from gradfuse.indexing import BuildReport
+from gradfuse.sources import Source, SourceSpec, SourceStats
+from gradfuse.federation.catalog import SourceCatalog
+from gradfuse.federation.federated import FederatedResult
 
 __all__ = ["Answer", "SearchResult", "Workspace"]
 
@@ -34,7 +35,7 @@ class Workspace:
         self._config = config
         self.root = config.workspace
         self.catalog = SourceCatalog(config)
-        self.guards = self.catalog.guards  # each source's workers and breaker (sources/guard.py)
+        self.guards = self.catalog.guards  # each source's workers and breaker (federation/guard.py)
         self.query = QueryPipeline(config, self.catalog, executor or LOCAL)
         self.answers = Answerer(self.query)
 
@@ -72,7 +73,7 @@ class Workspace:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # --- sources (sources/catalog.py)
+    # --- sources (federation/catalog.py)
 
     def index(self, spec: SourceSpec, *, into: str | None = None, table: str | None = None,
               language: str | None = None, progress: bool = False, wait: bool = False) -> BuildReport:

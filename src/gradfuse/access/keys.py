@@ -25,7 +25,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from gradfuse.access import EVERYTHING, Principal, check_reader
 from gradfuse.checked import FILE_SETTINGS, Flag, Text
-from gradfuse.sources.base import check_source_name
+from gradfuse.checked import check_source_name
 
 log = logging.getLogger("gradfuse.access")
 _HEX = frozenset("0123456789abcdef")

@@ -17,7 +17,7 @@ from gradfuse.cli.common import (
 )
 from gradfuse.generate import describe_generator
 from gradfuse.schemas import answer_record, search_record
-from gradfuse.sources.federated import SourceFailure
+from gradfuse.federation.federated import SourceFailure
 from gradfuse.workspace import Answer, SearchResult, Workspace
 
 

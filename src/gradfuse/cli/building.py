@@ -14,8 +14,9 @@ from gradfuse.cli.common import (
     _workspace, app, console, escape, index_app,
 )
 from gradfuse.schemas import source_record
-from gradfuse.sources import BuildReport, IngestError, SourceError, SourceSpec
-from gradfuse.sources.readers import LIMIT_OPTIONS, ReaderLimits
+from gradfuse.indexing import BuildReport
+from gradfuse.sources import IngestError, SourceError, SourceSpec
+from gradfuse.ingest.readers import LIMIT_OPTIONS, ReaderLimits
 
 
 def _print_build(report: BuildReport) -> None:

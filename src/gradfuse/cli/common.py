@@ -18,7 +18,7 @@ from gradfuse.methods import METHOD_CHOICES
 from gradfuse.rerank.base import SIGNALS
 from gradfuse.redact import redact
 from gradfuse.sources import IngestError, SourceError, check_source_name
-from gradfuse.sources.federated import AllSourcesFailed
+from gradfuse.federation.federated import AllSourcesFailed
 from gradfuse.workspace import Workspace
 
 # Help texts are printed as written: with Rich markup on, "[server]" in a help string vanished.

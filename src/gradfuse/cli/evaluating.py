@@ -77,6 +77,7 @@ def evaluate(
     import sys
 
     from gradfuse.eval import check_expected, load_benchmark, run_benchmark, write_results
+    from gradfuse.eval.report import write_partial
     from gradfuse.eval.expected import expected_path, write_expected
 
     from gradfuse.execute import make_executor
@@ -88,13 +89,14 @@ def evaluate(
     executor = _run_guarded(lambda: make_executor(ray, replicas=replicas))
     if ray:
         console.print(f"scoring-LM methods run on the {executor.describe()}")
+    command = "gradfuse " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     try:
-        evaluation = _run_guarded(lambda: run_benchmark(bench, executor=executor))
+        evaluation = _run_guarded(lambda: run_benchmark(
+            bench, executor=executor, checkpoint=lambda so_far: write_partial(so_far, out, command)))
         if ray:
             console.print(f"scoring-LM methods ran on the {executor.describe()}")
     finally:
         executor.close()
-    command = "gradfuse " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     summary = write_results(evaluation, out, command, runs or Path(".gradfuse") / "runs" / bench.name)
     console.print(f"[green]{bench.name}[/]: {len(evaluation.queries)} queries in "
                   f"{evaluation.wall_seconds / 60:.1f} min → {out / 'results.md'}")

@@ -61,7 +61,7 @@ from gradfuse.eval.qa import QASettings
 from gradfuse.methods import LM_METHODS, TARGET_METHODS, check_method
 from gradfuse.rerank import TARGETS
 from gradfuse.sources import SourceSpec
-from gradfuse.sources.encoder import DEFAULT_ENCODER
+from gradfuse.embedding.encoder import DEFAULT_ENCODER
 
 EVALUATION_METHODS = ("static-best", "learned-fusion", "oracle-origin")
 DERIVED_ROWS = (":prior", ":alone")  # a stage-2 method's pool order, and its score without the prior

@@ -4,12 +4,15 @@ one TREC run per method in a runs folder that is not committed (a federated run 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 
 from gradfuse.eval.benchmark import EVALUATION_METHODS, base_method, is_lm_method
 from gradfuse.eval.runner import Evaluation
+from gradfuse.methods import CONFIGURED, METHOD_SPECS
+from gradfuse.rerank.base import RerankSettings
 from gradfuse.eval.stats import estimate, paired_p_value, per_query
 from gradfuse.sources.engines import engine_kind
 from gradfuse.sources.run import trec_id
@@ -115,6 +118,8 @@ def _rows(evaluation: Evaluation, methods: list[str], query_ids: list[str], *, l
     for method in methods:
         outcomes, query_ids = evaluation.outcomes[method], ran[method]
         row = {"method": method, "queries": len(query_ids)}
+        if signal := stage2_signal(bench, method):
+            row["scorer"] = signal
         for metric, by_query in values[method].items():
             e = estimate(np.array(list(by_query.values())))
             row[metric] = {"mean": round(e.mean, 4), "ci95": [round(e.low, 4), round(e.high, 4)],
@@ -132,6 +137,15 @@ def _rows(evaluation: Evaluation, methods: list[str], query_ids: list[str], *, l
         row["ranking_ms_p50"] = round(1000 * float(np.median(seconds)), 1) if seconds else None
         rows.append(row)
     return rows
+
+
+def stage2_signal(bench, method: str) -> str | None:
+    """The stage-2 signal a method's row ran: its own scorer, or for `gro` the one its [lm] scorer names (else the
+    default, `[rerank] scorer`); None for a method without stage 2."""
+    scorer = METHOD_SPECS.get(base_method(method), METHOD_SPECS["dense"]).scorer
+    if scorer == CONFIGURED:
+        return bench.lm_options.get("scorer") or RerankSettings().scorer
+    return scorer
 
 
 def _table_metrics(table: dict) -> list[str]:
@@ -171,14 +185,25 @@ def _source_choice(evaluation: Evaluation) -> dict:
 
 def write_results(evaluation: Evaluation, out: Path, command: str, runs: Path) -> dict:
     summary = summarise(evaluation)
-    summary["command"] = command
-    summary["runs"] = str(runs)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
+    summary.update(command=command, runs=str(runs), finished=True)
+    _write_json(out, summary)
     _write_runs(evaluation, runs)
     plots = _plot(evaluation, summary, out)
     (out / "results.md").write_text(_markdown(summary, plots))
     return summary
+
+
+def write_partial(evaluation: Evaluation, out: Path, command: str) -> None:
+    """results.json of a run not finished yet (`"finished": false`), with what it measured so far: a run stopped
+    half-way leaves it; the finished run replaces it, with results.md and the plots."""
+    _write_json(out, {**summarise(evaluation), "command": command, "finished": False})
+
+
+def _write_json(out: Path, summary: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    partial = out / "results.json.tmp"
+    partial.write_text(json.dumps(summary, indent=2) + "\n")
+    os.replace(partial, out / "results.json")  # a reader never sees half a file
 
 
 def _write_runs(evaluation: Evaluation, folder: Path) -> None:
@@ -320,7 +345,8 @@ def _markdown(summary: dict, plots: list[str]) -> str:
             cells += [f"{row[f'vs {b}']['delta']:+.3f} ({row[f'vs {b}']['p']:.3g})" if f"vs {b}" in row else "–"
                       for b in baselines]
             cells += [f"{row['source_precision']:.2f}/{row['source_recall']:.2f}", f"{row['ranking_ms_p50'] or '–'}"]
-            lines.append(f"| {row['method']} | " + " | ".join(cells) + " |")
+            shown = f"{row['method']} ({row['scorer']})" if row.get("scorer") else row["method"]
+            lines.append(f"| {shown} | " + " | ".join(cells) + " |")
         lines.append("")
     for metric, table in summary["failures_vs_upr"].items():
         lines += [f"## Where UPR and each LM method fail ({metric} = 0, scoring-LM subsample)", "",

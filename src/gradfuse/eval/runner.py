@@ -14,10 +14,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
-import platform
-import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -28,6 +26,7 @@ from gradfuse.config import Config, SourceSettings
 from gradfuse.eval import tuning
 from gradfuse.eval.outcome import Outcome
 from gradfuse.eval.qa import qa_metrics
+from gradfuse.eval.record import commit_id, machine_description
 from gradfuse.eval.benchmark import (
     EVALUATION_METHODS,
     Benchmark,
@@ -41,7 +40,7 @@ from gradfuse.eval.benchmark import (
 from gradfuse.execute import Executor
 from gradfuse.methods import CONFIGURED, METHOD_SPECS, MIXED_METHODS, STAGE1_METHODS, TARGET_METHODS
 from gradfuse.selection import ALL_PAIRS_UP_TO, SelectionSettings, choose_sources, every_redundancy
-from gradfuse.sources.federated import FederatedResult
+from gradfuse.federation.federated import FederatedResult
 from gradfuse.workspace import SearchResult, Workspace
 
 ORACLE_METHODS = ("loo", "loo-greedy")  # the expensive references `[lm] oracle_sample` limits
@@ -71,10 +70,11 @@ class Evaluation:
 
 
 def run_benchmark(bench: Benchmark, *, progress: bool = True, executor: Executor | None = None,
-                  dev_only: bool = False) -> Evaluation:
+                  dev_only: bool = False, checkpoint: Callable[[Evaluation], None] | None = None) -> Evaluation:
     """`executor`: where the scoring-LM methods' passes run (gradfuse.execute: this process, or scorer replicas on
     a Ray cluster); the samples, the outcomes cache and every number are the same either way. `dev_only`: the dev
-    queries alone, for what they tune (gradfuse tune)."""
+    queries alone, for what they tune (gradfuse tune). `checkpoint`: called with the evaluation so far once the
+    cheap methods have run and after each scoring-LM method (a run stopped later keeps what they measured)."""
     started, commit = time.perf_counter(), commit_id()  # the code that runs is the code checked out now
     ws = benchmark_workspace(bench, executor)
     builds = [asdict(ws.index(spec, progress=progress)) for name, spec in bench.sources.items()
@@ -82,7 +82,14 @@ def run_benchmark(bench: Benchmark, *, progress: bool = True, executor: Executor
     queries, qrels, origins = queries_and_qrels(bench)
     if dev_only:
         queries = [q for q in queries if q.split == "dev"]
-    evaluation = Evaluation(bench, queries, qrels, origins, {}, {}, {}, {}, builds)
+    evaluation = Evaluation(bench, queries, qrels, origins, {}, {}, {}, {}, builds, machine=machine_description(),
+                            commit=commit)
+
+    def reached() -> None:
+        evaluation.wall_seconds = time.perf_counter() - started
+        if checkpoint is not None:
+            checkpoint(evaluation)
+
     methods = bench.expand_methods()
     cheap = [m for m in methods if not is_lm_method(m) and m not in EVALUATION_METHODS and m != "select"]
 
@@ -104,14 +111,14 @@ def run_benchmark(bench: Benchmark, *, progress: bool = True, executor: Executor
 
     groups = _tuning_groups(evaluation)
     selections = _run_evaluation_methods(evaluation, ws, retrieved, profiles, groups, methods)
+    reached()
     for method in [m for m in methods if is_lm_method(m)]:
         _run_lm_method(evaluation, ws, retrieved, profiles, method, groups, selections, progress)
+        reached()
     if bench.qa is not None:
         qa_metrics(evaluation, bench.qa, bench.lm_options.get("model", "smollm2"),
                    bench.lm_options.get("doc_tokens", 128), progress, dtype=bench.lm_options.get("dtype", "auto"))
     evaluation.wall_seconds = time.perf_counter() - started
-    evaluation.machine = machine_description()
-    evaluation.commit = commit
     return evaluation
 
 
@@ -445,7 +452,8 @@ class _LMCache:
 
 
 # What computes a stage-2 outcome: a change in any of it must not reuse outcomes cached before it.
-_OUTCOME_CODE = ("candidate.py", "methods.py", "workspace.py", "execute", "fusion", "rerank", "selection", "sources")
+_OUTCOME_CODE = ("candidate.py", "methods.py", "workspace.py", "execute", "fusion", "rerank", "selection", "sources",
+                 "ingest", "embedding", "indexing", "federation", "lm")
 
 
 @functools.cache
@@ -457,20 +465,4 @@ def code_version() -> str:
         for path in sorted([package / name] if name.endswith(".py") else (package / name).rglob("*.py")):
             digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
-
-
-def machine_description() -> str:
-    import torch
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__} on "
-            f"{device}, Python {platform.python_version()}")
-
-
-def commit_id() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from gradfuse.candidate import Candidate
 from gradfuse.reading.support import declines
 from gradfuse.schemas import failure_record, location_record
-from gradfuse.sources.federated import FederatedResult
+from gradfuse.federation.federated import FederatedResult
 from gradfuse.workspace import SearchResult, Workspace
 
 FOREIGN_SOURCE = "input"  # the one source a reranker's incoming documents form

@@ -17,7 +17,7 @@ from gradfuse.candidate import Candidate
 from gradfuse.config import Config
 from gradfuse.reading.evidence import Evidence, excerpts, extractive_answer, not_found, passage_sentences
 from gradfuse.generate import BUNDLED_GENERATOR, Citation, fit_to_window, make_generator, parse_citations
-from gradfuse.generate.local import load_tokenizer
+from gradfuse.lm.models import load_tokenizer
 from gradfuse.generate.prompt import EXTRACTIVE, PASSAGE_CHARS, build_messages
 from gradfuse.query import QueryPipeline, SearchResult
 from gradfuse.reading.reader import read, read_every
@@ -25,7 +25,7 @@ from gradfuse.reading import support
 from gradfuse.reading.scoring import EvidenceSettings, score_texts
 from gradfuse.rerank.sentences import LM_SENTENCE_SCORERS, within_passes
 from gradfuse.rerank.sentences import Passage as SentencePassage
-from gradfuse.sources.federated import SourceFailure
+from gradfuse.federation.federated import SourceFailure
 
 
 @dataclass

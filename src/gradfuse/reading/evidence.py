@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from gradfuse.candidate import Candidate, Location
-from gradfuse.sources.readers.tables import row_cells
+from gradfuse.ingest.readers.tables import row_cells
 
 
 @dataclass(frozen=True)

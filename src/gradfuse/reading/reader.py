@@ -47,13 +47,13 @@ class Reader:
     def __init__(self, path: Path = READER_FILE):
         import onnxruntime
 
-        from gradfuse.sources.encoder import DEFAULT_ENCODER, _model_path
+        from gradfuse.embedding.encoder import DEFAULT_ENCODER, _model_path
 
         if not Path(path).is_file():
             raise FileNotFoundError(f"no reader model at {path}: `make train-reader` makes one (reading/READER.md)")
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = min(os.cpu_count() or 1, 4)
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # see sources/onnx_encoder.py
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # see embedding/onnx_encoder.py
         options.log_severity_level = 3
         self._session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         self._inputs = [i.name for i in self._session.get_inputs()]

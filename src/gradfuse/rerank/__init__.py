@@ -85,8 +85,8 @@ def _converted_before_loading(spec: str) -> None:
     """A GGUF spec's de-quantised copy, made in a child before the loading lock is taken (a first conversion
     takes half a minute). Once per spec: load_scorer runs on every re-rank, and the file need not be looked at
     again once the scorer is loaded."""
-    from gradfuse.generate.gguf_copy import ensure_converted
-    from gradfuse.generate.local import gguf_file
+    from gradfuse.lm.gguf_copy import ensure_converted
+    from gradfuse.lm.models import gguf_file
 
     if (gguf := gguf_file(spec)) is not None:
         ensure_converted(gguf)
@@ -94,7 +94,7 @@ def _converted_before_loading(spec: str) -> None:
 
 @loaded_once(maxsize=4)
 def _cached_scorer(spec: str, doc_tokens: int, dtype: str, device: str):
-    from gradfuse.generate.local import load_transformers
+    from gradfuse.lm.models import load_transformers
     from gradfuse.rerank.lm_scorer import LMScorer
 
     tokenizer, model = load_transformers(spec)

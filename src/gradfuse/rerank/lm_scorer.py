@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gradfuse.generate.local import model_lock
+from gradfuse.lm.models import model_lock
 from gradfuse.rerank.packing import ContextPacker, PackedContext
 
 GATED_ATTENTION = "gradfuse_gated_sdpa"

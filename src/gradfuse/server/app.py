@@ -47,7 +47,7 @@ from gradfuse.server.openai_chat import add_chat_routes
 from gradfuse.server.streams import EventStream, finished_answer, start_answer
 from gradfuse.server.settings import ServerSettings
 from gradfuse.server.summaries import served_summary
-from gradfuse.sources.federated import AllSourcesFailed, SourceFailure
+from gradfuse.federation.federated import AllSourcesFailed, SourceFailure
 from gradfuse.workspace import Answer, SearchResult, Workspace
 
 STATIC = Path(__file__).parent / "static"

@@ -20,7 +20,7 @@ from gradfuse.redact import redact
 from gradfuse.server.admission import Busy
 from gradfuse.server.requests import RequestLimitError, error_line, field_errors
 from gradfuse.sources import SourceError, UnknownSource
-from gradfuse.sources.federated import AllSourcesFailed
+from gradfuse.federation.federated import AllSourcesFailed
 
 log = logging.getLogger("gradfuse.server")
 RETRY_AFTER_S = 5

@@ -27,8 +27,9 @@ from gradfuse.server.admission import Busy, LMAdmission
 from gradfuse.server.requests import AskRequest, SearchRequest, error_line, field_errors
 from gradfuse.server.settings import ServerSettings
 from gradfuse.server.streams import Recorder, finished_answer, start_answer, unrecorded
-from gradfuse.sources.base import SourceError, check_source_name
-from gradfuse.sources.federated import AllSourcesFailed
+from gradfuse.checked import check_source_name
+from gradfuse.sources.base import SourceError
+from gradfuse.federation.federated import AllSourcesFailed
 from gradfuse.workspace import Workspace
 
 INSTRUCTIONS = ("Searches and answers over this gradfuse workspace's sources at once, choosing the sources per "

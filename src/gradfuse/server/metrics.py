@@ -12,7 +12,7 @@ from prometheus_client.exposition import choose_encoder
 
 from gradfuse.server.admission import LMAdmission
 from gradfuse.server.cache import ResultCache
-from gradfuse.sources.federated import SourceFailure
+from gradfuse.federation.federated import SourceFailure
 from gradfuse.workspace import Workspace
 
 BREAKER_STATES = {"closed": 0, "half-open": 1, "open": 2}  # worse is higher: an alert can ask for > 0

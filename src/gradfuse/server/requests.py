@@ -10,7 +10,7 @@ from gradfuse.methods import METHOD_CHOICES, lm_passes
 from gradfuse.rerank.base import SIGNALS
 from gradfuse.reading.scoring import evidence_passes
 from gradfuse.server.settings import ServerSettings
-from gradfuse.sources.base import check_source_name
+from gradfuse.checked import check_source_name
 
 
 # A type bound on every count, far above any server's limit: a 400-digit k is a 422, not an OverflowError.

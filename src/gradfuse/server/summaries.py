@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import HTTPException
 
 from gradfuse.access import Principal
-from gradfuse.sources.base import check_source_name
+from gradfuse.checked import check_source_name
 from gradfuse.workspace import Workspace
 
 

@@ -1,4 +1,11 @@
-"""Sources: everything that answers `search(query, k)` with candidates, and the builders behind them."""
+"""Sources: the source kinds, each answering `search(query, k)` with candidates, one kind per file: built ones
+(embedded.py over docstore.py, run.py), PostgreSQL (postgres.py, local_postgres.py), engines' collections and
+other gradfuse servers (engines.py), a framework's retriever (retriever.py); base.py: the Source protocol, SourceSpec,
+the errors and a built source's version folders; summary.py: a source's routing summary.
+
+It imports ingest/ and embedding/, never indexing/, federation/ or a later step; `open_source` is the factory of
+built sources by name.
+"""
 
 from __future__ import annotations
 
@@ -11,25 +18,22 @@ from gradfuse.sources.base import (
     SourceSpec,
     SourceStats,
     UnknownSource,
-    check_source_name,
     current_version,
     read_manifest,
 )
-from gradfuse.sources.build import BuildReport, build_source
-from gradfuse.sources.documents import IngestError
+from gradfuse.checked import check_source_name
+from gradfuse.ingest.documents import IngestError
 from gradfuse.sources.embedded import EmbeddedSource
 from gradfuse.sources.postgres import registered
 from gradfuse.sources.run import RunSource
 
 __all__ = [
-    "BuildReport",
     "IngestError",
     "Source",
     "SourceError",
     "SourceSpec",
     "SourceStats",
     "UnknownSource",
-    "build_source",
     "check_source_name",
     "misnamed_source_folders",
     "open_source",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -12,14 +11,15 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from gradfuse.access import InvalidReader, Readers, reader_rules
 from gradfuse.candidate import Candidate
-from gradfuse.sources.encoder_names import recorded_encoder
-from gradfuse.sources.readers import LIMIT_OPTIONS
+from gradfuse.checked import check_source_name
+from gradfuse.embedding.encoder_names import recorded_encoder
+from gradfuse.ingest.readers import LIMIT_OPTIONS
 
 SourceKind = Literal["beir", "jsonl", "files", "run"]
 SOURCE_KINDS: tuple[str, ...] = ("beir", "jsonl", "files", "run")
 _CHUNKING = ("chunk_words", "chunk_overlap")
 _RECORDS = ("skip_malformed", "readers_field", "id_prefix", *_CHUNKING)
-# What a source of each kind reads of its spec's options (sources/build.py): any other is a typo, refused rather
+# What a source of each kind reads of its spec's options (indexing/build.py): any other is a typo, refused rather
 # than ignored (a misspelt `readers` would leave every file open to every reader).
 BUILD_OPTIONS: dict[str, tuple[str, ...]] = {
     "beir": _RECORDS, "jsonl": (*_RECORDS, "id_field", "text_field", "title_field"),
@@ -74,25 +74,6 @@ class SourceSpec:
                 reader_rules(self.options["readers"])
             except InvalidReader as error:
                 raise ValueError(f"source {self.name!r}: {error}") from None
-
-
-class InvalidSourceName(ValueError):
-    public = ("invalid source name: use 1 to 64 ASCII letters, digits, '-' or '_', starting with a letter or "
-              "digit")
-
-
-_SOURCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", re.ASCII)
-
-
-def check_source_name(name: str) -> str:
-    """The one check of a source name, wherever one comes in (index, config, CLI, requests): a name becomes a
-    folder, a prompt attribute and a log field, so it is 1-64 ASCII letters, digits, '-' or '_', starting with
-    a letter or digit."""
-    if not isinstance(name, str) or not _SOURCE_NAME.fullmatch(name):
-        shown = repr(name) if not isinstance(name, str) or len(name) <= 80 else repr(name[:80] + "…")
-        raise InvalidSourceName(f"invalid source name {shown}: use 1 to 64 ASCII letters, digits, '-' or '_', "
-                                "starting with a letter or digit")
-    return name
 
 
 @dataclass
@@ -173,7 +154,7 @@ def publish_version(source_dir: Path, version: Path) -> None:
 
 def announce_change(sources: Path) -> None:
     """Mark the folder of all sources changed (its modification time): a process that holds hundreds of sources
-    lists them and checks their versions again only when it moved (sources/catalog.py)."""
+    lists them and checks their versions again only when it moved (federation/catalog.py)."""
     os.utime(sources)
 
 
@@ -183,18 +164,6 @@ def listing_stamp(sources: Path) -> int | None:
         return os.stat(sources).st_mtime_ns
     except FileNotFoundError:
         return None
-
-
-def private_folder(folder: Path, *, up_to: Path | None = None) -> Path:
-    """`folder` (made if missing), and each folder above it up to `up_to`, readable by its owner only: an index
-    holds the documents' text, and under the usual umask 022 anyone on the machine could read it."""
-    folder.mkdir(parents=True, exist_ok=True)
-    level = folder
-    while True:
-        os.chmod(level, 0o700)
-        if up_to is None or level == up_to or level.parent == level:
-            return folder
-        level = level.parent
 
 
 def _sync_tree(folder: Path) -> None:

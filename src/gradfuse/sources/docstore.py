@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gradfuse.access import Readers, may_read
 from gradfuse.candidate import Candidate, Location
-from gradfuse.sources.documents import Document
+from gradfuse.ingest.documents import Document
 
 _SCHEMA = """
 CREATE TABLE docs (

@@ -23,8 +23,8 @@ from gradfuse.access import Readers
 from gradfuse.candidate import Candidate
 from gradfuse.sources.base import TIE_SLACK, SourceStats, rank_by_score, read_manifest, stats_from_manifest
 from gradfuse.sources.docstore import DocStore
-from gradfuse.sources.documents import Document
-from gradfuse.sources.encoder import EmbeddingCache, embedding_text, load_encoder
+from gradfuse.ingest.documents import Document
+from gradfuse.embedding.encoder import EmbeddingCache, embedding_text, load_encoder
 from gradfuse.sources.summary import write_summary
 
 RETRIEVAL_MODES = ("bm25", "dense", "hybrid")

@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from gradfuse.access import Readers
 from gradfuse.candidate import Candidate, Location
 from gradfuse.checked import FILE_SETTINGS, Count, Text
-from gradfuse.sources.base import CallerRefused, SourceError, SourceStats, check_source_name
+from gradfuse.checked import check_source_name
+from gradfuse.sources.base import CallerRefused, SourceError, SourceStats
 from gradfuse.sources.stores import check_address, key_from
 from gradfuse.sources.summary import SourceSummary
 

@@ -24,7 +24,7 @@ from gradfuse.candidate import Candidate, Location
 from gradfuse.redact import driver_message, has_url_password, redact
 from gradfuse.sources.base import TIE_SLACK, SourceError, SourceStats, announce_change, rank_by_score
 from gradfuse.sources.embedded import RETRIEVAL_MODES, hybrid_depth, rrf_in_source
-from gradfuse.sources.encoder_names import recorded_encoder
+from gradfuse.embedding.encoder_names import recorded_encoder
 
 DISTANCES = {"ip": ("<#>", "vector_ip_ops"), "cosine": ("<=>", "vector_cosine_ops")}
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -217,7 +217,7 @@ class PostgresSource:
 
     def warm(self) -> None:
         if self.mode != "bm25":
-            from gradfuse.sources.encoder import load_encoder
+            from gradfuse.embedding.encoder import load_encoder
 
             load_encoder(self._encoder)
 
@@ -286,7 +286,7 @@ class PostgresSource:
         return self._run(sql, {"language": s.language, "terms": " | ".join(terms), "k": k, **params}, [])
 
     def _dense(self, query: str, k: int, readers: Readers = None) -> list[tuple]:
-        from gradfuse.sources.encoder import load_encoder
+        from gradfuse.embedding.encoder import load_encoder
 
         s = self._table.settings
         operator, _ = DISTANCES[s.distance]
@@ -331,7 +331,7 @@ class PostgresSource:
         table."""
         import psycopg
 
-        from gradfuse.sources.encoder import embedding_text
+        from gradfuse.embedding.encoder import embedding_text
 
         s = self._table.settings
         try:

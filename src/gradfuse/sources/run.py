@@ -18,7 +18,7 @@ from gradfuse.access import Readers, may_read
 from gradfuse.candidate import Candidate
 from gradfuse.sources.base import QueryNotAnswered, SourceStats, read_manifest, stats_from_manifest
 from gradfuse.sources.docstore import DocStore
-from gradfuse.sources.documents import IngestError, IngestReport, read_jsonl
+from gradfuse.ingest.documents import IngestError, IngestReport, read_jsonl
 
 
 MAX_RANK = 2**31 - 1  # SQLite's integers overflow far above; no run ranks that deep

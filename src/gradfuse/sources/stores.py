@@ -18,7 +18,7 @@ from gradfuse.access import Readers, check_reader
 from gradfuse.candidate import Candidate
 from gradfuse.checked import FILE_SETTINGS, LOOPBACK, Text
 from gradfuse.sources.base import SourceError, SourceStats
-from gradfuse.sources.encoder import DEFAULT_ENCODER, embedding_text
+from gradfuse.embedding.encoder import DEFAULT_ENCODER, embedding_text
 
 _VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -109,12 +109,12 @@ class StoreSettings:
 
     def query_vector(self, query: str) -> list[float]:
         """The query embedded by the store's own model (loaded once per process)."""
-        from gradfuse.sources.encoder import load_encoder
+        from gradfuse.embedding.encoder import load_encoder
 
         return load_encoder(self.query_encoder).encode_query(query).tolist()
 
     def warm(self) -> None:
-        from gradfuse.sources.encoder import load_encoder
+        from gradfuse.embedding.encoder import load_encoder
 
         load_encoder(self.query_encoder)
 

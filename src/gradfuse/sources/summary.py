@@ -3,7 +3,7 @@
 A summary is a few k-means centroids of the source's passage vectors (its topics, each with its share of the
 passages) and a small seeded sample of the vectors themselves (what a ReDDE-style router counts), plus the number of
 passages. Built sources write it beside their index when they are built; an engine's or a remote's is made from a
-sample read through the engine's own client and kept under the workspace's cache (sources/summaries.py).
+sample read through the engine's own client and kept under the workspace's cache (federation/summaries.py).
 A summary is at most 24 vectors (18 KB in float16, as stored); stacked for routing in float32, at most 37 KB a
 source.
 """

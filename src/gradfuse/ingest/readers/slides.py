@@ -6,8 +6,8 @@ from __future__ import annotations
 import io
 
 from gradfuse.candidate import Location
-from gradfuse.sources.readers import Parsed, Reading, Unreadable
-from gradfuse.sources.readers.tables import row_text
+from gradfuse.ingest.readers import Parsed, Reading, Unreadable
+from gradfuse.ingest.readers.tables import row_text
 
 
 def read_pptx(data: bytes, name: str, reading: Reading) -> Parsed:

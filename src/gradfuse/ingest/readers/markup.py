@@ -7,7 +7,7 @@ import bisect
 import re
 
 from gradfuse.candidate import Location
-from gradfuse.sources.readers import Parsed, Reading
+from gradfuse.ingest.readers import Parsed, Reading
 
 # Linear: the title's trailing spaces and closing hashes are stripped afterwards ("(.+?)[ \t#]*$" backtracked
 # quadratically: a 144 KB heading line of spaces took 53 s).

@@ -5,7 +5,7 @@ Tesseract (Debian's tesseract-ocr, through pytesseract)."""
 from __future__ import annotations
 
 from gradfuse.candidate import Location
-from gradfuse.sources.readers import Parsed, Reading, Unreadable
+from gradfuse.ingest.readers import Parsed, Reading, Unreadable
 
 
 def read_pdf(data: bytes, name: str, reading: Reading) -> Parsed:

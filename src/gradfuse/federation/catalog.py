@@ -18,14 +18,13 @@ from dataclasses import dataclass
 
 from gradfuse.access import EVERYTHING, Principal
 from gradfuse.config import Config
+from gradfuse.indexing import BuildReport, build_source
 from gradfuse.sources import (
-    BuildReport,
     Source,
     SourceError,
     SourceSpec,
     SourceStats,
     UnknownSource,
-    build_source,
     built_source_names,
     check_source_name,
     misnamed_source_folders,
@@ -33,8 +32,8 @@ from gradfuse.sources import (
 )
 from gradfuse.sources.base import current_version, listing_stamp
 from gradfuse.sources.engines import open_engine
-from gradfuse.sources.federated import checked_sources
-from gradfuse.sources.guard import Guards
+from gradfuse.federation.federated import checked_sources
+from gradfuse.federation.guard import Guards
 from gradfuse.sources.postgres import (
     PostgresSettings,
     PostgresSource,
@@ -44,9 +43,9 @@ from gradfuse.sources.postgres import (
     registered,
     safe_url,
 )
-from gradfuse.sources.postgres_load import load_into_postgres
+from gradfuse.indexing.postgres_load import load_into_postgres
 from gradfuse.sources.retriever import RetrieverSource
-from gradfuse.sources.summaries import Summaries
+from gradfuse.federation.summaries import Summaries
 
 
 STAMP_SETTLED_NS = 2_000_000_000
@@ -80,8 +79,8 @@ class SourceCatalog:
         self._registrations: dict[str, PostgresSettings | None] = {}  # read since the last listing
         self._names: tuple[tuple, list[str]] | None = None
         self._lock = threading.Lock()
-        self.guards = Guards(config.guard)  # each source's workers and breaker (sources/guard.py)
-        self.summaries = Summaries(self)  # what routing reads (sources/summaries.py)
+        self.guards = Guards(config.guard)  # each source's workers and breaker (federation/guard.py)
+        self.summaries = Summaries(self)  # what routing reads (federation/summaries.py)
 
     def close(self) -> None:
         """Close every opened source and database pool (from this thread: a pool left to the garbage collector was

@@ -17,10 +17,10 @@ from tqdm import tqdm
 
 from gradfuse.redact import driver_message
 from gradfuse.sources.base import SourceSpec
-from gradfuse.sources.build import BuildReport, read_documents
-from gradfuse.sources.documents import Document, IngestError, IngestReport
-from gradfuse.sources.encoder import DIMENSION, EmbeddingCache, embedding_text, load_encoder
-from gradfuse.sources.encoder_names import encoder_name, recorded_encoder
+from gradfuse.indexing.build import BuildReport, read_documents
+from gradfuse.ingest.documents import Document, IngestError, IngestReport
+from gradfuse.embedding.encoder import DIMENSION, EmbeddingCache, embedding_text, load_encoder
+from gradfuse.embedding.encoder_names import encoder_name, recorded_encoder
 from gradfuse.sources.postgres import (
     DISTANCES,
     LOADED_READERS_COLUMN,

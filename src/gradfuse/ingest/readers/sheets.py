@@ -8,8 +8,8 @@ import io
 from pathlib import Path
 
 from gradfuse.candidate import Location
-from gradfuse.sources.readers import Parsed, Reading, Unreadable
-from gradfuse.sources.readers.tables import table_units
+from gradfuse.ingest.readers import Parsed, Reading, Unreadable
+from gradfuse.ingest.readers.tables import table_units
 
 
 def read_xlsx(data: bytes, name: str, reading: Reading) -> Parsed:

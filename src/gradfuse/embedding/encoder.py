@@ -14,9 +14,9 @@ from tqdm import tqdm
 
 from gradfuse.hardware import native_bf16
 from gradfuse.loading import LOADING, loaded_once, quiet_transformers
-from gradfuse.sources.base import private_folder
-from gradfuse.sources.encoder_names import encoder_name
-from gradfuse.sources.onnx_encoder import OnnxEncoder, export
+from gradfuse.folders import private_folder
+from gradfuse.embedding.encoder_names import encoder_name
+from gradfuse.embedding.onnx_encoder import OnnxEncoder, export
 
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
 DIMENSION = 384

@@ -1,4 +1,4 @@
-"""Query many sources at once: each on its own workers, each with a deadline and a breaker (sources/guard.py),
+"""Query many sources at once: each on its own workers, each with a deadline and a breaker (federation/guard.py),
 failures reported by name."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from gradfuse.access import Readers, may_read
 from gradfuse.candidate import Candidate
 from gradfuse.redact import redact
 from gradfuse.sources.base import CallerRefused, QueryNotAnswered, Source, SourceError
-from gradfuse.sources.guard import Guards, SourceUnavailable
+from gradfuse.federation.guard import Guards, SourceUnavailable
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def query_sources(sources: list[Source], query: str, k: int, timeouts: dict[str,
 def ask_sources(names: list[str], open_source: Opener, query: str, k: int, timeouts: dict[str, float],
                 guards: Guards, readers: Readers = None, own_timeouts: dict[str, float] | None = None
                 ) -> FederatedResult:
-    """Each source opened and asked on its own workers (sources/guard.py), within one deadline for both, the
+    """Each source opened and asked on its own workers (federation/guard.py), within one deadline for both, the
     loading of its models left out of it, and asked as soon as it is open, so one slow to open delays no other: a
     source that fails, hangs, is busy or whose breaker is open is a failure of its own, reported by name, and the
     others answer. Raises only when none answered. `readers`: the caller's (gradfuse.access), which each source

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gradfuse.sources.base import current_version
-from gradfuse.sources.encoder import load_encoder
+from gradfuse.embedding.encoder import load_encoder
 from gradfuse.sources.summary import SAMPLE_TEXTS, SourceSummary, SummaryTable, read_summary, summarize
 
 RETRY_S = 60.0  # a summary that could not be made is tried again after this long, doubling each failure
@@ -45,7 +45,7 @@ class _Made:
 
 class Summaries:
     def __init__(self, catalog):
-        """`catalog` (sources/catalog.py) gives the root, the settings (read at each use: they may be replaced),
+        """`catalog` (federation/catalog.py) gives the root, the settings (read at each use: they may be replaced),
         `holding(name)`, which opens a source, and `summary_fingerprint(name)`: what its summary depends on beyond
         its data (an engine's settings), or None for a source built here."""
         self._catalog = catalog

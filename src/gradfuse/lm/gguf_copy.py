@@ -7,7 +7,7 @@ cache, against 29 s for its builds alone; 31.5 s now, results/indexing); made in
 own. Where the copy cannot be kept (a read-only cache) or the child fails, the caller de-quantises in its own
 process as before, and the log says why once.
 
-    python -m gradfuse.generate.gguf_copy FILE.gguf
+    python -m gradfuse.lm.gguf_copy FILE.gguf
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def _convert_in_child(path: Path) -> str:
     """'' once the child saved the copy; else why not."""
     env = {name: os.environ[name] for name in _ENVIRONMENT if name in os.environ} | {"HF_HUB_OFFLINE": "1"}
     try:  # -I: the working folder (which may hold a `gradfuse/` of its own) is not on the child's path
-        done = subprocess.run([sys.executable, "-I", "-m", "gradfuse.generate.gguf_copy", str(path)],
+        done = subprocess.run([sys.executable, "-I", "-m", "gradfuse.lm.gguf_copy", str(path)],
                               capture_output=True, text=True, env=env, timeout=CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return f"the conversion took over {CHILD_TIMEOUT_S} s"

@@ -16,17 +16,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from gradfuse.access import InvalidReader, reader_rules
+from gradfuse.folders import private_folder
 from gradfuse.sources.base import (
     FORMAT_VERSION,
     SourceSpec,
     current_version,
-    private_folder,
     publish_version,
     read_manifest,
     write_manifest,
 )
 from gradfuse.sources.docstore import write_documents
-from gradfuse.sources.documents import (
+from gradfuse.ingest.documents import (
     CHARS_PER_WORD,
     Document,
     IngestError,
@@ -36,11 +36,11 @@ from gradfuse.sources.documents import (
     read_jsonl,
 )
 from gradfuse.sources.embedded import write_embedded_index
-from gradfuse.sources.files import read_files
-from gradfuse.sources.readers import LIMIT_OPTIONS, ReaderLimits
-from gradfuse.sources.encoder import EmbeddingCache, load_encoder
-from gradfuse.sources.encoder_names import encoder_name, recorded_encoder
-from gradfuse.sources.lock import source_lock
+from gradfuse.ingest.files import read_files
+from gradfuse.ingest.readers import LIMIT_OPTIONS, ReaderLimits
+from gradfuse.embedding.encoder import EmbeddingCache, load_encoder
+from gradfuse.embedding.encoder_names import encoder_name, recorded_encoder
+from gradfuse.indexing.lock import source_lock
 from gradfuse.sources.run import run_doc_ids, write_run_tables
 
 FILE_CHUNK_WORDS, FILE_CHUNK_OVERLAP = 200, 40

@@ -7,8 +7,8 @@ from __future__ import annotations
 import io
 
 from gradfuse.candidate import Location
-from gradfuse.sources.readers import Parsed, Reading, Unreadable
-from gradfuse.sources.readers.tables import table_units
+from gradfuse.ingest.readers import Parsed, Reading, Unreadable
+from gradfuse.ingest.readers.tables import table_units
 
 
 def read_docx(data: bytes, name: str, reading: Reading) -> Parsed:

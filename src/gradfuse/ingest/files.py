@@ -1,4 +1,4 @@
-"""A folder of files as documents: every file of a format gradfuse reads (sources/readers/), each cut into
+"""A folder of files as documents: every file of a format gradfuse reads (ingest/readers/), each cut into
 chunks that keep the file, the page or slide or sheet and rows, the heading path and the character span.
 
 A file is opened first and checked on its descriptor (a link out of the folder, or one swapped in after the
@@ -22,9 +22,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from gradfuse.candidate import Location
-from gradfuse.sources.base import private_folder
-from gradfuse.sources.documents import Document, IngestError, IngestReport, chunk_text
-from gradfuse.sources.readers import (
+from gradfuse.folders import private_folder
+from gradfuse.ingest.documents import Document, IngestError, IngestReport, chunk_text
+from gradfuse.ingest.readers import (
     PARSED_FORMATS,
     SUFFIXES,
     TEXT_FORMATS,
@@ -35,8 +35,8 @@ from gradfuse.sources.readers import (
     check_ocr,
     check_size,
 )
-from gradfuse.sources.readers.isolation import ParserWorker
-from gradfuse.sources.readers.plain import BOMS
+from gradfuse.ingest.readers.isolation import ParserWorker
+from gradfuse.ingest.readers.plain import BOMS
 
 PARSE_VERSION = 4  # bump when a reader's output changes, so cached parses are not reused
 

@@ -11,7 +11,7 @@ import datetime
 from collections.abc import Iterable
 
 from gradfuse.candidate import Location
-from gradfuse.sources.readers import Reading, Unit
+from gradfuse.ingest.readers import Reading, Unit
 
 ROW_CHUNK_WORDS = 150  # a chunk's rows, header included, as far as they stay under this many words (one at least)
 # Between a row's cells. A "|" inside a cell is written "\|": a cell "Widget | Pro" was read back as two cells,

@@ -28,13 +28,13 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from gradfuse.sources.readers import Parsed, ReaderLimits, Unreadable, parse
+from gradfuse.ingest.readers import Parsed, ReaderLimits, Unreadable, parse
 
 _LENGTH = struct.Struct(">Q")
 # What a parser needs of the environment (Tesseract is found on PATH); nothing else, keys included, is passed.
 _ENVIRONMENT = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TESSDATA_PREFIX", "OMP_THREAD_LIMIT")
 _BOOT = ("import sys, json; sys.path[:0] = json.loads(sys.argv[1]); "
-         "from gradfuse.sources.readers.isolation import serve; serve(int(sys.argv[2]))")
+         "from gradfuse.ingest.readers.isolation import serve; serve(int(sys.argv[2]))")
 _PR_SET_PDEATHSIG = 1
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import codecs
 
 from gradfuse.candidate import Location
-from gradfuse.sources.readers import Parsed, Reading
+from gradfuse.ingest.readers import Parsed, Reading
 
 BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))  # UTF-32 first: its LE BOM starts

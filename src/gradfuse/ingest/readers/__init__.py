@@ -235,30 +235,30 @@ def parse(data: bytes, suffix: str, name: str, limits: ReaderLimits) -> tuple[st
 
 def _read(data: bytes, kind: str, name: str, reading: Reading) -> Parsed:
     if kind in ("text", "markdown", "html"):
-        from gradfuse.sources.readers.markup import read_html, read_markdown
-        from gradfuse.sources.readers.plain import decode, read_text
+        from gradfuse.ingest.readers.markup import read_html, read_markdown
+        from gradfuse.ingest.readers.plain import decode, read_text
 
         text, fallback = decode(data)
         reader = {"text": read_text, "markdown": read_markdown, "html": read_html}[kind]
         return replace(reader(text, name, reading), decoded_with_fallback=fallback)
     if kind == "pdf":
-        from gradfuse.sources.readers.pdf import read_pdf
+        from gradfuse.ingest.readers.pdf import read_pdf
 
         return read_pdf(data, name, reading)
     if kind == "docx":
-        from gradfuse.sources.readers.word import read_docx
+        from gradfuse.ingest.readers.word import read_docx
 
         return read_docx(data, name, reading)
     if kind == "pptx":
-        from gradfuse.sources.readers.slides import read_pptx
+        from gradfuse.ingest.readers.slides import read_pptx
 
         return read_pptx(data, name, reading)
     if kind == "xlsx":
-        from gradfuse.sources.readers.sheets import read_xlsx
+        from gradfuse.ingest.readers.sheets import read_xlsx
 
         return read_xlsx(data, name, reading)
     if kind == "csv":
-        from gradfuse.sources.readers.sheets import read_csv
+        from gradfuse.ingest.readers.sheets import read_csv
 
         return read_csv(data, name, reading)
     raise Unreadable("unsupported", f"a {kind} file is not a format gradfuse reads")
