@@ -51,8 +51,8 @@ clean:
 # Benchmarks report numbers into committed files under results/; they are not tests. Each benchmark file in
 # benchmarks/ also has a small --quick variant whose expected scores sit next to it (checked by the tests).
 BENCHMARKS := federated qa dl19
-.PHONY: bench bench-access bench-chaos bench-skeleton bench-serve bench-postgres bench-engines bench-conversation bench-stage2 bench-defaults bench-conditional bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-indexing bench-precision bench-many-sources bench-few-sources $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
-bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-defaults bench-stage2 bench-conditional bench-serve bench-postgres bench-engines bench-conversation bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-indexing bench-precision bench-chaos bench-many-sources bench-few-sources bench-access
+.PHONY: bench bench-access bench-chaos bench-overlap bench-skeleton bench-serve bench-postgres bench-engines bench-conversation bench-stage2 bench-defaults bench-conditional bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-indexing bench-precision bench-many-sources bench-few-sources $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
+bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-defaults bench-stage2 bench-conditional bench-serve bench-postgres bench-engines bench-conversation bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-indexing bench-precision bench-chaos bench-overlap bench-many-sources bench-few-sources bench-access
 
 # What permissions cost a question: p50 with and without them over the federated benchmark's nine sources, by the
 # library and over HTTP (results/access/; about 15 min, most of it embedding three corpora once).
@@ -71,9 +71,13 @@ train-reader: install
 bench-skeleton: install
 	$(BIN)/python bench/skeleton_scifact.py
 
-# Eight sources behind one server while some fail as real engines and nodes fail (results/chaos/; about 10 min).
+# Eight sources behind one server while some fail as real engines and nodes fail (results/chaos/; about 13 min).
 bench-chaos: install
 	$(BIN)/python bench/chaos.py
+
+# Stage 1 where sources overlap: mirrors, near duplicates, versions, an aggregator (results/overlap/; ~40 min).
+bench-overlap: install
+	$(BIN)/python bench/overlap.py
 
 # Routing before retrieval at 100 and 1,000 sources, a tenth behind a second gradfuse (results/many_sources/; ~40 min).
 bench-many-sources: install

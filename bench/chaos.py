@@ -56,7 +56,7 @@ from live_server import chroma_run, free_port, gradfuse_serve  # noqa: E402  (th
 
 from gradfuse import SourceSpec, Workspace  # noqa: E402
 from gradfuse.config import load_config  # noqa: E402
-from gradfuse.eval.record import commit_id, machine_description  # noqa: E402
+from gradfuse.eval.record import ResultsFile  # noqa: E402
 from gradfuse.ingest.documents import IngestReport, read_beir_corpus  # noqa: E402
 from gradfuse.embedding.encoder import load_encoder  # noqa: E402
 
@@ -374,10 +374,9 @@ def alice_opens_mcp(url: str, stop: threading.Event, log: list) -> threading.Thr
     return repeat(stop, 5, open_one)
 
 
-def key_rows(url: str, queries: list[str], seconds: float) -> dict:
+def key_rows(url: str, queries: list[str], seconds: float, results: ResultsFile) -> None:
     """`keys, quiet` (alice alone) and `abusive key` (bob at once), after an unrecorded warm-up."""
     clients(url, queries, min(seconds, 30.0), [], alices, {"X-API-Key": KEYS["alice"]})
-    rows = {}
     for row in ("keys, quiet", "abusive key"):
         print(f"{row}: {seconds:g} s", flush=True)
         log, opened, abuses = [], [], {"depth 500": [], "timeout_s 0.05": [], "sessions": []}
@@ -388,11 +387,11 @@ def key_rows(url: str, queries: list[str], seconds: float) -> dict:
         stop.set()
         for thread in threads:
             thread.join()
-        rows[row] = {**key_summary(log), "alice_mcp_opened": f"{opened.count(200)}/{len(opened)}",
-                     "bob": {abuse: dict(Counter(str(s) for s in statuses)) for abuse, statuses in abuses.items()}
-                     if row != "keys, quiet" else None}
-        print(json.dumps(rows[row]), flush=True)
-    return rows
+        results.add(row, {"table": "keys", **key_summary(log),
+                          "alice_mcp_opened": f"{opened.count(200)}/{len(opened)}",
+                          "bob": {abuse: dict(Counter(str(s) for s in statuses)) for abuse, statuses in abuses.items()}
+                          if row != "keys, quiet" else None})
+        print(json.dumps(results.rows[row]), flush=True)
 
 
 def key_summary(log: list) -> dict:
@@ -415,12 +414,11 @@ def key_summary(log: list) -> dict:
             "other_statuses": sorted({str(r["status"]) for r in log if r["status"] != 200})}
 
 
-def run(seconds: float, rows: str) -> dict:
+def run(seconds: float, rows: str, results: ResultsFile) -> None:
     documents, queries = scifact_documents(), scifact_queries()
     parts = {name: documents[i * PER_SOURCE:(i + 1) * PER_SOURCE]
              for i, name in enumerate([*HEALTHY, "chroma", "far", "far-a", "far-b"])}
     WORK.mkdir(parents=True, exist_ok=True)
-    results: dict = {"faults": {}, "keys": {}}
     with ExitStack() as stack:
         import tempfile
 
@@ -448,29 +446,23 @@ def run(seconds: float, rows: str) -> dict:
                     start_fault(fault, nodes, processes)
                     clients(url, queries, seconds, log, halves(HEALTHY if fault == "absent" else None))
                     end_fault(fault, nodes, processes)
-                    results["faults"][fault] = {"faulted": faulted, **summary(log, faulted),
-                                                "recovery_s": recovery_seconds(url, queries[0], faulted) if faulted
-                                                else None}
-                    print(json.dumps(results["faults"][fault]), flush=True)
+                    results.add(fault, {"table": "faults", "faulted": faulted, **summary(log, faulted),
+                                        "recovery_s": recovery_seconds(url, queries[0], faulted) if faulted else None})
+                    print(json.dumps(results.rows[fault]), flush=True)
         if rows in ("all", "keys"):
             keyed = keyed_config(folder, far_url, NodeServer(far_url, "slow"))
             with gradfuse_serve(folder / "ws", "--config", str(keyed), log=folder / "keyed.log") as url:
-                results["keys"] = key_rows(url, queries, seconds)
-    return results
+                key_rows(url, queries, seconds, results)
 
 
-def write(results: dict, seconds: float) -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
-    header = {"commit": commit_id(), "machine": machine_description(), "seconds_per_fault": seconds,
-              "clients": CLIENTS, "sources": 8, "documents_per_source": PER_SOURCE, "timeout_s": 3.0,
-              "guard": "defaults (workers 8, breaker_failures 5, breaker_cooldown_s 30)"}
-    (OUT / "results.json").write_text(json.dumps({**header, **results}, indent=1) + "\n")
-    faults = results["faults"]
+def markdown(results: ResultsFile, seconds: float) -> str:
+    faults = {name: r for name, r in results.rows.items() if r["table"] == "faults"}
+    keys = {name: r for name, r in results.rows.items() if r["table"] == "keys"}
     none, absent = faults["none"]["healthy_p50_ms"], faults["absent"]["healthy_p50_ms"]
     lines = ["# Chaos: each source fails alone, and one key abuses the others' sources", "",
-             f"Commit {header['commit']}; {header['machine']}. Made by `make bench-chaos` (bench/chaos.py, whose "
-             f"docstring says how): 8 sources behind one `gradfuse serve`, {CLIENTS} clients for {seconds:g} s per "
-             "fault, timeout_s 3, [guard] defaults, the result cache off. \"Healthy\" requests name two of the four local sources; "
+             f"{results.provenance} 8 sources behind one `gradfuse serve` (bench/chaos.py's docstring says how), "
+             f"{CLIENTS} clients for {seconds:g} s per fault, timeout_s 3, [guard] defaults, the result cache off. "
+             "\"Healthy\" requests name two of the four local sources; "
              "\"every source\" requests name none (`absent`: the four healthy ones). Failure reasons count "
              "(request, source) pairs. Recovery: from the fault's end until a request naming every source has no "
              "faulted source failing (the breaker's cool-down is 30 s).", "",
@@ -485,7 +477,7 @@ def write(results: dict, seconds: float) -> None:
                      f"{r['healthy_p50_ms'] / absent:.2f}×) | "
                      f"{r['healthy_p99_ms']:.0f} | {r['all_source_answered']:.3f} | {reported} | {reasons} | "
                      f"{'–' if r['recovery_s'] is None else r['recovery_s']} |")
-    quiet = results["keys"]["keys, quiet"]["healthy_p50_ms"]
+    quiet = keys["keys, quiet"]["healthy_p50_ms"]
     lines += ["", "## One key against another", "",
               "A second server with keys `alice` and `bob` over the healthy sources, `remote`, `slow` (1.5 s), two "
               "remotes nobody runs, routing to 4 sources. alice's clients: half to two healthy sources (the columns "
@@ -496,7 +488,7 @@ def write(results: dict, seconds: float) -> None:
               "| row | alice's healthy requests | succeeded | p50 ms (× quiet) | p99 ms | `remote` answered | "
               "`slow` answered | routed requests answered | alice's MCP sessions opened | bob's replies |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for row, r in results["keys"].items():
+    for row, r in keys.items():
         told = "–" if r["bob"] is None else "; ".join(
             f"{abuse}: " + ", ".join(f"{status} × {n}" for status, n in sorted(counts.items()))
             for abuse, counts in r["bob"].items())
@@ -504,7 +496,7 @@ def write(results: dict, seconds: float) -> None:
                      f"{r['healthy_p50_ms']:.0f} ({r['healthy_p50_ms'] / quiet:.2f}×) | {r['healthy_p99_ms']:.0f} | "
                      f"{r['remote_answered']:.3f} | {r['slow_answered']:.3f} | {r['routed_answered']:.3f} | "
                      f"{r['alice_mcp_opened']} | {told} |")
-    (OUT / "results.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -515,11 +507,15 @@ def main() -> int:
     args = parser.parse_args()
     if not SCIFACT.is_dir():
         raise SystemExit(f"no SciFact corpus at {SCIFACT} (the shared evaluation data)")
-    results = run(args.seconds, args.rows)
-    if args.seconds == 60.0 and args.rows == "all":
-        write(results, args.seconds)
-    else:
-        print("(not written: results/chaos/ holds 60 s runs of every row only)")
+    complete = args.seconds == 60.0 and args.rows == "all"
+    if not complete:
+        print(f"(written to {WORK / 'look'}: results/chaos/ holds 60 s runs of every row only)")
+    results = ResultsFile.start(OUT if complete else WORK / "look", "make bench-chaos", seconds_per_fault=args.seconds,
+                                clients=CLIENTS, sources=8, documents_per_source=PER_SOURCE, timeout_s=3.0,
+                                guard="defaults (workers 8, breaker_failures 5, breaker_cooldown_s 30)",
+                                result_cache="off")
+    run(args.seconds, args.rows, results)
+    results.finish(markdown(results, args.seconds) if args.rows == "all" else None)
     return 0
 
 

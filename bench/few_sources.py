@@ -68,7 +68,7 @@ def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from many_sources import DEV_SHARE, OUT, build, pooled_corpus, split, vectors_of
 
-    from gradfuse.eval.record import commit_id, machine_description
+    from gradfuse.eval.record import ResultsFile
     from gradfuse.eval.stats import paired_p_value
 
     documents, queries = pooled_corpus()
@@ -80,6 +80,7 @@ def main() -> int:
     if not base.exists():
         subprocess.run(["git", "worktree", "add", "--detach", str(base), BASE], check=True, cwd=Path(__file__).parents[1])
     checkouts = {"before routing": base / "src", "this checkout": Path(__file__).resolve().parents[1] / "src"}
+    results = ResultsFile.start(OUT, "make bench-few-sources", name="few", base=BASE, rounds=ROUNDS)
     rows = []
     for size in SIZES:
         build(documents, split(vectors, size, "topic"), "topic", size)
@@ -102,17 +103,17 @@ def main() -> int:
                             for i, m in enumerate(measured)},
                          **{f"p90 ms, round {i + 1}": 1000 * float(np.percentile(m["seconds"], 90))
                             for i, m in enumerate(measured)}})
-        print(json.dumps(rows[-len(runs):]), flush=True)
+        for row in rows[-len(runs):]:
+            results.add(f"{size} sources, {row['code']}", row)
+            print(json.dumps(row), flush=True)
     lines = ["# Few sources: not slower or worse than before routing", "",
-             f"Commit {commit_id()} against {BASE}; {machine_description()}. Made by `make bench-few-sources` "
-             "(bench/few_sources.py, whose docstring says how). Each checkout in its own process, rounds alternating;"
-             " 4, 8 and 32 sources are never routed (`[routing] above` is 32); the routed row asks 24 of the 32.", "",
+             f"{results.provenance} Against {BASE}; bench/few_sources.py's docstring says how. Each checkout in its "
+             "own process, rounds alternating; 4, 8 and 32 sources are never routed (`[routing] above` is 32); the "
+             "routed row asks 24 of the 32.", "",
              "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
     lines += ["| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row.values()) + " |"
               for row in rows]
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "few.md").write_text("\n".join(lines) + "\n")
-    (OUT / "few.json").write_text(json.dumps({"commit": commit_id(), "base": BASE, "rows": rows}, indent=1))
+    results.finish("\n".join(lines))
     return 0
 
 

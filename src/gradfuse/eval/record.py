@@ -61,21 +61,27 @@ def _now() -> str:
 
 @dataclass
 class ResultsFile:
-    """`folder`/results.json, written again as each row finishes; `finish` marks it complete and writes
-    results.md. A run stopped half-way leaves the rows it finished, with `"finished": null`."""
+    """`folder`/`name`.json, written again as each row finishes; `finish` marks it complete and writes `name`.md.
+    A run stopped half-way leaves the rows it finished, with `"finished": null`."""
 
     folder: Path
     header: dict
     rows: dict = field(default_factory=dict)
+    name: str = "results"
 
     @classmethod
-    def start(cls, folder: Path, command: str, **settings) -> ResultsFile:
+    def start(cls, folder: Path, command: str, *, name: str = "results", **settings) -> ResultsFile:
         """A results file for a run of `command` starting now; `settings`: what the run measured, and how."""
         header = {"command": command, "commit": commit_id(), "machine": machine_description(), "started": _now(),
                   "finished": None, **settings}
-        results = cls(Path(folder), header)
+        results = cls(Path(folder), header, name=name)
         results._write()
         return results
+
+    @property
+    def provenance(self) -> str:
+        """The line a results page opens with: the command, the code and the machine."""
+        return f"Made by `{self.header['command']}` · commit {self.header['commit']} · {self.header['machine']}."
 
     def add(self, name: str, row: dict) -> None:
         self.rows[name] = row
@@ -86,7 +92,7 @@ class ResultsFile:
         self.header.update(totals, finished=_now())
         self._write()
         if markdown is not None:
-            (self.folder / "results.md").write_text(markdown.rstrip() + "\n")
+            (self.folder / f"{self.name}.md").write_text(markdown.rstrip() + "\n")
         return self.payload
 
     @property
@@ -95,6 +101,6 @@ class ResultsFile:
 
     def _write(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        partial = self.folder / "results.json.tmp"
+        partial = self.folder / f"{self.name}.json.tmp"
         partial.write_text(json.dumps(self.payload, indent=1) + "\n")
-        os.replace(partial, self.folder / "results.json")  # a reader never sees half a file
+        os.replace(partial, self.folder / f"{self.name}.json")  # a reader never sees half a file
