@@ -24,7 +24,7 @@ send each question to 3 sources by their summaries, with and without routing's r
 Measures (ms: the retrieval's and the method's own ranking, or the whole search for the routing rows): complete
 evidence@k (every gold unit of the question in the top k: a supporting sentence for HotpotQA, a
 document otherwise; a copy counts where it holds the unit), distinct gold units in the top 10, passages in the top
-10 that repeat a better one (word containment >= 0.8), nDCG@10 over original documents (a copy counted once),
+10 that repeat a better one (>= 80% of the shorter one's runs of three words in the other), nDCG@10 over original documents (a copy counted once),
 answer recall (the quoted answer, made from the top 5 as `gradfuse ask` makes it, holds a gold answer; HotpotQA and
 TAT-QA), sources asked and ms p50. Paired randomisation tests on complete evidence@5 against relevance-only.
 
@@ -70,7 +70,7 @@ LAMBDAS = (0.25, 0.5, 1.0, 2.0, 4.0)  # select's redundancy weights tried on dev
 MMR_WEIGHTS = (0.5, 0.7, 0.85)  # MMR's relevance weight tried on dev
 ROUTING_LAMBDAS = (0.5, 1.0, 2.0)
 DUPLICATE_COSINE = 0.95  # dense with near duplicates dropped: a passage this close to a better one is dropped
-REPEAT_CONTAINMENT = 0.8  # a passage whose words are this much inside a better one's repeats it
+REPEAT_CONTAINMENT = 0.8  # a passage whose runs of three words are this much inside a better one's repeats it
 EDITED_SHARE, DIGEST_SHARE = 0.3, 0.3
 QUESTIONS = {"hotpotqa": (40, 60), "tatqa": (60, 150), "scifact": (60, 150)}  # (dev, test) a collection
 
@@ -219,18 +219,20 @@ def covers(candidate: Candidate, unit: tuple[str, str | None]) -> bool:
     return origin(candidate) == document and (sentence is None or _normal(sentence) in _normal(candidate.text))
 
 
-def _words(text: str) -> set[str]:
-    return set(re.findall(r"\w+", text.lower()))
+def _shingles(text: str) -> set[tuple[str, ...]]:
+    words = re.findall(r"\w+", text.lower())
+    return {tuple(words[i:i + 3]) for i in range(max(1, len(words) - 2))}
 
 
 def repeats(candidates: list[Candidate]) -> int:
-    """Passages that repeat a better-ranked one: most of the shorter one's words are in the other."""
+    """Passages that repeat a better-ranked one: most of the shorter one's runs of three words are in the other
+    (a part of a document, an edited copy; two tables that share their column names do not)."""
     count, seen = 0, []
     for candidate in candidates:
-        words = _words(candidate.text)
-        if any(len(words & other) >= REPEAT_CONTAINMENT * max(1, min(len(words), len(other))) for other in seen):
+        runs = _shingles(candidate.text)
+        if any(len(runs & other) >= REPEAT_CONTAINMENT * max(1, min(len(runs), len(other))) for other in seen):
             count += 1
-        seen.append(words)
+        seen.append(runs)
     return count
 
 
@@ -395,12 +397,13 @@ def tune(bench: Bench) -> dict:
                 scores.setdefault(row, []).append(measure(question, candidates)["complete@5"])
             for weight in (0.0, *ROUTING_LAMBDAS):
                 candidates, _, _ = bench.routed(question, names, weight)
-                scores.setdefault(f"routing λ={weight:g}", []).append(measure(question, candidates)["complete@5"])
+                scores.setdefault(f"routing to 3, λ={weight:g}, then select", []).append(
+                    measure(question, candidates)["complete@5"])
         print(f"dev {kind}: " + ", ".join(f"{r} {np.mean(v):.3f}" for r, v in scores.items()), flush=True)
     mean = {row: float(np.mean(values)) for row, values in scores.items()}
     best_lambda = max((0.0, *LAMBDAS), key=lambda lam: (mean[f"select λ={lam:g}"], -lam))
     best_mmr = max(MMR_WEIGHTS, key=lambda w: (mean[f"dense + MMR {w:g}"], w))
-    best_routing = max((0.0, *ROUTING_LAMBDAS), key=lambda w: (mean[f"routing λ={w:g}"], -w))
+    best_routing = max((0.0, *ROUTING_LAMBDAS), key=lambda w: (mean[f"routing to 3, λ={w:g}, then select"], -w))
     return {"lambda": best_lambda, "mmr": best_mmr, "routing lambda": best_routing, "dev complete@5": mean,
             "dev questions": len(dev)}
 
@@ -412,8 +415,8 @@ def run(bench: Bench, tuned: dict, results: ResultsFile) -> None:
         for question in test:
             names = bench.sources(question.collection, kind)
             ranked = bench.rankings(question, names, {"lambda": tuned["lambda"], "mmr": tuned["mmr"]})
-            ranked["routing, no redundancy"] = bench.routed(question, names, 0.0)
-            ranked[f"routing λ={tuned['routing lambda']:g}"] = bench.routed(question, names, tuned["routing lambda"])
+            for weight in sorted({0.0, tuned["routing lambda"]}):
+                ranked[f"routing to 3, λ={weight:g}, then select"] = bench.routed(question, names, weight)
             for row, (candidates, seconds, asked) in ranked.items():
                 values = per_row.setdefault(row, {"questions": [], "seconds": [], "asked": [], "answer": []})
                 values["questions"].append((question, measure(question, candidates)))

@@ -121,7 +121,7 @@ def test_a_gguf_is_converted_once_in_a_child_or_in_this_process_where_no_copy_ca
     process's own reading (a cache that cannot be written) give the same model."""
     import torch
 
-    from gradfuse.generate import gguf_copy
+    from gradfuse.lm import gguf_copy
     from gradfuse.lm.gguf_copy import converted_folder, ensure_converted
     from gradfuse.lm.models import _load_gguf, bundled_gguf, load_tokenizer
 
