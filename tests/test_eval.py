@@ -166,7 +166,8 @@ def test_quick_benchmark_reproduces_its_expected_scores(name, tmp_path):
     assert (out / "results.md").is_file() and list(out.glob("*.png")) and summary["finished"] is True
     assert summary["commit"] not in ("", "unknown") and "bf16 native" in summary["machine"]
     lm_rows = [row for row in summary["tables"][-1]["rows"] if row["method"].split("/")[0].split(":")[0] == "gro"]
-    assert lm_rows and all(row["scorer"] == "upr" for row in lm_rows)  # which stage-2 signal gro's row ran
+    signal = load_benchmark(BENCHMARKS / f"{name}.toml", quick=True).lm_options.get("scorer", "upr")  # the file's, or UPR
+    assert lm_rows and all(row["scorer"] == signal for row in lm_rows)  # which stage-2 signal gro's row ran
     every_method = summary["tables"][-1]["rows"]  # the last table holds every method, scoring-LM ones included
     assert len(list((tmp_path / "runs").glob("*.trec"))) == len(every_method)
 
