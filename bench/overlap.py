@@ -16,7 +16,8 @@ overlap, each a row:
 - `all`: the four at once (a team drive that copies the others).
 
 Every method ranks the same candidates of each question (30 from each source, hybrid retrieval): `select` with
-relevance only (the default, lambda 0) and with the redundancy weight tuned on the dev questions; `dense` (cosine over
+relevance only (the default, lambda 0) and with the redundancy weight tuned on the dev questions, for each measure
+of redundancy (`similarity`, the method's, and `copies`: gradfuse.selection); `dense` (cosine over
 every source's candidates, the strongest cheap baseline); RRF; concatenation; dense followed by MMR over passages
 (its weight tuned on dev); dense with near-duplicate passages dropped (cosine >= 0.95 to a better one). Routing rows
 send each question to 3 sources by their summaries, with and without routing's redundancy weight, then `select`.
@@ -66,7 +67,9 @@ OUT = ROOT / "results" / "overlap"
 DEPTH = 30  # candidates asked of each source
 KINDS = ("disjoint", "mirror", "near duplicate", "versions", "aggregator", "all")
 COPIES = {"mirror": "mirror", "near duplicate": "pdf", "versions": "v2", "aggregator": "digest"}
-LAMBDAS = (0.25, 0.5, 1.0, 2.0, 4.0)  # select's redundancy weights tried on dev
+LAMBDAS = (0.25, 0.5, 1.0, 2.0, 4.0)  # select's redundancy weights tried on dev, with each measure
+MEASURES = ("similarity", "copies")  # gradfuse.selection.REDUNDANCY_MEASURES
+RELEVANCE_ONLY = "select, relevance only"
 MMR_WEIGHTS = (0.5, 0.7, 0.85)  # MMR's relevance weight tried on dev
 ROUTING_LAMBDAS = (0.5, 1.0, 2.0)
 DUPLICATE_COSINE = 0.95  # dense with near duplicates dropped: a passage this close to a better one is dropped
@@ -343,11 +346,12 @@ class Bench:
         query = self.ws.query
         federated = query.retrieve(question.text, sources=names, depth=DEPTH)
         retrieval, ranked = federated.wall_seconds, {}
-        for lam in sorted({0.0, settings["lambda"], *settings.get("lambdas", ())}):
+        for measure, lam in [("similarity", 0.0), *settings["selects"]]:
             started = time.perf_counter()
             result = query.rank(question.text, federated, method="select", k=10,
-                                selection=SelectionSettings(redundancy_weight=lam))
-            ranked[f"select λ={lam:g}"] = (result.candidates, retrieval + time.perf_counter() - started, len(names))
+                                selection=SelectionSettings(redundancy_weight=lam, redundancy=measure))
+            ranked[select_row(measure, lam)] = (result.candidates, retrieval + time.perf_counter() - started,
+                                                len(names))
         for method in ("dense", "rrf", "concat"):
             started = time.perf_counter()
             result = query.rank(question.text, federated, method=method, k=DEPTH * len(names))
@@ -383,6 +387,10 @@ class Bench:
         return answer_in_context(question.answers, [extractive_answer(evidence, question=question.text)])
 
 
+def select_row(measure: str, lam: float) -> str:
+    return RELEVANCE_ONLY if lam == 0 else f"select, {measure} redundancy λ={lam:g}"
+
+
 def tune(bench: Bench) -> dict:
     """Select's redundancy weight, MMR's weight and routing's redundancy weight: each the best mean complete
     evidence@5 over the dev questions of every overlap kind (relevance-only kept on a tie)."""
@@ -391,8 +399,8 @@ def tune(bench: Bench) -> dict:
     for kind in KINDS:
         for question in dev:
             names = bench.sources(question.collection, kind)
-            ranked = bench.rankings(question, names, {"lambda": 0.0, "lambdas": LAMBDAS, "mmr": MMR_WEIGHTS[0],
-                                                      "mmrs": MMR_WEIGHTS})
+            ranked = bench.rankings(question, names, {"selects": [(m, lam) for m in MEASURES for lam in LAMBDAS],
+                                                      "mmr": MMR_WEIGHTS[0], "mmrs": MMR_WEIGHTS})
             for row, (candidates, _, _) in ranked.items():
                 scores.setdefault(row, []).append(measure(question, candidates)["complete@5"])
             for weight in (0.0, *ROUTING_LAMBDAS):
@@ -401,10 +409,10 @@ def tune(bench: Bench) -> dict:
                     measure(question, candidates)["complete@5"])
         print(f"dev {kind}: " + ", ".join(f"{r} {np.mean(v):.3f}" for r, v in scores.items()), flush=True)
     mean = {row: float(np.mean(values)) for row, values in scores.items()}
-    best_lambda = max((0.0, *LAMBDAS), key=lambda lam: (mean[f"select λ={lam:g}"], -lam))
+    best = {m: max((0.0, *LAMBDAS), key=lambda lam: (mean[select_row(m, lam)], -lam)) for m in MEASURES}
     best_mmr = max(MMR_WEIGHTS, key=lambda w: (mean[f"dense + MMR {w:g}"], w))
     best_routing = max((0.0, *ROUTING_LAMBDAS), key=lambda w: (mean[f"routing to 3, λ={w:g}, then select"], -w))
-    return {"lambda": best_lambda, "mmr": best_mmr, "routing lambda": best_routing, "dev complete@5": mean,
+    return {"lambda": best, "mmr": best_mmr, "routing lambda": best_routing, "dev complete@5": mean,
             "dev questions": len(dev)}
 
 
@@ -414,7 +422,8 @@ def run(bench: Bench, tuned: dict, results: ResultsFile) -> None:
         per_row: dict[str, dict[str, list]] = {}
         for question in test:
             names = bench.sources(question.collection, kind)
-            ranked = bench.rankings(question, names, {"lambda": tuned["lambda"], "mmr": tuned["mmr"]})
+            ranked = bench.rankings(question, names, {"selects": [(m, lam) for m, lam in tuned["lambda"].items()
+                                                                  if lam], "mmr": tuned["mmr"]})
             for weight in sorted({0.0, tuned["routing lambda"]}):
                 ranked[f"routing to 3, λ={weight:g}, then select"] = bench.routed(question, names, weight)
             for row, (candidates, seconds, asked) in ranked.items():
@@ -422,10 +431,11 @@ def run(bench: Bench, tuned: dict, results: ResultsFile) -> None:
                 values["questions"].append((question, measure(question, candidates)))
                 values["seconds"].append(seconds)
                 values["asked"].append(asked)
-                if row in ("select λ=0", f"select λ={tuned['lambda']:g}", "dense",
-                           f"dense + MMR {tuned['mmr']:g}") and question.answers:
+                answered = (RELEVANCE_ONLY, *(select_row(m, lam) for m, lam in tuned["lambda"].items()), "dense",
+                            f"dense + MMR {tuned['mmr']:g}", "dense, near duplicates dropped")
+                if row in answered and question.answers:
                     values["answer"].append(bench.answer_recall(question, candidates))
-        baseline = np.array([m["complete@5"] for _, m in per_row["select λ=0"]["questions"]])
+        baseline = np.array([m["complete@5"] for _, m in per_row[RELEVANCE_ONLY]["questions"]])
         for row, values in per_row.items():
             results.add(f"{kind} · {row}", {"kind": kind, "method": row, **summarise(values, baseline)})
         print(f"test {kind}: " + ", ".join(f"{r} {results.rows[f'{kind} · {r}']['complete@5']['mean']:.3f}"
@@ -458,7 +468,8 @@ def _estimate(values: list[float]) -> dict:
 def markdown(results: ResultsFile, tuned: dict) -> str:
     lines = ["# Stage 1 where sources overlap", "", f"{results.provenance} bench/overlap.py's docstring says how.",
              f"Tuned on {tuned['dev questions']} dev questions (complete evidence@5, every overlap kind): select's "
-             f"redundancy weight λ = {tuned['lambda']:g}, MMR's weight {tuned['mmr']:g}, routing's redundancy weight "
+             "redundancy weight λ = " + ", ".join(f"{lam:g} by {m}" for m, lam in tuned["lambda"].items())
+             + f" (0: relevance only was best), MMR's weight {tuned['mmr']:g}, routing's redundancy weight "
              f"{tuned['routing lambda']:g}. Means with 95% bootstrap intervals; Δ and p: complete evidence@5 against "
              "relevance-only `select` (λ = 0, the default) on the same questions, paired randomisation test.", ""]
     columns = ("complete@5", "complete@5 (two-passage)", "complete@10 (two-passage)", "distinct gold@10",

@@ -46,6 +46,29 @@ def test_stage1_picks_the_source_with_the_answer_and_drops_its_duplicate():
     assert decision.chosen[0].penalty == 0 and decision.chosen[0].gain == decision.chosen[0].relevance
 
 
+def test_copies_tell_a_copy_from_a_source_that_completes_the_answer():
+    """Two sources on the vault: one repeats the planted passages, one holds the rest of the answer. The method's
+    similarity penalises both alike; `copies` penalises only the copy (issue 60, results/overlap)."""
+    encoder = load_encoder()
+    docs = [PLANTED, "The Zorbex vault is opened with a four-digit access code.",
+            "Only the night guard of Zorbex knows the vault code."]
+    sources = {"vault-docs": docs, "vault-copy": [text + " (archived)" for text in docs],
+               "vault-staff": ["The night guard of Zorbex is called Edda Morn and works from ten to six.",
+                               "Edda Morn changes the Zorbex vault code every spring.",
+                               "Zorbex hired its first night guard in 1998."]}
+    vectors = {name: encoder.encode(texts) for name, texts in sources.items()}
+    query = encoder.encode(["Who sets the Zorbex vault code, and what is it?"])[0]
+    copies = SelectionSettings(redundancy_weight=1.0, threshold=0.1, max_sources=2, redundancy="copies")
+    decision = select_sources(query, vectors, copies)
+    assert decision.redundancy["vault-docs"]["vault-copy"] > 0.8 > 0.1 > decision.redundancy["vault-docs"]["vault-staff"]
+    assert set(decision.sources) == {"vault-docs", "vault-staff"} or set(decision.sources) == {"vault-copy",
+                                                                                               "vault-staff"}
+    similar = select_sources(query, vectors, SelectionSettings(redundancy_weight=1.0, redundancy="similarity"))
+    assert similar.redundancy["vault-docs"]["vault-staff"] > 0.4  # a source on the same topic looks redundant
+    with pytest.raises(ValueError, match="unknown redundancy"):
+        SelectionSettings(redundancy="topics")
+
+
 def candidates(texts):
     return [Candidate("kb", f"d{i}", text, 0.0, i + 1, scores={"prior": 1.0 - i / 10}) for i, text in
             enumerate(texts)]

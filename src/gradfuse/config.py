@@ -26,6 +26,7 @@ Example (every key optional)::
     cite_first = true                # local models must open by naming a passage (see generate/local.py)
     [selection]                      # stage 1 (gradfuse.selection.SelectionSettings; defaults tuned on dev)
     redundancy_weight = 0.0          # lambda: raise it when sources mirror each other
+    redundancy = "similarity"        # how redundancy is measured: similarity | copies
     threshold = 0.3
     max_sources = 3
     fusion = "dense"                 # how select ranks the chosen sources: rrf | combsum-z | concat | dense

@@ -167,7 +167,8 @@ def _every_pair(ws: Workspace, federated: FederatedResult, decision) -> dict[str
     if len(federated.ranked_lists) <= ALL_PAIRS_UP_TO:
         return decision.redundancy
     m = ws.config.selection.candidates
-    return every_redundancy({s: ws.query.embed(c[:m]) for s, c in federated.ranked_lists.items()})
+    return every_redundancy({s: ws.query.embed(c[:m]) for s, c in federated.ranked_lists.items()},
+                            ws.config.selection.redundancy)
 
 
 def _rank(ws: Workspace, bench: Benchmark, query: EvalQuery, federated: FederatedResult, method: str,

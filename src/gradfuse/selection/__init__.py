@@ -3,8 +3,12 @@
 Every source's candidates are embedded with the one shared encoder, which makes sources comparable:
 
 - relevance rel(q, s): the mean of the `top` best query-document cosines among s's candidates;
-- redundancy red(s, s'): how much s's candidates repeat those of s', the mean over d in D_s of the best cosine
-  to D_s', averaged over both directions so that it is symmetric.
+- redundancy red(s, s'): how much s's candidates repeat those of s', averaged over both directions so that it is
+  symmetric. `similarity` (the method's): the mean over d in D_s of the best cosine to D_s'. `copies`: the mean
+  over d of how far that best cosine stands above COPY_FLOOR, scaled to [0, 1]: a passage of the same topic is no
+  copy. Where sources overlap (bench/overlap.py), `similarity` gave two disjoint halves of one collection 0.37 to
+  0.58, nearly a mirror's 0.72 to 0.88, so a weight that dropped the mirror dropped the half holding a question's
+  second passage; `copies` gives the halves 0.00 and copies 0.2 (a digest's samples) to 0.99.
 
 The chosen set S maximises F(S) = sum_{s in S} rel(q, s) - lambda * sum_{s < s' in S} red(s, s'). F is a modular
 term minus a pairwise penalty with non-negative weights, hence submodular: the marginal gain of a source can only
@@ -28,7 +32,12 @@ from gradfuse.checked import FILE_SETTINGS, Count, Number, Text, Weight
 
 
 SELECT_FUSIONS = ("rrf", "combsum-z", "concat", "dense")
+REDUNDANCY_MEASURES = ("similarity", "copies")
 ALL_PAIRS_UP_TO = 16
+# Above this cosine one passage repeats another (bench/overlap.py's sources, 15 dev questions a collection): two
+# disjoint halves of one collection scored 0.002 to 0.004 by `copies`, a mirror 0.58 to 0.60, the same text cut
+# otherwise 0.25 to 0.93, an edited version 0.75 to 0.99, a digest of samples 0.21 to 0.25.
+COPY_FLOOR = 0.8
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,7 @@ class SelectionSettings:
     # point with RRF over the chosen sources 0.505 (threshold 0.5, 2 sources), with lambda > 0 0.570. Those sources
     # are disjoint collections, so redundancy rarely matters there: raise lambda for mirrored sources.
     redundancy_weight: Weight = 0.0  # lambda
+    redundancy: Text = "similarity"  # how red(s, s') is measured: similarity | copies (see the module's docstring)
     threshold: Number = 0.3  # minimum marginal gain to add a source after the first
     max_sources: Count = 3
     top: Count = 3  # documents per source that define its relevance
@@ -51,6 +61,8 @@ class SelectionSettings:
     def __post_init__(self):
         if self.fusion not in SELECT_FUSIONS:
             raise ValueError(f"unknown fusion {self.fusion!r} for select (choose from {', '.join(SELECT_FUSIONS)})")
+        if self.redundancy not in REDUNDANCY_MEASURES:
+            raise ValueError(f"unknown redundancy {self.redundancy!r} (choose from {', '.join(REDUNDANCY_MEASURES)})")
 
 
 @dataclass
@@ -80,11 +92,14 @@ def source_relevance(query: np.ndarray, documents: np.ndarray, top: int) -> floa
     return float(cosines[:top].mean())
 
 
-def source_redundancy(a: np.ndarray, b: np.ndarray) -> float:
+def source_redundancy(a: np.ndarray, b: np.ndarray, measure: str = "similarity") -> float:
     if len(a) == 0 or len(b) == 0:
         return 0.0
     similarity = a @ b.T
-    return float((similarity.max(axis=1).mean() + similarity.max(axis=0).mean()) / 2)
+    best = (similarity.max(axis=1), similarity.max(axis=0))
+    if measure == "copies":
+        best = tuple(np.clip((values - COPY_FLOOR) / (1 - COPY_FLOOR), 0.0, 1.0) for values in best)
+    return float((best[0].mean() + best[1].mean()) / 2)
 
 
 def select_sources(
@@ -98,21 +113,21 @@ def select_sources(
 
     def redundancy(s: str, t: str) -> float:
         if t not in known[s]:
-            known[s][t] = known[t][s] = source_redundancy(documents[s], documents[t])
+            known[s][t] = known[t][s] = source_redundancy(documents[s], documents[t], settings.redundancy)
         return known[s][t]
 
     if len(names) <= ALL_PAIRS_UP_TO:
-        known.update(every_redundancy(documents))
+        known.update(every_redundancy(documents, settings.redundancy))
     return choose_sources(relevance, redundancy, settings, known)
 
 
-def every_redundancy(documents: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
+def every_redundancy(documents: dict[str, np.ndarray], measure: str = "similarity") -> dict[str, dict[str, float]]:
     """red(s, t) for every pair of sources (quadratic: for tuning's replay, which needs them all)."""
     names = list(documents)
     table: dict[str, dict[str, float]] = {s: {} for s in names}
     for i, s in enumerate(names):
         for t in names[i + 1:]:
-            table[s][t] = table[t][s] = source_redundancy(documents[s], documents[t])
+            table[s][t] = table[t][s] = source_redundancy(documents[s], documents[t], measure)
     return table
 
 
