@@ -1,0 +1,107 @@
+"""Would redundancy measured as copies cost anything where sources do not copy each other (issue 60)? `select` with
+the library's default settings (relevance only) against the same settings with `redundancy = "copies"` at the weight
+bench/overlap.py chose on its dev questions, on the test queries of the federated, QA and DL19 benchmarks (their
+full files, every query set; DL19's six sources are runs over one corpus), each pair ranking the same candidates.
+
+The rule (docs/method.md): the copies setting becomes the default only if no benchmark loses more than 0.005 of its
+headline metric.
+
+Run: make bench-selection-default (results/overlap/default.{md,json}; about 40 min on two cores, most of it
+building the federated sources the first time).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+from gradfuse.eval import load_benchmark  # noqa: E402
+from gradfuse.eval.record import ResultsFile, estimate, paired_p_value  # noqa: E402
+from gradfuse.eval.runner import benchmark_workspace, outcome_of, queries_and_qrels  # noqa: E402
+from gradfuse.eval.stats import per_query  # noqa: E402
+from gradfuse.selection import SelectionSettings  # noqa: E402
+
+BENCHMARKS = ("federated", "qa", "dl19")
+OUT = ROOT / "results" / "overlap"
+LOSS_ALLOWED = 0.005
+
+
+def copies_weight() -> float:
+    """The weight bench/overlap.py chose on its dev questions for the copies measure."""
+    return json.loads((OUT / "results.json").read_text())["tuned"]["lambda"]["copies"]
+
+
+def compare(name: str, ways: dict[str, SelectionSettings], quick: bool) -> dict:
+    bench = load_benchmark(ROOT / "benchmarks" / f"{name}.toml", quick=quick)
+    ws = benchmark_workspace(bench)
+    for source, spec in bench.sources.items():
+        if source not in bench.engines:
+            ws.index(spec, progress=False)
+    queries, qrels, _ = queries_and_qrels(bench)
+    test = [q for q in queries if q.split == "test"]
+    outcomes: dict[str, dict] = {way: {} for way in ways}
+    for number, query in enumerate(test, start=1):
+        federated = ws.retrieve(query.text, sources=bench.source_names, depth=bench.depth)
+        for way, settings in ways.items():
+            result = ws.rank(query.text, federated.copy(), method="select", k=bench.k, selection=settings)
+            outcomes[way][query.query_id] = outcome_of(bench, result)
+        if number % 50 == 0:
+            print(f"{name}: {number}/{len(test)}", file=sys.stderr, flush=True)
+    ws.close()
+    ids = [q.query_id for q in test]
+    metric = "ndcg@10"  # every file measures it (QA's headline is an answer metric, stage 2's concern)
+    values = {way: per_query(qrels, outcomes[way], ids, [metric])[metric] for way in ways}
+    default, copies = (np.array([values[way][q] for q in ids]) for way in ways)
+    return {"metric": metric, "queries": len(ids),
+            **{way: _estimate(np.array([values[way][q] for q in ids])) for way in ways},
+            "delta": round(float(copies.mean() - default.mean()), 4), "p": round(paired_p_value(copies, default), 4),
+            "queries changed": int(np.sum(~np.isclose(copies, default))),
+            "sources chosen": {way: round(float(np.mean([len(outcomes[way][q].chosen) for q in ids])), 2)
+                               for way in ways}}
+
+
+def _estimate(values: np.ndarray) -> dict:
+    e = estimate(values)
+    return {"mean": round(e.mean, 4), "ci95": [round(e.low, 4), round(e.high, 4)]}
+
+
+def markdown(results: ResultsFile, weight: float) -> str:
+    lines = ["# The default of stage 1's redundancy, on the ranking benchmarks", "",
+             f"{results.provenance} bench/selection_default.py's docstring says how: `select` with the default "
+             f"settings (relevance only) against `redundancy = \"copies\"`, λ = {weight:g} (bench/overlap.py's dev "
+             "choice), on every test query of each benchmark file, the same candidates for both; paired "
+             f"randomisation test. The rule: no benchmark may lose more than {LOSS_ALLOWED}.", "",
+             "| benchmark | metric | queries | relevance only | copies | Δ (p) | queries changed | sources chosen |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for name, r in results.rows.items():
+        default, copies = (r[way] for way in ("relevance only", "copies"))
+        lines.append(f"| {name} | {r['metric']} | {r['queries']} | {default['mean']:.4f} | {copies['mean']:.4f} | "
+                     f"{r['delta']:+.4f} ({r['p']:.3g}) | {r['queries changed']} | "
+                     f"{r['sources chosen']['relevance only']} → {r['sources chosen']['copies']} |")
+    holds = all(r["delta"] >= -LOSS_ALLOWED for r in results.rows.values())
+    lines += ["", f"Rule {'met' if holds else 'not met'}: the copies setting {'may' if holds else 'may not'} become "
+              "the default."]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    quick = "--quick" in sys.argv  # the files' small variants, for a look (written under .gradfuse/bench)
+    weight = copies_weight()
+    ways = {"relevance only": SelectionSettings(),
+            "copies": SelectionSettings(redundancy_weight=weight, redundancy="copies")}
+    out = ROOT / ".gradfuse" / "bench" / "selection-default-look" if quick else OUT
+    results = ResultsFile.start(out, "make bench-selection-default", name="default", copies_weight=weight)
+    for name in BENCHMARKS:
+        results.add(name, compare(name, ways, quick))
+        print(name, json.dumps(results.rows[name]), flush=True)
+    results.finish(markdown(results, weight))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
