@@ -1,7 +1,8 @@
 """Would redundancy measured as copies cost anything where sources do not copy each other (issue 60)? `select` with
 the library's default settings (relevance only) against the same settings with `redundancy = "copies"` at the weight
 bench/overlap.py chose on its dev questions, on the test queries of the federated, QA and DL19 benchmarks (their
-full files, every query set; DL19's six sources are runs over one corpus), each pair ranking the same candidates.
+full files, every query set; DL19's six sources are runs over one corpus) and on the answer benchmark's answerable
+test questions (bench/answers.py's nine sources and judging: hit@1 and hit@5), each pair ranking the same candidates.
 
 The rule (docs/method.md): the copies setting becomes the default only if no benchmark loses more than 0.005 of its
 headline metric.
@@ -65,6 +66,30 @@ def compare(name: str, ways: dict[str, SelectionSettings], quick: bool) -> dict:
                                for way in ways}}
 
 
+def compare_answers(ways: dict[str, SelectionSettings]) -> dict:
+    """The answer benchmark's answerable test questions: is a passage from the answer's place first (hit@1), or in
+    the top 5?"""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import answers
+
+    ws, questions, _ = answers.build()
+    test = [q for q in questions if q.split == "test" and q.answerable]
+    hits = {way: {"hit@1": [], "hit@5": []} for way in ways}
+    for q in test:
+        federated = ws.retrieve(q.text)
+        for way, settings in ways.items():
+            ranked = ws.rank(q.text, federated.copy(), method="select", k=answers.K, selection=settings).candidates
+            found = [answers.holds_answer(q, c) for c in ranked]
+            hits[way]["hit@1"].append(float(any(found[:1])))
+            hits[way]["hit@5"].append(float(any(found[:5])))
+    ws.close()
+    default, copies = (np.array(hits[way]["hit@1"]) for way in ways)
+    return {"metric": "hit@1", "queries": len(test), **{way: _estimate(np.array(hits[way]["hit@1"])) for way in ways},
+            "delta": round(float(copies.mean() - default.mean()), 4), "p": round(paired_p_value(copies, default), 4),
+            "queries changed": int(np.sum(default != copies)),
+            "hit@5": {way: round(float(np.mean(hits[way]["hit@5"])), 4) for way in ways}}
+
+
 def _estimate(values: np.ndarray) -> dict:
     e = estimate(values)
     return {"mean": round(e.mean, 4), "ci95": [round(e.low, 4), round(e.high, 4)]}
@@ -80,9 +105,10 @@ def markdown(results: ResultsFile, weight: float) -> str:
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for name, r in results.rows.items():
         default, copies = (r[way] for way in ("relevance only", "copies"))
+        chosen = (f"{r['sources chosen']['relevance only']} → {r['sources chosen']['copies']}"
+                  if "sources chosen" in r else "–")
         lines.append(f"| {name} | {r['metric']} | {r['queries']} | {default['mean']:.4f} | {copies['mean']:.4f} | "
-                     f"{r['delta']:+.4f} ({r['p']:.3g}) | {r['queries changed']} | "
-                     f"{r['sources chosen']['relevance only']} → {r['sources chosen']['copies']} |")
+                     f"{r['delta']:+.4f} ({r['p']:.3g}) | {r['queries changed']} | {chosen} |")
     holds = all(r["delta"] >= -LOSS_ALLOWED for r in results.rows.values())
     lines += ["", f"Rule {'met' if holds else 'not met'}: the copies setting {'may' if holds else 'may not'} become "
               "the default."]
@@ -99,6 +125,9 @@ def main() -> int:
     for name in BENCHMARKS:
         results.add(name, compare(name, ways, quick))
         print(name, json.dumps(results.rows[name]), flush=True)
+    if not quick:
+        results.add("answers", compare_answers(ways))
+        print("answers", json.dumps(results.rows["answers"]), flush=True)
     results.finish(markdown(results, weight))
     return 0
 
