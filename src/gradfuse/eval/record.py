@@ -10,7 +10,6 @@ import json
 import os
 import platform
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 from gradfuse.eval.stats import estimate, paired_p_value
 from gradfuse.hardware import cpu_description
 
-__all__ = ["ResultsFile", "commit_id", "estimate", "machine_description", "paired_p_value"]
+__all__ = ["ResultsFile", "commit_id", "estimate", "machine_description", "paired_p_value", "write_json"]
 
 PACKAGE = Path(__file__).resolve().parents[1]
 
@@ -42,17 +41,21 @@ def commit_id() -> str:
 
 def machine_description() -> str:
     """The CPU (model, cores, the flags that decide the LM's precision, whether bf16 is native), torch and Python."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        try:
-            import torch
-        except ImportError:
-            torch = None
-    if torch is None:
+    try:
+        import torch
+    except ImportError:
         runtime = "no torch"
     else:
         runtime = f"torch {torch.__version__} on {'cuda' if torch.cuda.is_available() else 'cpu'}"
     return f"{cpu_description()}; {runtime}; Python {platform.python_version()}"
+
+
+def write_json(path: Path, payload: dict, indent: int = 1) -> None:
+    """`payload` as JSON at `path`, through a temporary file: a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".tmp")
+    partial.write_text(json.dumps(payload, indent=indent) + "\n")
+    os.replace(partial, path)
 
 
 def _now() -> str:
@@ -100,7 +103,4 @@ class ResultsFile:
         return {**self.header, "rows": self.rows}
 
     def _write(self) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        partial = self.folder / f"{self.name}.json.tmp"
-        partial.write_text(json.dumps(self.payload, indent=1) + "\n")
-        os.replace(partial, self.folder / f"{self.name}.json")  # a reader never sees half a file
+        write_json(self.folder / f"{self.name}.json", self.payload)

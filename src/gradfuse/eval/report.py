@@ -4,12 +4,12 @@ one TREC run per method in a runs folder that is not committed (a federated run 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
 from gradfuse.eval.benchmark import EVALUATION_METHODS, base_method, is_lm_method
+from gradfuse.eval.record import write_json
 from gradfuse.eval.runner import Evaluation
 from gradfuse.methods import CONFIGURED, METHOD_SPECS
 from gradfuse.rerank.base import RerankSettings
@@ -186,7 +186,7 @@ def _source_choice(evaluation: Evaluation) -> dict:
 def write_results(evaluation: Evaluation, out: Path, command: str, runs: Path) -> dict:
     summary = summarise(evaluation)
     summary.update(command=command, runs=str(runs), finished=True)
-    _write_json(out, summary)
+    write_json(out / "results.json", summary, indent=2)
     _write_runs(evaluation, runs)
     plots = _plot(evaluation, summary, out)
     (out / "results.md").write_text(_markdown(summary, plots))
@@ -196,14 +196,7 @@ def write_results(evaluation: Evaluation, out: Path, command: str, runs: Path) -
 def write_partial(evaluation: Evaluation, out: Path, command: str) -> None:
     """results.json of a run not finished yet (`"finished": false`), with what it measured so far: a run stopped
     half-way leaves it; the finished run replaces it, with results.md and the plots."""
-    _write_json(out, {**summarise(evaluation), "command": command, "finished": False})
-
-
-def _write_json(out: Path, summary: dict) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    partial = out / "results.json.tmp"
-    partial.write_text(json.dumps(summary, indent=2) + "\n")
-    os.replace(partial, out / "results.json")  # a reader never sees half a file
+    write_json(out / "results.json", {**summarise(evaluation), "command": command, "finished": False}, indent=2)
 
 
 def _write_runs(evaluation: Evaluation, folder: Path) -> None:
