@@ -57,11 +57,7 @@ def compare(name: str, ways: dict[str, SelectionSettings], quick: bool) -> dict:
     ids = [q.query_id for q in test]
     metric = "ndcg@10"  # every file measures it (QA's headline is an answer metric, stage 2's concern)
     values = {way: per_query(qrels, outcomes[way], ids, [metric])[metric] for way in ways}
-    default, copies = (np.array([values[way][q] for q in ids]) for way in ways)
-    return {"metric": metric, "queries": len(ids),
-            **{way: _estimate(np.array([values[way][q] for q in ids])) for way in ways},
-            "delta": round(float(copies.mean() - default.mean()), 4), "p": round(paired_p_value(copies, default), 4),
-            "queries changed": int(np.sum(~np.isclose(copies, default))),
+    return {**paired(metric, {way: [values[way][q] for q in ids] for way in ways}),
             "sources chosen": {way: round(float(np.mean([len(outcomes[way][q].chosen) for q in ids])), 2)
                                for way in ways}}
 
@@ -83,16 +79,19 @@ def compare_answers(ways: dict[str, SelectionSettings]) -> dict:
             hits[way]["hit@1"].append(float(any(found[:1])))
             hits[way]["hit@5"].append(float(any(found[:5])))
     ws.close()
-    default, copies = (np.array(hits[way]["hit@1"]) for way in ways)
-    return {"metric": "hit@1", "queries": len(test), **{way: _estimate(np.array(hits[way]["hit@1"])) for way in ways},
-            "delta": round(float(copies.mean() - default.mean()), 4), "p": round(paired_p_value(copies, default), 4),
-            "queries changed": int(np.sum(default != copies)),
+    return {**paired("hit@1", {way: hits[way]["hit@1"] for way in ways}),
             "hit@5": {way: round(float(np.mean(hits[way]["hit@5"])), 4) for way in ways}}
 
 
-def _estimate(values: np.ndarray) -> dict:
-    e = estimate(values)
-    return {"mean": round(e.mean, 4), "ci95": [round(e.low, 4), round(e.high, 4)]}
+def paired(metric: str, values: dict[str, list[float]]) -> dict:
+    """Each way's mean with its interval, and the second way against the first on the same queries."""
+    default, copies = (np.array(v, dtype=float) for v in values.values())
+    intervals = {way: estimate(np.array(v, dtype=float)) for way, v in values.items()}
+    return {"metric": metric, "queries": len(default),
+            **{way: {"mean": round(e.mean, 4), "ci95": [round(e.low, 4), round(e.high, 4)]}
+               for way, e in intervals.items()},
+            "delta": round(float(copies.mean() - default.mean()), 4), "p": round(paired_p_value(copies, default), 4),
+            "queries changed": int(np.sum(~np.isclose(copies, default)))}
 
 
 def markdown(results: ResultsFile, weight: float) -> str:
