@@ -25,8 +25,8 @@ Example (every key optional)::
                                      # with the bundled generator, else generate; or "generate" | "extractive"
     cite_first = true                # local models must open by naming a passage (see generate/local.py)
     [selection]                      # stage 1 (gradfuse.selection.SelectionSettings; defaults tuned on dev)
-    redundancy_weight = 0.0          # lambda: raise it when sources mirror each other
-    redundancy = "similarity"        # how redundancy is measured: similarity | copies
+    redundancy_weight = 1.0          # lambda: how much a source that copies a chosen one gives way
+    redundancy = "copies"            # how redundancy is measured: copies | similarity (topical, the method's)
     threshold = 0.3
     max_sources = 3
     fusion = "dense"                 # how select ranks the chosen sources: rrf | combsum-z | concat | dense

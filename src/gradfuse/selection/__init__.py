@@ -48,8 +48,12 @@ class SelectionSettings:
     # lambda 0, threshold 0.3, at most 3 sources, the chosen sources ranked by encoder cosine scored 0.571; the best
     # point with RRF over the chosen sources 0.505 (threshold 0.5, 2 sources), with lambda > 0 0.570. Those sources
     # are disjoint collections, so redundancy rarely matters there: raise lambda for mirrored sources.
-    redundancy_weight: Weight = 0.0  # lambda
-    redundancy: Text = "similarity"  # how red(s, s') is measured: similarity | copies (see the module's docstring)
+    # lambda, with redundancy measured as copies: where sources copy each other (bench/overlap.py, every kind of copy
+    # at once) complete evidence@5 rose from 0.372 to 0.417 at lambda 1, the dev choice; on the federated, QA, DL19
+    # and answer benchmarks nothing moved by more than 0.0006 (results/overlap/default.md). Measured as similarity
+    # (the method's), every lambda > 0 lost on dev: it takes a source on the same topic for a copy.
+    redundancy_weight: Weight = 1.0
+    redundancy: Text = "copies"  # how red(s, s') is measured: copies | similarity (see the module's docstring)
     threshold: Number = 0.3  # minimum marginal gain to add a source after the first
     max_sources: Count = 3
     top: Count = 3  # documents per source that define its relevance
