@@ -79,6 +79,24 @@ def test_with_a_redundancy_weight_a_mirror_of_a_routed_source_gives_way():
     assert "redundancy penalty" in decision.skipped["manuals-mirror"] and "manuals" in decision.skipped["manuals-mirror"]
 
 
+def test_where_the_summaries_score_alike_routing_asks_every_close_one_up_to_a_bound():
+    # three sources score nearly the same for the query (every one holds some of everything); a fourth is off topic
+    table = SummaryTable.stack({"shard-1": summary_at([1, 0.10, 0]), "shard-2": summary_at([1, 0.12, 0]),
+                                "shard-3": summary_at([1, 0.14, 0]), "recipes": summary_at([0, 0, 1])})
+    query = unit([1, 0, 0])
+    assert route(query, table, RoutingSettings(budget=1)).asked == ["shard-1"]
+    widened = route(query, table, RoutingSettings(budget=1, widen_margin=0.05))
+    assert widened.asked == ["shard-1", "shard-2", "shard-3"] and widened.widened == 2
+    assert "recipes" in widened.skipped and "not among the 3 asked" in widened.skipped["recipes"]
+    bounded = route(query, table, RoutingSettings(budget=1, widen_margin=0.05, widen_max=2))
+    assert bounded.asked == ["shard-1", "shard-2"]
+    # where the scores separate, the budget holds
+    separated = SummaryTable.stack({"astronomy": summary_at([1, 0, 0]), "cooking": summary_at([0.6, 0.8, 0]),
+                                    "sailing": summary_at([0.5, 0, 0.87])})
+    decision = route(query, separated, RoutingSettings(budget=1, widen_margin=0.05))
+    assert decision.asked == ["astronomy"] and decision.widened == 0
+
+
 def test_redde_counts_each_sources_sampled_passages_among_the_best_scaled_by_its_size(monkeypatch):
     monkeypatch.setattr("gradfuse.selection.routing.REDDE_TOP", 3)
     small = SourceSummary(10, unit([[1, 0]]), np.ones(1), unit([[1, 0.05], [1, 0.06]]))
@@ -109,14 +127,14 @@ def test_stage_one_reads_only_the_redundancy_it_needs_and_decides_as_with_every_
     rng = np.random.default_rng(0)
     query = unit(rng.normal(size=32))
     documents = {f"s{i:02d}": unit(rng.normal(size=(5, 32)) + 2 * query * (i % 4)) for i in range(40)}
-    for weight in (0.0, 0.5):
-        settings = SelectionSettings(redundancy_weight=weight, threshold=-10, max_sources=4)
+    for weight, measure in ((0.0, "copies"), (0.5, "similarity"), (0.5, "copies")):
+        settings = SelectionSettings(redundancy_weight=weight, redundancy=measure, threshold=-10, max_sources=4)
         decision = select_sources(query, documents, settings)
         pairs = sum(len(row) for row in decision.redundancy.values()) // 2
         # lambda 0 reads no pair; otherwise each source left against each one chosen (the last one too: the gains
         # of those dropped are reported), 4 x 40 at most, not 40 x 39
         assert pairs == (0 if weight == 0 else sum(40 - step for step in range(1, 5)))
-        every = {s: {t: source_redundancy(documents[s], documents[t]) for t in documents if t != s}
+        every = {s: {t: source_redundancy(documents[s], documents[t], measure) for t in documents if t != s}
                  for s in documents}
         relevance = decision.relevance
         assert decision.sources == choose_sources(relevance, every, settings).sources

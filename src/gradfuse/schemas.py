@@ -101,6 +101,8 @@ class SelectionRecord(BaseModel):
 class RoutingRecord(BaseModel):
     router: str = Field(description="summary (GRO-RAG selection on the sources' summaries) or redde")
     budget: int = Field(description="sources a routed question is sent to ([routing] budget)")
+    widened: int = Field(0, description="sources asked beyond the budget: their summary scores were within "
+                                        "[routing] widen_margin of the best (the summaries could not tell them apart)")
     asked: list[str] = Field(description="the sources the question was sent to")
     unscored: dict[str, str] = Field(description="sources asked without a summary to judge them by, and why")
     skipped: dict[str, str] = Field(description="source -> why it was not asked")
@@ -218,7 +220,8 @@ def _routing(result: SearchResult) -> RoutingRecord | None:
     decision = result.routing
     if decision is None:
         return None
-    return RoutingRecord(router=decision.router, budget=decision.budget, asked=decision.asked,
+    return RoutingRecord(router=decision.router, budget=decision.budget, widened=decision.widened,
+                         asked=decision.asked,
                          unscored=decision.unscored, skipped=decision.skipped)
 
 

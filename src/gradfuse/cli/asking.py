@@ -84,6 +84,9 @@ def print_explanation(result: SearchResult) -> None:
         skipped = routing.skipped
         console.print(f"[bold]Routing[/] ({routing.router}): asked {len(routing.asked)} of "
                       f"{len(routing.asked) + len(skipped)} sources: {escape(', '.join(routing.asked))}")
+        if routing.widened:
+            console.print(f"  {routing.widened} beyond the budget of {routing.budget}: their summaries scored within "
+                          "[routing] widen_margin of the best, too close to tell apart", markup=False)
         for name, why in routing.unscored.items():
             console.print(f"  [yellow]asked unjudged[/] {escape(name)}: {escape(why)}")
         for name, why in list(skipped.items())[:5]:

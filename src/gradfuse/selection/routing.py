@@ -8,7 +8,9 @@ Above `[routing] above` sources, a question goes to `budget` of them:
   found more of the relevant passages' sources than either alone: a centroid stands for a large source, the
   sample is most of a small one); with `redundancy_weight` > 0 the budget is filled greedily, each source's gain
   being its score minus lambda times its redundancy with the closest source already routed (the centroid sets'
-  mean best match), so a mirror of a routed source gives way to a source that adds something.
+  mean best match), so a mirror of a routed source gives way to a source that adds something. Where the
+  scores are flat, the budget's cut is arbitrary (sources that each hold every subject score alike): every source
+  within `widen_margin` of the best score is asked too, up to `widen_max` sources in all.
 - `redde`: the classic sample-based baseline (ReDDE, Si & Callan 2003): the sources' sampled passages form one
   small index; a source's score is how many of the query's top `REDDE_TOP` sampled passages are its own, each
   standing for documents/sample passages of the source.
@@ -46,6 +48,9 @@ class RoutingSettings:
     budget: Count = 24
     router: Literal["summary", "redde"] = "summary"
     redundancy_weight: Weight = 0.0
+    # Summary router: ask every source whose score is within this of the best too (0: off), up to widen_max in all.
+    widen_margin: Weight = 0.0
+    widen_max: Count = 50
     # Of the budget, this share (a place at least, from a budget of two) goes to sources that cannot be judged (no
     # summary yet, or one that cannot be read: a remote that is down, a key that does not read all of it), and
     # whatever the scored sources leave; the others wait their turn, in rotation. Without it, such sources took
@@ -67,6 +72,7 @@ class RoutingDecision:
     unscored: dict[str, str] = field(default_factory=dict)  # asked without a score (no summary yet): why
     reasons: dict[str, str] = field(default_factory=dict)  # a skipped source's reason where it is not its score
     breaker_open: list[str] = field(default_factory=list)  # not asked: their breakers are open
+    widened: int = 0  # scored sources asked beyond the budget: within [routing] widen_margin of the best score
 
     @property
     def skipped(self) -> dict[str, str]:
@@ -77,7 +83,7 @@ class RoutingDecision:
         best_first = sorted(self.scores.items(), key=lambda item: -item[1])
         below = f"lowest asked {lowest:.3f}" if scored else f"the {len(self.unscored)} unjudged ones fill it"
         skipped = {s: self.reasons.get(s) or f"routed out by {self.router}: score {score:.3f}, not among the "
-                                              f"{self.budget} asked ({below})"
+                                              f"{len(self.asked)} asked ({below})"
                    for s, score in best_first if s not in asked}
         return skipped | {s: why for s, why in self.reasons.items() if s not in self.scores and s not in asked}
 
@@ -107,7 +113,12 @@ def route(query: np.ndarray, table: SummaryTable, settings: RoutingSettings,
         decision.scores[name], decision.reasons[name] = float("-inf"), "holds no passages"
     open_ = np.array([name in unavailable for name in table.names], dtype=bool)
     scores = np.where(open_, -np.inf, scores)
-    room = max(0, min(settings.budget - places, int((~open_).sum())))
+    available = int((~open_).sum())
+    room = max(0, min(settings.budget - places, available))
+    if settings.widen_margin > 0 and settings.router == "summary" and available:
+        flat = int((scores >= scores.max() - settings.widen_margin).sum())
+        decision.widened = max(0, min(flat, settings.widen_max - places, available) - room)
+        room += decision.widened
     if settings.redundancy_weight > 0 and settings.router == "summary":
         chosen = _greedy(scores, table, settings.redundancy_weight, room, decision.reasons)
     else:
