@@ -51,8 +51,8 @@ clean:
 # Benchmarks report numbers into committed files under results/; they are not tests. Each benchmark file in
 # benchmarks/ also has a small --quick variant whose expected scores sit next to it (checked by the tests).
 BENCHMARKS := federated qa dl19
-.PHONY: bench bench-access bench-chaos bench-overlap bench-selection-default bench-skeleton bench-serve bench-postgres bench-engines bench-conversation bench-stage2 bench-defaults bench-conditional bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-indexing bench-precision bench-many-sources bench-few-sources $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
-bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-defaults bench-stage2 bench-conditional bench-serve bench-postgres bench-engines bench-conversation bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-indexing bench-precision bench-chaos bench-overlap bench-selection-default bench-many-sources bench-few-sources bench-access
+.PHONY: bench bench-access bench-chaos bench-overlap bench-selection-default bench-soft-selection bench-skeleton bench-serve bench-postgres bench-engines bench-conversation bench-stage2 bench-defaults bench-conditional bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-indexing bench-precision bench-many-sources bench-few-sources $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
+bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-defaults bench-stage2 bench-conditional bench-serve bench-postgres bench-engines bench-conversation bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-indexing bench-precision bench-chaos bench-overlap bench-selection-default bench-soft-selection bench-many-sources bench-few-sources bench-access
 
 # What permissions cost a question: p50 with and without them over the federated benchmark's nine sources, by the
 # library and over HTTP (results/access/; about 15 min, most of it embedding three corpora once).
@@ -82,6 +82,10 @@ bench-overlap: install
 # Whether stage 1's copies redundancy costs the ranking benchmarks anything (results/overlap/default.md; ~40 min).
 bench-selection-default: install
 	$(BIN)/python bench/selection_default.py
+
+# Soft selection against hard selection and cosine over every source's candidates (results/stage1/soft.md; ~30 min).
+bench-soft-selection: install
+	$(BIN)/python bench/soft_selection.py
 
 # Routing before retrieval at 100 and 1,000 sources, a tenth behind a second gradfuse (results/many_sources/; ~40 min).
 bench-many-sources: install

@@ -147,3 +147,39 @@ def test_gro_end_to_end_over_sources_with_explanation(tmp_path):
     dense = ws.search(QUESTION, method="dense", retrieval="dense")
     assert [c.scores["prior"] for c in dense.candidates] == sorted((c.scores["prior"] for c in dense.candidates),
                                                                    reverse=True)
+
+
+def test_soft_selection_keeps_a_weaker_source_and_weighs_its_passages_down(tmp_path):
+    """Hard selection drops a source below the threshold with its one relevant passage; soft keeps it, each passage
+    scored by its cosine minus the weight times how far its source's gain is below the best (issue 60)."""
+    write_jsonl(tmp_path / "vault.jsonl", [{"id": "code", "text": PLANTED},
+                                           {"id": "open", "text": "The Zorbex vault opens with a four-digit code."}])
+    write_jsonl(tmp_path / "misc.jsonl", [{"id": f"m{i}", "text": t} for i, t in enumerate(DISTRACTORS)])
+    ws = Workspace(Config(workspace=tmp_path / "ws", k=10))
+    ws.index(SourceSpec("vault", "jsonl", str(tmp_path / "vault.jsonl")))
+    ws.index(SourceSpec("misc", "jsonl", str(tmp_path / "misc.jsonl")))
+    hard = ws.search(QUESTION, method="select", retrieval="dense",
+                     selection=SelectionSettings(threshold=0.9, redundancy_weight=0.0))
+    assert hard.selection.sources == ["vault"] and {c.source for c in hard.candidates} == {"vault"}
+    soft = SelectionSettings(choice="soft", soft_weight=0.5, threshold=0.9, max_sources=1)
+    result = ws.search(QUESTION, method="select", retrieval="dense", selection=soft)
+    assert result.selection.sources == ["vault", "misc"] and not result.selection.dropped  # no threshold, no limit
+    gains = {step.source: step.gain for step in result.selection.chosen}
+    for candidate in result.candidates:
+        below = gains[candidate.source] - gains["vault"]
+        assert candidate.scores["source_gain"] == pytest.approx(below)
+        assert candidate.scores["prior"] == pytest.approx(candidate.scores["cosine"] + 0.5 * below)
+    assert [c.scores["prior"] for c in result.candidates] == sorted((c.scores["prior"] for c in result.candidates),
+                                                                    reverse=True)
+    assert result.candidates[0].doc_id == "code" and {c.source for c in result.candidates} == {"vault", "misc"}
+    # weight 0 is dense over every source; a margin drops only a source far below the best
+    flat = ws.search(QUESTION, method="select", retrieval="dense", selection=SelectionSettings(choice="soft",
+                                                                                                soft_weight=0.0))
+    dense = ws.search(QUESTION, method="dense", retrieval="dense")
+    assert [c.key for c in flat.candidates] == [c.key for c in dense.candidates]
+    margin = gains["vault"] - gains["misc"]
+    narrow = ws.search(QUESTION, method="select", retrieval="dense",
+                       selection=SelectionSettings(choice="soft", soft_margin=margin / 2))
+    assert narrow.selection.sources == ["vault"] and "soft_margin" in narrow.selection.dropped["misc"]
+    with pytest.raises(ValueError, match="unknown choice"):
+        SelectionSettings(choice="maybe")

@@ -30,6 +30,9 @@ Example (every key optional)::
     threshold = 0.3
     max_sources = 3
     fusion = "dense"                 # how select ranks the chosen sources: rrf | combsum-z | concat | dense
+    choice = "hard"                  # hard: keep the chosen sources | soft: weigh every source by its gain
+    soft_weight = 1.0                # soft: a passage's cosine minus this times its source's gain below the best
+    soft_margin = 2.0                # soft: drop a source whose gain is more than this below the best (2: none)
     [rerank]                         # stage 2 (gradfuse.rerank.RerankSettings)
     model = "smollm2"                # white-box scoring LM (local only: gradients are needed)
     scorer = "upr"                   # gro's stage-2 signal: upr (best on the benchmarks) | gradient | attention | ...
@@ -69,6 +72,8 @@ Example (every key optional)::
     above = 32                       # a question that may reach more sources than this is routed
     budget = 24                      # to this many of them, chosen from their summaries
     router = "summary"               # summary | redde
+    widen_margin = 0.0               # summary: ask every source within this of the best score too (0: off)
+    widen_max = 50                   # ... up to this many sources in all
     max_open = "auto"                # sources held open at once (a quarter of the open-file limit, at most 1,024)
     [access]                         # who may read what (gradfuse.access.keys; docs/access.md)
     keys_file = "keys.toml"          # principals with their keys' SHA-256 (gradfuse key add), read again on change

@@ -2,7 +2,8 @@
 
 - concat, rrf, combsum[-z], combmnz[-z], single:<source>: uniform fusion (`gradfuse.fusion`);
 - dense: all sources' candidates pooled, deduplicated and ranked by encoder cosine to the query;
-- select: stage 1 (`gradfuse.selection`) chooses the sources, then one fusion of them (`[selection] fusion`);
+- select: stage 1 (`gradfuse.selection`) chooses the sources, then one fusion of them (`[selection] fusion`), or,
+  with `[selection] choice = "soft"`, weighs every source's passages by its gain (`gradfuse.selection.soft`);
 - gradient: stage 2 (`gradfuse.rerank`) over a pool of every source's candidates;
 - gro: stage 1, then stage 2 over the chosen sources' pool by the signal `[rerank] scorer` names (the full
   method); gro-calibrated: the reader gate minus the gate of a content-free target;
@@ -26,6 +27,7 @@ from gradfuse.fusion import FUSION_METHODS, UnknownMethod, check_fusion, fuse
 from gradfuse.rerank import RerankOutcome, RerankSettings, rerank
 from gradfuse.rerank.pools import ordered_pool
 from gradfuse.selection import SelectionDecision, SelectionSettings, select_sources
+from gradfuse.selection.soft import weigh_by_source
 
 @dataclass(frozen=True)
 class MethodSpec:
@@ -177,6 +179,9 @@ def run_method(
     pool_kind = context.rerank.pool if spec.scorer else "cosine"
     pooled = ordered_pool(ranked_lists, pool_kind, query_vector=context.query_vector, embed=context.embed,
                           weights=weights)
+    if decision is not None and context.selection.choice == "soft" and pool_kind == "cosine":
+        pooled = weigh_by_source(pooled, {step.source: step.gain for step in decision.chosen},
+                                 context.selection.soft_weight)
     seconds["prior"] = time.perf_counter() - started
     if spec.scorer is None:
         return MethodResult(pooled, selection=decision, seconds=seconds)

@@ -33,6 +33,7 @@ from gradfuse.checked import FILE_SETTINGS, Count, Number, Text, Weight
 
 SELECT_FUSIONS = ("rrf", "combsum-z", "concat", "dense")
 REDUNDANCY_MEASURES = ("similarity", "copies")
+CHOICES = ("hard", "soft")
 ALL_PAIRS_UP_TO = 16
 # Above this cosine one passage repeats another (bench/overlap.py's sources, 15 dev questions a collection): two
 # disjoint halves of one collection scored 0.002 to 0.004 by `copies`, a mirror 0.58 to 0.60, the same text cut
@@ -61,12 +62,21 @@ class SelectionSettings:
     # How `select` ranks the chosen sources' candidates: a fusion method, or "dense" (encoder cosine, the federated
     # dev choice). On multi-hop QA, RRF over the chosen sources pulled the right one down; benchmarks choose on dev.
     fusion: Text = "dense"
+    # "hard": the sources chosen above are kept and the others dropped. "soft": every source is ordered by the same
+    # greedy gain, none is dropped by threshold or limit, only one whose gain falls more than soft_margin below the
+    # best; with select's dense ranking each passage's cosine is lowered by soft_weight times how far its source's
+    # gain stands below the best (selection/soft.py), so a weaker source is weighed down, not thrown away.
+    choice: Text = "hard"
+    soft_weight: Weight = 1.0
+    soft_margin: Weight = 2.0  # 2: no source is dropped (cosines, hence gains, differ by at most 2)
 
     def __post_init__(self):
         if self.fusion not in SELECT_FUSIONS:
             raise ValueError(f"unknown fusion {self.fusion!r} for select (choose from {', '.join(SELECT_FUSIONS)})")
         if self.redundancy not in REDUNDANCY_MEASURES:
             raise ValueError(f"unknown redundancy {self.redundancy!r} (choose from {', '.join(REDUNDANCY_MEASURES)})")
+        if self.choice not in CHOICES:
+            raise ValueError(f"unknown choice {self.choice!r} (choose from {', '.join(CHOICES)})")
 
 
 @dataclass
@@ -149,12 +159,17 @@ def choose_sources(
     decision = SelectionDecision(chosen=[], dropped={}, relevance=relevance, redundancy=known or {})
     remaining = [s for s in names if np.isfinite(relevance[s])]
     decision.dropped.update({s: "returned no candidates" for s in names if not np.isfinite(relevance[s])})
+    soft = settings.choice == "soft"
     while remaining:
         chosen = decision.sources
         weight = settings.redundancy_weight
         penalties = {s: weight * sum(redundancy(s, t) for t in chosen) if weight else 0.0 for s in remaining}
         gains = {s: relevance[s] - penalties[s] for s in remaining}
         best = max(remaining, key=lambda s: (gains[s], s))
+        if soft:
+            decision.chosen.append(SourceStep(best, gains[best], relevance[best], penalties[best]))
+            remaining.remove(best)
+            continue
         if len(chosen) >= settings.max_sources:
             decision.dropped.update({s: f"limit of {settings.max_sources} sources reached (gain {gains[s]:.3f})"
                                      for s in remaining})
@@ -168,4 +183,10 @@ def choose_sources(
             break
         decision.chosen.append(SourceStep(best, gains[best], relevance[best], penalties[best]))
         remaining.remove(best)
+    if soft and decision.chosen:
+        floor = decision.chosen[0].gain - settings.soft_margin
+        decision.dropped.update({step.source: f"gain {step.gain:.3f} more than soft_margin {settings.soft_margin:g} "
+                                              f"below the best ({decision.chosen[0].gain:.3f})"
+                                 for step in decision.chosen if step.gain < floor})
+        decision.chosen = [step for step in decision.chosen if step.gain >= floor]
     return decision
