@@ -56,7 +56,7 @@ SIZES = (100, 1000)
 SPLITS = ("topic", "random")
 REMOTE_EVERY = 10  # one source in ten is behind the second gradfuse
 BUDGETS = (8, 16, 24, 32, 48)  # tried on dev
-MARGINS = (0.01, 0.02, 0.04, 0.08, 0.16)  # [routing] widen_margin, tried on dev with the default budget and widen_max
+MARGINS = (0.1, 0.2, 0.25, 0.3, 0.4)  # [routing] widen_margin, tried on dev with the default budget and widen_max
 GAPS_AT = (8, 24, 50)  # how far below the best score the k-th source scores (the flatness the margin reads)
 BOUNDED = 128  # max_open of the row that shows what holding fewer sources open costs
 WORK = ROOT / ".gradfuse" / "bench" / "many-sources"
@@ -321,7 +321,7 @@ def widened_way(margin: float) -> str:
 def score_gaps(ws: Workspace, queries: list[Query]) -> dict:
     """Median over `queries` of how far the k-th best summary score stands below the best."""
     names = ws.source_names()
-    scores = [sorted(ws.route(q.text, names).scores.values(), reverse=True) for q in queries]
+    scores = [sorted(ws.query.route(q.text, names).scores.values(), reverse=True) for q in queries]
     return {f"gap to source {k}": float(np.median([s[0] - s[min(k, len(s)) - 1] for s in scores])) for k in GAPS_AT}
 
 

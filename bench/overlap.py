@@ -375,7 +375,7 @@ class Bench:
         return ranked
 
     def routed(self, question: Question, names: list[str], weight: float) -> tuple[list, float, int]:
-        self.ws.config.routing = RoutingSettings(above=0, budget=3, redundancy_weight=weight)
+        self.ws.config.routing = RoutingSettings(above=0, budget=3, redundancy_weight=weight, widen_margin=0.0)
         started = time.perf_counter()
         result = self.ws.search(question.text, sources=names, method="select", k=10, depth=DEPTH)
         return result.candidates, time.perf_counter() - started, len(result.routing.asked)

@@ -57,14 +57,15 @@ def summary_at(*points) -> SourceSummary:
 def test_route_sends_the_question_to_the_best_summaries_and_says_why_each_other_was_skipped():
     table = SummaryTable.stack({"a": summary_at([1, 0, 0]), "b": summary_at([0.9, 0.1, 0]),
                                 "c": summary_at([0, 1, 0]), "d": summary_at([0, 0, 1], [0.7, 0.7, 0])})
-    decision = route(unit([1, 0, 0]), table, RoutingSettings(budget=2), {"e": "no summary: reasons"}, ["f"])
+    decision = route(unit([1, 0, 0]), table, RoutingSettings(widen_margin=0.0, budget=2), {"e": "no summary: reasons"},
+                     ["f"])
     # the unscored source cannot be judged: it is asked, and takes one of the budget's places
     assert decision.asked == ["e", "a"]
     skipped = decision.skipped
     assert list(skipped) == ["b", "d", "c", "f"]  # best-scored first
     assert skipped.pop("f") == "holds no passages"
     assert all("routed out by summary" in why for why in skipped.values())
-    decision = route(unit([1, 0, 0]), table, RoutingSettings(budget=3))
+    decision = route(unit([1, 0, 0]), table, RoutingSettings(widen_margin=0.0, budget=3))
     assert decision.asked == ["a", "b", "d"]  # d by its second topic
     assert decision.scores["d"] == pytest.approx(0.7071, abs=1e-3)
 
@@ -73,8 +74,8 @@ def test_with_a_redundancy_weight_a_mirror_of_a_routed_source_gives_way():
     table = SummaryTable.stack({"manuals": summary_at([1, 0.1, 0]), "manuals-mirror": summary_at([1, 0.1, 0]),
                                 "tickets": summary_at([0.8, 0, 0.6])})
     query = unit([1, 0, 0.2])
-    assert route(query, table, RoutingSettings(budget=2)).asked == ["manuals", "manuals-mirror"]
-    decision = route(query, table, RoutingSettings(budget=2, redundancy_weight=0.5))
+    assert route(query, table, RoutingSettings(widen_margin=0.0, budget=2)).asked == ["manuals", "manuals-mirror"]
+    decision = route(query, table, RoutingSettings(widen_margin=0.0, budget=2, redundancy_weight=0.5))
     assert decision.asked == ["manuals", "tickets"]
     assert "redundancy penalty" in decision.skipped["manuals-mirror"] and "manuals" in decision.skipped["manuals-mirror"]
 
@@ -84,7 +85,7 @@ def test_where_the_summaries_score_alike_routing_asks_every_close_one_up_to_a_bo
     table = SummaryTable.stack({"shard-1": summary_at([1, 0.10, 0]), "shard-2": summary_at([1, 0.12, 0]),
                                 "shard-3": summary_at([1, 0.14, 0]), "recipes": summary_at([0, 0, 1])})
     query = unit([1, 0, 0])
-    assert route(query, table, RoutingSettings(budget=1)).asked == ["shard-1"]
+    assert route(query, table, RoutingSettings(widen_margin=0.0, budget=1)).asked == ["shard-1"]
     widened = route(query, table, RoutingSettings(budget=1, widen_margin=0.05))
     assert widened.asked == ["shard-1", "shard-2", "shard-3"] and widened.widened == 2
     assert "recipes" in widened.skipped and "not among the 3 asked" in widened.skipped["recipes"]
@@ -103,7 +104,7 @@ def test_redde_counts_each_sources_sampled_passages_among_the_best_scaled_by_its
     large = SourceSummary(1000, unit([[0, 1]]), np.ones(1), unit([[1, 0.2], [0, 1]]))
     far = SourceSummary(50, unit([[0, 1]]), np.ones(1), unit([[-1, 1]]))
     table = SummaryTable.stack({"small": small, "large": large, "far": far})
-    scores = route(unit([1, 0]), table, RoutingSettings(router="redde", budget=1)).scores
+    scores = route(unit([1, 0]), table, RoutingSettings(widen_margin=0.0, router="redde", budget=1)).scores
     # the top 3 sampled: small's two (2 x 10/2) and one of large's (1 x 1000/2); far's none, ranked below by cosine
     assert scores["large"] > scores["small"] > 0 > scores["far"]
 
@@ -157,7 +158,7 @@ def topical(tmp_path_factory):
 
 
 def routed_workspace(root, **routing) -> Workspace:
-    return Workspace(Config(workspace=root / "ws", routing=RoutingSettings(**routing)))
+    return Workspace(Config(workspace=root / "ws", routing=RoutingSettings(**{"widen_margin": 0.0} | routing)))
 
 
 def test_only_the_routed_sources_are_asked_and_the_result_says_what_was_skipped(topical):
@@ -197,7 +198,8 @@ def test_at_most_max_open_sources_stay_open_and_a_closed_one_opens_again(topical
 def test_a_rebuilt_source_is_routed_by_its_new_summary(tmp_path):
     for name in ("astronomy", "cooking", "finance"):
         write_jsonl(tmp_path / "in" / f"{name}.jsonl", TOPICS[name])
-    with Workspace(Config(workspace=tmp_path / "ws", routing=RoutingSettings(above=1, budget=1))) as ws:
+    routing = RoutingSettings(widen_margin=0.0, above=1, budget=1)
+    with Workspace(Config(workspace=tmp_path / "ws", routing=routing)) as ws:
         for name in ("astronomy", "cooking", "finance"):
             ws.index(SourceSpec(name, "jsonl", str(tmp_path / "in" / f"{name}.jsonl")))
         before = ws.search("a bowline knot on a sailboat").routing
@@ -277,7 +279,8 @@ def test_a_bad_summary_leaves_only_its_own_source_unjudged(topical, tmp_path):
     shutil.copytree(topical / "ws" / "sources", tmp_path / "ws" / "sources", symlinks=True)
     broken = next((tmp_path / "ws" / "sources" / "music").glob("v-*")) / SUMMARY_FILE
     broken.write_bytes(b"not a summary")
-    with Workspace(Config(workspace=tmp_path / "ws", routing=RoutingSettings(above=1, budget=2))) as ws:
+    routing = RoutingSettings(widen_margin=0.0, above=1, budget=2)
+    with Workspace(Config(workspace=tmp_path / "ws", routing=routing)) as ws:
         routed = ws.search("Do bond prices fall when interest rates rise?").routing
         assert "could not be read" in routed.unscored["music"] and "finance" in routed.asked
         assert len(routed.asked) == 2  # the unjudged one and the best judged one
@@ -383,20 +386,21 @@ def test_unjudged_sources_take_only_their_share_of_the_budget_in_turn_and_an_ope
     table = SummaryTable.stack({"a": summary_at([1, 0, 0]), "b": summary_at([0.9, 0.1, 0]),
                                 "c": summary_at([0, 1, 0])})
     unscored = {"down1": "could not be read", "down2": "could not be read", "down3": "could not be read"}
-    settings = RoutingSettings(budget=4)  # a quarter of it: one place for the unjudged
+    settings = RoutingSettings(widen_margin=0.0, budget=4)  # a quarter of it: one place for the unjudged
     turns = [route(unit([1, 0, 0]), table, settings, unscored, turn=turn) for turn in range(3)]
     assert [d.asked for d in turns] == [["down1", "a", "b", "c"], ["down2", "a", "b", "c"], ["down3", "a", "b", "c"]]
     assert "asked in turn" in turns[0].skipped["down2"] and "asked in turn" in turns[0].skipped["down3"]
     # a source whose breaker is open is skipped with that reason, and the next best takes its place
-    decision = route(unit([1, 0, 0]), table, RoutingSettings(budget=2), unscored,
+    decision = route(unit([1, 0, 0]), table, RoutingSettings(widen_margin=0.0, budget=2), unscored,
                      unavailable={"a": "its breaker is open", "down1": "its breaker is open"})
     assert decision.asked == ["down2", "b"]
     assert decision.skipped["a"] == "its breaker is open" and decision.skipped["down1"] == "its breaker is open"
     # what the scored sources leave of the budget goes to the unjudged; a budget of one is the best-scored's
     many = {f"new{i}": "no summary yet" for i in range(10)}
-    assert len(route(unit([1, 0, 0]), table, RoutingSettings(budget=24), many).asked) == 13
-    assert route(unit([1, 0, 0]), table, RoutingSettings(budget=1), many).asked == ["a"]
-    assert len(route(unit([1, 0, 0]), table, RoutingSettings(budget=4, unscored_share=3.0), many).asked) == 4
+    assert len(route(unit([1, 0, 0]), table, RoutingSettings(widen_margin=0.0, budget=24), many).asked) == 13
+    assert route(unit([1, 0, 0]), table, RoutingSettings(widen_margin=0.0, budget=1), many).asked == ["a"]
+    wide_share = RoutingSettings(widen_margin=0.0, budget=4, unscored_share=3.0)
+    assert len(route(unit([1, 0, 0]), table, wide_share, many).asked) == 4
 
 
 def test_down_remotes_without_summaries_no_longer_starve_a_local_source(tmp_path):

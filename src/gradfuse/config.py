@@ -72,7 +72,7 @@ Example (every key optional)::
     above = 32                       # a question that may reach more sources than this is routed
     budget = 24                      # to this many of them, chosen from their summaries
     router = "summary"               # summary | redde
-    widen_margin = 0.0               # summary: ask every source within this of the best score too (0: off)
+    widen_margin = 0.2               # summary: ask every source within this of the best score too (0: off)
     widen_max = 50                   # ... up to this many sources in all
     max_open = "auto"                # sources held open at once (a quarter of the open-file limit, at most 1,024)
     [access]                         # who may read what (gradfuse.access.keys; docs/access.md)
