@@ -221,8 +221,7 @@ def _routing(result: SearchResult) -> RoutingRecord | None:
     if decision is None:
         return None
     return RoutingRecord(router=decision.router, budget=decision.budget, widened=decision.widened,
-                         asked=decision.asked,
-                         unscored=decision.unscored, skipped=decision.skipped)
+                         asked=decision.asked, unscored=decision.unscored, skipped=decision.skipped)
 
 
 def _rerank(result: SearchResult) -> RerankRecord | None:

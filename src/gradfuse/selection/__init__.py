@@ -162,21 +162,17 @@ def choose_sources(
     remaining = [s for s in names if np.isfinite(relevance[s])]
     decision.dropped.update({s: "returned no candidates" for s in names if not np.isfinite(relevance[s])})
     soft = settings.choice == "soft"
+    weight = settings.redundancy_weight
+    overlap = dict.fromkeys(remaining, 0.0)  # each source's redundancy with the chosen ones, summed as they come
     while remaining:
-        chosen = decision.sources
-        weight = settings.redundancy_weight
-        penalties = {s: weight * sum(redundancy(s, t) for t in chosen) if weight else 0.0 for s in remaining}
+        penalties = {s: weight * overlap[s] for s in remaining}
         gains = {s: relevance[s] - penalties[s] for s in remaining}
         best = max(remaining, key=lambda s: (gains[s], s))
-        if soft:
-            decision.chosen.append(SourceStep(best, gains[best], relevance[best], penalties[best]))
-            remaining.remove(best)
-            continue
-        if len(chosen) >= settings.max_sources:
+        if not soft and len(decision.chosen) >= settings.max_sources:
             decision.dropped.update({s: f"limit of {settings.max_sources} sources reached (gain {gains[s]:.3f})"
                                      for s in remaining})
             break
-        if chosen and gains[best] < settings.threshold:
+        if not soft and decision.chosen and gains[best] < settings.threshold:
             for s in remaining:
                 why = f"gain {gains[s]:.3f} < threshold {settings.threshold:g}"
                 if penalties[s] > 0 and relevance[s] >= settings.threshold:
@@ -185,6 +181,9 @@ def choose_sources(
             break
         decision.chosen.append(SourceStep(best, gains[best], relevance[best], penalties[best]))
         remaining.remove(best)
+        if weight:
+            for s in remaining:
+                overlap[s] += redundancy(s, best)
     if soft and decision.chosen:
         floor = decision.chosen[0].gain - settings.soft_margin
         decision.dropped.update({step.source: f"gain {step.gain:.3f} more than soft_margin {settings.soft_margin:g} "
