@@ -32,6 +32,10 @@ def _print_build(report: BuildReport) -> None:
             f"[green]{report.name}[/]: built {report.documents} documents in {report.seconds:.1f} s "
             f"({report.docs_per_second:.0f} docs/s; {report.embedded_now} embedded now"
             + (f" by {report.encoder}" if report.encoder else "") + ", the rest from cache)")
+        if report.files:
+            files = report.files
+            console.print(f"  files: {files['added']} added, {files['changed']} changed, {files['deleted']} deleted, "
+                          f"{files['unchanged']} unchanged (not parsed again)")
     for note in report.notes:
         console.print(f"  [yellow]note:[/] {escape(note)}")
     if report.formats:

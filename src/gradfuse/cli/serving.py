@@ -8,6 +8,7 @@ import typer
 
 from gradfuse.access.keys import keys_required
 from gradfuse.cli.common import ConfigOpt, WorkspaceOpt, _fail, _run_guarded, _workspace, app, console
+from gradfuse.cli.watching import print_synced, workspace_watcher
 
 
 @app.command()
@@ -18,6 +19,8 @@ def serve(
     log_level: str = "info",
     insecure_no_key: Annotated[bool, typer.Option(
         help="Serve beyond loopback without an API key (anyone who can reach the port can use it)")] = False,
+    watch: Annotated[bool, typer.Option(help="Keep the folder sources current while serving (as `gradfuse "
+                                             "watch`): answers come from each change once it is published")] = False,
     config: ConfigOpt = None,
     workspace: WorkspaceOpt = None,
 ):
@@ -42,7 +45,18 @@ def serve(
     console.print(f"gradfuse serving {ws.root} on http://{settings.host}:{settings.port}/ ({key}; "
                   f"API docs at /docs; OpenAI-compatible at /v1, MCP at /mcp; stage 2 scores in "
                   f"{ws.executor.describe()})")
-    run_server(ws, settings, preload_lm=preload_lm, log_level=log_level)
+    watcher = workspace_watcher(ws, print_synced) if watch else None
+    if watch and watcher is None:
+        _fail("--watch: no folder source to watch (declare one with kind = \"files\", or index one with "
+              "`gradfuse index files FOLDER`)")
+    if watcher is not None:
+        watcher.start()
+        console.print(f"watching {', '.join(watcher.sources)}")
+    try:
+        run_server(ws, settings, preload_lm=preload_lm, log_level=log_level)
+    finally:
+        if watcher is not None:
+            watcher.stop()
 
 
 @app.command()

@@ -2,30 +2,24 @@
 
 from __future__ import annotations
 
-import dataclasses
-import errno
-import fnmatch
 import hashlib
 import json
-import os
-import shutil
-import sqlite3
 import time
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
-from gradfuse.access import InvalidReader, reader_rules
-from gradfuse.folders import private_folder
-from gradfuse.sources.base import (
-    FORMAT_VERSION,
-    SourceSpec,
-    current_version,
-    publish_version,
-    read_manifest,
-    write_manifest,
+from gradfuse.embedding.encoder_names import encoder_name
+from gradfuse.indexing.file_readers import with_file_readers
+from gradfuse.indexing.folder_sync import FILE_CHUNK_OVERLAP, FILE_CHUNK_WORDS, file_options, sync_folder
+from gradfuse.indexing.lock import source_lock
+from gradfuse.indexing.report import BuildReport
+from gradfuse.indexing.versions import (
+    embed_passages,
+    encoder_change_notes,
+    manifest_for,
+    new_version,
+    no_documents,
+    unmatched_readers_notes,
 )
-from gradfuse.sources.docstore import write_documents
 from gradfuse.ingest.documents import (
     CHARS_PER_WORD,
     Document,
@@ -35,46 +29,15 @@ from gradfuse.ingest.documents import (
     read_beir_corpus,
     read_jsonl,
 )
-from gradfuse.sources.embedded import write_embedded_index
 from gradfuse.ingest.files import read_files
-from gradfuse.ingest.readers import LIMIT_OPTIONS, ReaderLimits
-from gradfuse.embedding.encoder import EmbeddingCache, load_encoder
-from gradfuse.embedding.encoder_names import encoder_name, recorded_encoder
-from gradfuse.indexing.lock import source_lock
+from gradfuse.sources.base import FORMAT_VERSION, SourceSpec, current_version, read_manifest, write_manifest
+from gradfuse.sources.docstore import write_documents
+from gradfuse.sources.embedded import write_embedded_index
 from gradfuse.sources.run import run_doc_ids, write_run_tables
 
-FILE_CHUNK_WORDS, FILE_CHUNK_OVERLAP = 200, 40
 # A record longer than this is cut as files are (no passage of the shared data comes near it): one 10 MB record
 # would otherwise be returned whole by every search that hits it.
 LONG_RECORD_WORDS = 2000
-
-
-@dataclass
-class BuildReport:
-    name: str
-    status: str  # "built" or "unchanged"
-    documents: int
-    seconds: float
-    embedded_now: int = 0  # vectors computed in this build; the rest came from the cache
-    ingest: dict[str, int] = field(default_factory=dict)
-    formats: dict[str, int] = field(default_factory=dict)  # files read, by format (files sources)
-    skipped: list[tuple[str, str, str]] = field(default_factory=list)  # (file, reason, detail) of unreadable ones
-    cut: list[str] = field(default_factory=list)  # what was read only in part, to a limit ("file: what (option)")
-    written: int | None = None  # rows inserted or updated (sources in a database)
-    deleted: int | None = None  # rows removed because their document left the input
-    encoder: str = ""  # what embedded the passages: the encoder's name and backend
-    notes: list[str] = field(default_factory=list)  # why it was rebuilt whole, or ran slower than it could
-
-    @property
-    def skipped_by_reason(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for _, reason, _ in self.skipped:
-            counts[reason] = counts.get(reason, 0) + 1
-        return dict(sorted(counts.items()))
-
-    @property
-    def docs_per_second(self) -> float:
-        return self.documents / self.seconds if self.seconds else float("inf")
 
 
 def read_documents(spec: SourceSpec, report: IngestReport, cache: Path | None = None) -> list[Document]:
@@ -91,12 +54,7 @@ def read_documents(spec: SourceSpec, report: IngestReport, cache: Path | None = 
         fields = {k: options[k] for k in ("id_field", "text_field", "title_field") if k in options}
         documents = read_jsonl(path, report, skip_malformed=skip, readers_field=readers_field, **fields)
     elif spec.kind == "files":
-        # Files are always chunked (a file can be a book), inside each page, section, slide or sheet.
-        words = options.get("chunk_words", FILE_CHUNK_WORDS)
-        overlap = options.get("chunk_overlap", min(FILE_CHUNK_OVERLAP, words // 4))
-        limits = ReaderLimits(**{k: options[k] for k in LIMIT_OPTIONS if k in options})
-        files = read_files(path, report, words=words, overlap=overlap, limits=limits, cache=cache,
-                           links_outside=bool(options.get("links_outside", False)))
+        files = read_files(path, report, **file_options(options), cache=cache)
         return list(with_file_readers(files, options.get("readers", {}), report, path))
     else:
         # A run source keeps only the corpus documents its run ranks: the rest could never be returned.
@@ -113,61 +71,6 @@ def read_documents(spec: SourceSpec, report: IngestReport, cache: Path | None = 
     return list(_chunk_long_records(documents, report))
 
 
-def with_file_readers(documents, rules: object, report: IngestReport, folder: Path):
-    """Files' passages with the readers of the last rule whose pattern matches the file's path in `folder`
-    (`[sources.NAME.readers]`: "hr/*" = ["hr"]; `*` matches across folders, as in a .gitignore the last match
-    wins); a file no rule matches is for every reader of the source. A file read through a link has the readers of
-    the path it leads to (a link in public/ to hr/pay.md is hr's). A pattern no file matches is reported: a
-    misspelt folder would leave its files open."""
-    try:
-        checked = reader_rules(rules)
-    except InvalidReader as error:
-        raise IngestError(str(error)) from None
-    unmatched, root = dict.fromkeys(rules), folder.resolve()
-    documents = list(documents)
-    readers_of: dict[str, tuple[str, ...]] = {}
-    for file in dict.fromkeys(d.parent_id or "" for d in documents):  # once a file, not once a chunk
-        matched = [(pattern, names) for pattern, names in checked
-                   if fnmatch.fnmatchcase(_rule_path(root, file), pattern)]
-        for pattern, _ in matched:
-            unmatched.pop(pattern, None)
-        readers_of[file] = matched[-1][1] if matched else ()
-    refused = _hard_links_across_readers(root, readers_of)
-    for file, other in refused.items():
-        report.skipped_unreadable.append((file, "hard link", f"the same file as {other}, whose readers differ: "
-                                          "neither is indexed (a symbolic link or a copy keeps each path's readers)"))
-    for document in documents:
-        file = document.parent_id or ""
-        if file not in refused:
-            yield dataclasses.replace(document, readers=readers_of[file]) if readers_of[file] else document
-    report.unmatched_readers.extend(unmatched)
-
-
-def _hard_links_across_readers(root: Path, readers_of: dict[str, tuple[str, ...]]) -> dict[str, str]:
-    """Files hard-linked to another path of the folder whose readers differ, each with one such path: a hard link
-    of hr/pay.md placed in public/ would otherwise take public/'s readers (a symbolic link is followed, and takes
-    its target's: `_rule_path`)."""
-    by_inode: dict[tuple[int, int], list[str]] = {}
-    for file in readers_of:
-        try:
-            found = os.stat(root / file)
-        except OSError:
-            continue
-        if found.st_nlink > 1:
-            by_inode.setdefault((found.st_dev, found.st_ino), []).append(file)
-    refused = {}
-    for paths in by_inode.values():
-        if len({readers_of[path] for path in paths}) > 1:
-            refused.update({path: next(p for p in paths if readers_of[p] != readers_of[path]) for path in paths})
-    return refused
-
-
-def _rule_path(root: Path, relative: str) -> str:
-    """The path in the folder a file's readers are decided by: where a link leads, when that is in the folder."""
-    target = (root / relative).resolve()
-    return target.relative_to(root).as_posix() if target.is_relative_to(root) else relative
-
-
 def _chunk_long_records(documents, report: IngestReport):
     for document in documents:
         short = len(document.text) <= LONG_RECORD_WORDS * CHARS_PER_WORD  # a record without spaces is long too
@@ -176,11 +79,6 @@ def _chunk_long_records(documents, report: IngestReport):
             continue
         report.chunked_long_records.append(document.doc_id)
         yield from chunk_documents([document], words=FILE_CHUNK_WORDS, overlap=FILE_CHUNK_OVERLAP)
-
-
-def _disk_full(error: BaseException) -> bool:
-    return ((isinstance(error, OSError) and error.errno == errno.ENOSPC)
-            or (isinstance(error, sqlite3.OperationalError) and "disk is full" in str(error)))
 
 
 def _run_inputs(spec: SourceSpec) -> tuple[Path, Path]:
@@ -215,22 +113,21 @@ def build_source(workspace: Path, spec: SourceSpec, *, encoder: str, progress: b
 def _build(workspace: Path, spec: SourceSpec, encoder: str, progress: bool) -> BuildReport:
     started = time.perf_counter()
     encoder = encoder_name(encoder)
+    for shared in (workspace / "cache" / "parsed").glob("*.json"):  # before version 3, one folder for all sources
+        shared.unlink(missing_ok=True)
+    if spec.kind == "files":
+        return sync_folder(workspace, spec, encoder, progress)
     if spec.kind == "run":
         corpus, queries = _run_inputs(spec)
     source_dir = workspace / "sources" / spec.name
     report = IngestReport()
-    for shared in (workspace / "cache" / "parsed").glob("*.json"):  # before version 3, one folder for all sources
-        shared.unlink(missing_ok=True)
-    documents = read_documents(spec, report, workspace / "cache" / "parsed" / spec.name)
-    notes = [f"readers pattern {pattern!r} matches no file: the files it was meant for are open to every reader "
-             "of the source" for pattern in report.unmatched_readers]
+    documents = read_documents(spec, report)
+    notes = unmatched_readers_notes(report)
     if spec.options.get("readers_field") and not any(d.readers for d in documents):  # a misspelt field, likely
         notes.append(f"no record names readers in field {spec.options['readers_field']!r} (readers_field): every "
                      "document is open to every reader of the source")
     if not documents:
-        skipped = "".join(f"\n  {name}: {reason} ({detail})" for name, reason, detail in report.skipped_unreadable)
-        raise IngestError(f"source {spec.name!r}: {spec.path} holds no documents"
-                          + (f"; files skipped:{skipped}" if skipped else ""))
+        raise no_documents(spec, report)
     extra = [Path(spec.path), queries] if spec.kind == "run" else []
     fingerprint = _fingerprint(spec, encoder, documents, extra)
 
@@ -239,53 +136,20 @@ def _build(workspace: Path, spec: SourceSpec, encoder: str, progress: bool) -> B
         return BuildReport(spec.name, "unchanged", len(documents), time.perf_counter() - started,
                            **report.details(), notes=notes)
 
-    private_folder(source_dir, up_to=workspace)
-    for stale in source_dir.glob("build-*"):  # left by a build that was killed: this one holds the lock now
-        shutil.rmtree(stale, ignore_errors=True)
-    stamp = datetime.now(timezone.utc)
-    building = source_dir / f"build-{stamp:%Y%m%dT%H%M%S%f}-{os.getpid()}"
-    building.mkdir()
-    try:
+    embedded_now, described = 0, ""
+    with new_version(workspace, spec) as (building, stamp):
         count = write_documents(building / "docs.sqlite", documents)
-        manifest = {
-            "name": spec.name,
-            "kind": spec.kind,
-            "input": str(Path(spec.path).resolve()),
-            "options": spec.options,
-            "documents": count,
-            "restricted": sum(1 for d in documents if d.readers),  # documents that name their readers
-            "fingerprint": fingerprint,
-            "built_at": stamp.isoformat(timespec="seconds"),
-            "format_version": FORMAT_VERSION,
-            "ingest": report.summary(),
-            "encoder": None,
-        }
-        embedded_now, described = 0, ""
-        before = read_manifest(previous).get("encoder") if previous is not None else None
-        if spec.kind != "run" and before and recorded_encoder(before) != encoder:
-            before = recorded_encoder(before)
-            notes.append(f"its encoder changed from {before} to {encoder}: every passage is embedded again")
+        manifest = manifest_for(spec, documents=count, restricted=sum(1 for d in documents if d.readers),
+                                fingerprint=fingerprint, stamp=stamp, report=report)
         if spec.kind == "run":
             manifest.update(write_run_tables(building, Path(spec.path), queries, report))
             manifest["corpus"] = str(corpus.resolve())
         else:
-            model = load_encoder(encoder)
-            described, notes = model.describe(), [*notes, *filter(None, [model.note])]
-            cache = EmbeddingCache(workspace / "cache" / "embeddings.sqlite", model)
-            try:
-                embedded_now = write_embedded_index(building, documents, cache, progress)
-            finally:
-                cache.close()
+            notes += encoder_change_notes(previous, encoder)
+            vectors, embedded_now, described, encoder_notes = embed_passages(workspace, encoder, documents, progress)
+            notes += encoder_notes
+            write_embedded_index(building, documents, vectors)
             manifest["encoder"] = encoder
         write_manifest(building, manifest)
-        version = building.with_name("v-" + building.name.removeprefix("build-"))
-        building.rename(version)
-        publish_version(source_dir, version)
-    except BaseException as error:
-        shutil.rmtree(building, ignore_errors=True)
-        if _disk_full(error):
-            raise IngestError(f"source {spec.name!r}: the disk is full (building in {source_dir}): free some "
-                              "space and index again; the published version is unchanged") from None
-        raise
     return BuildReport(spec.name, "built", count, time.perf_counter() - started, embedded_now, **report.details(),
                        encoder=described, notes=notes)

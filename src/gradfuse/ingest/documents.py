@@ -53,6 +53,27 @@ class IngestReport:
             "read_by_content", "cut_to_limits")}
         return {**counts, "pages_read_by_ocr": self.pages_read_by_ocr}
 
+    def merge(self, other: IngestReport) -> None:
+        """Add what `other` (one file's reading, say) reported."""
+        for name, value in vars(other).items():
+            if isinstance(value, list):
+                getattr(self, name).extend(value)
+            elif isinstance(value, dict):
+                for key, count in value.items():
+                    self.formats[key] = self.formats.get(key, 0) + count
+            else:
+                setattr(self, name, getattr(self, name) + value)
+
+    def to_json(self) -> str:
+        """Only what it holds (most files' reports are empty but for their format)."""
+        return json.dumps({name: value for name, value in vars(self).items() if value}, ensure_ascii=False)
+
+    @staticmethod
+    def from_json(stored: str) -> IngestReport:
+        fields = json.loads(stored)
+        fields["skipped_unreadable"] = [tuple(entry) for entry in fields.get("skipped_unreadable", [])]
+        return IngestReport(**fields)
+
     def details(self) -> dict:
         """What a BuildReport carries of this report."""
         return {"ingest": self.summary(), "formats": dict(self.formats), "skipped": list(self.skipped_unreadable),

@@ -18,7 +18,7 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from itertools import islice
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gradfuse.candidate import Location
@@ -35,10 +35,50 @@ from gradfuse.ingest.readers import (
     check_ocr,
     check_size,
 )
-from gradfuse.ingest.readers.isolation import ParserWorker
+from gradfuse.ingest.readers.isolation import ParserWorker, kept_parser
 from gradfuse.ingest.readers.plain import BOMS
 
 PARSE_VERSION = 4  # bump when a reader's output changes, so cached parses are not reused
+
+
+@dataclass(frozen=True)
+class ListedFile:
+    """A file of the folder as listed: its path in the folder and what a sync compares to know it unchanged."""
+
+    relative: str
+    size: int
+    mtime_ns: int
+    ctime_ns: int  # moves on every write and rename, and no program can set it back
+    inode: int
+    links: int  # hard links to it (a hard link across readers is refused: indexing/build.py)
+
+    @property
+    def stamp(self) -> tuple[int, int, int, int]:
+        return self.size, self.mtime_ns, self.ctime_ns, self.inode
+
+
+@dataclass
+class FileRead:
+    """One file read: its passages, what its reading adds to the build's report, the hash of its bytes (None where
+    it was skipped before they were read) and the parse-cache entry it used."""
+
+    documents: list[Document]
+    report: IngestReport
+    digest: str | None = None
+    parse_entry: str | None = None
+    unchanged: bool = False  # its bytes hash to the digest it was asked about: nothing was parsed
+
+
+def list_files(folder: Path, report: IngestReport) -> list[ListedFile]:
+    """Every file under `folder` of a format gradfuse reads, in path order, with its stat (followed through a
+    link); a folder that cannot be listed is reported and left out."""
+    if not folder.is_dir():
+        raise IngestError(f"{folder} is not a folder")
+    listed = []
+    for relative, found in _walk(folder, report):
+        listed.append(ListedFile(relative, found.st_size, found.st_mtime_ns, found.st_ctime_ns, found.st_ino,
+                                 found.st_nlink))
+    return listed
 
 
 def read_files(folder: Path, report: IngestReport, *, words: int, overlap: int, links_outside: bool = False,
@@ -46,41 +86,90 @@ def read_files(folder: Path, report: IngestReport, *, words: int, overlap: int, 
     """The chunks of every readable file under `folder`, in path order, each named `<relative path>#<n>`. A file
     that cannot be read is skipped and reported with its reason; `cache`: the source's folder for parsed files
     (entries this read did not use are removed once every file was read)."""
-    if not folder.is_dir():
-        raise IngestError(f"{folder} is not a folder")
     limits = limits or ReaderLimits()
-    try:
-        check_ocr(limits)
-    except ValueError as error:
-        raise IngestError(str(error)) from None
-    root, used = folder.resolve(), set()
-    with ParserWorker() as worker:
-        for path in _walk(folder, report):
-            relative = path.relative_to(folder).as_posix()
-            try:
-                parsed = _read_one(path, relative, root, report, worker, limits, links_outside, cache, used)
-            except OSError as error:  # gone since the listing, or not ours to read: this file only
-                report.skipped_unreadable.append((relative, "unreadable", error.strerror or type(error).__name__))
-                continue
-            if parsed is None:
-                continue
-            chunks = list(islice(_chunks(relative, parsed.title or Path(relative).stem, parsed, words, overlap),
-                                 limits.max_chunks + 1))
-            if len(chunks) > limits.max_chunks:
-                report.skipped_unreadable.append((relative, "too many chunks", f"it makes over {limits.max_chunks} "
-                                                                               "chunks (--max-chunks)"))
-                continue
-            if not chunks:
-                report.skipped_empty.append(relative)
-                continue
-            yield from chunks
+    used = set()
+    with FileReader(folder, words=words, overlap=overlap, limits=limits, links_outside=links_outside,
+                    cache=cache) as reader:
+        for listed in list_files(folder, report):
+            read = reader.read(listed.relative)
+            report.merge(read.report)
+            used.add(read.parse_entry)
+            yield from read.documents
+    prune_parse_cache(cache, used)
+
+
+def prune_parse_cache(cache: Path | None, used: set[str | None]) -> None:
+    """Remove the parse-cache entries no current file uses: a deleted file's text does not stay behind."""
     if cache is not None and cache.is_dir():
-        for entry in cache.iterdir():  # a deleted file's text does not stay behind
+        for entry in cache.iterdir():
             if entry.name not in used:
                 entry.unlink(missing_ok=True)
 
 
-def _read_one(path, relative, root, report, worker, limits, links_outside, cache, used) -> Parsed | None:
+class FileReader:
+    """Reads files of one folder one at a time, in a parser worker started on the first file that must be parsed
+    (a sync that finds nothing changed starts none)."""
+
+    def __init__(self, folder: Path, *, words: int, overlap: int, limits: ReaderLimits, links_outside: bool,
+                 cache: Path | None):
+        try:
+            check_ocr(limits)
+        except ValueError as error:
+            raise IngestError(str(error)) from None
+        self.folder, self._root = folder, folder.resolve()
+        self._words, self._overlap, self._limits = words, overlap, limits
+        self._links_outside, self._cache = links_outside, cache
+        self._worker: ParserWorker | None = None
+
+    def __enter__(self) -> FileReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._worker is not None:
+            self._worker.__exit__(*exc)
+
+    def _parser(self) -> ParserWorker:
+        kept = kept_parser()
+        if kept is not None:
+            return kept
+        if self._worker is None:
+            self._worker = ParserWorker().__enter__()
+        return self._worker
+
+    def read(self, relative: str, *, known_digest: str | None = None) -> FileRead:
+        """The file's passages and report; `known_digest`: where its bytes still hash to it, nothing is parsed
+        and the read comes back `unchanged`."""
+        report, limits = IngestReport(), self._limits
+        try:
+            data = _read_bytes(self.folder / relative, relative, self._root, report, limits, self._links_outside)
+        except OSError as error:  # gone since the listing, or not ours to read: this file only
+            report.skipped_unreadable.append((relative, "unreadable", error.strerror or type(error).__name__))
+            return FileRead([], report)
+        if data is None:
+            return FileRead([], report)
+        digest = hashlib.sha256(data).hexdigest()
+        if digest == known_digest:
+            return FileRead([], report, digest, unchanged=True)
+        used: set[str] = set()
+        parsed = _parse(data, relative, report, self._parser, limits, self._cache, used)
+        read = FileRead([], report, digest, next(iter(used), None))
+        if parsed is None:
+            return read
+        chunks = list(islice(_chunks(relative, parsed.title or Path(relative).stem, parsed, self._words,
+                                     self._overlap), limits.max_chunks + 1))
+        if len(chunks) > limits.max_chunks:
+            report.skipped_unreadable.append((relative, "too many chunks", f"it makes over {limits.max_chunks} "
+                                                                           "chunks (--max-chunks)"))
+        elif not chunks:
+            report.skipped_empty.append(relative)
+        else:
+            read.documents = chunks
+        return read
+
+
+def _read_bytes(path: Path, relative: str, root: Path, report: IngestReport, limits: ReaderLimits,
+                links_outside: bool) -> bytes | None:
+    """The file's bytes, or None where it is skipped (reported) before they are read."""
     with _opened(path, root, links_outside) as (handle, outside):
         if outside:
             report.skipped_links_outside.append(relative)
@@ -97,10 +186,14 @@ def _read_one(path, relative, root, report, worker, limits, links_outside, cache
         except Unreadable as error:
             report.skipped_unreadable.append((relative, error.reason, str(error)))
             return None
-        data = head + handle.read()
-    suffix = path.suffix.lower()
+        return head + handle.read()
+
+
+def _parse(data: bytes, relative: str, report: IngestReport, parser, limits: ReaderLimits, cache: Path | None,
+           used: set[str]) -> Parsed | None:
+    suffix = Path(relative).suffix.lower()
     try:
-        kind, parsed = _parsed(worker, data, suffix, relative, limits, cache, used)
+        kind, parsed = _parsed(parser, data, suffix, relative, limits, cache, used)
     except Unreadable as error:
         report.skipped_unreadable.append((relative, error.reason, str(error)))
         return None
@@ -118,7 +211,7 @@ def _read_one(path, relative, root, report, worker, limits, links_outside, cache
     return parsed
 
 
-def _parsed(worker: ParserWorker, data: bytes, suffix: str, relative: str, limits: ReaderLimits,
+def _parsed(parser, data: bytes, suffix: str, relative: str, limits: ReaderLimits,
             cache: Path | None, used: set[str]) -> tuple[str, Parsed | None]:
     """The worker's (format, parse) of `data`, or the cached one for the same bytes, name and limits (kept for
     the formats a parser reads; text is read again, which costs less than keeping a copy)."""
@@ -129,7 +222,7 @@ def _parsed(worker: ParserWorker, data: bytes, suffix: str, relative: str, limit
         if kept is not None:
             used.add(stored.name)
             return kept
-    kind, parsed = worker.parse(data, suffix, relative, limits)
+    kind, parsed = parser().parse(data, suffix, relative, limits)
     if stored is not None and kind in PARSED_FORMATS.values():
         _write_entry(stored, kind, parsed)
         used.add(stored.name)
@@ -200,26 +293,30 @@ def _chunks(relative: str, title: str, parsed: Parsed, words: int, overlap: int)
             number += 1
 
 
-def _walk(folder: Path, report: IngestReport) -> list[Path]:
-    """The readable files under `folder`, sorted, without recursion (a folder 1,200 levels deep is fine) and
-    without entering linked folders (as Path.rglob); a folder that cannot be listed is reported and left out."""
-    found, pending = [], [folder]
+def _walk(folder: Path, report: IngestReport) -> list[tuple[str, os.stat_result]]:
+    """(path in the folder, stat) of the readable files under `folder`, in path order, without recursion (a
+    folder 1,200 levels deep is fine) and without entering linked folders (as Path.rglob); a folder that cannot be
+    listed is reported and left out. Plain strings, not Paths: a sync lists every file of the folder each time."""
+    found, pending = [], [""]
     while pending:
         listed = pending.pop()
         try:
-            entries = list(os.scandir(listed))
+            entries = list(os.scandir(os.path.join(folder, listed)))
         except OSError as error:
-            if listed == folder:
+            if not listed:
                 raise IngestError(f"{folder} cannot be read ({error.strerror})") from None
-            report.skipped_unreadable.append((f"{listed.relative_to(folder).as_posix()}/", "unreadable",
-                                              error.strerror or type(error).__name__))
+            report.skipped_unreadable.append((f"{listed}/", "unreadable", error.strerror or type(error).__name__))
             continue
         for entry in entries:
+            relative = f"{listed}/{entry.name}" if listed else entry.name
             if entry.is_dir(follow_symlinks=False):
-                pending.append(Path(entry.path))
-            elif Path(entry.name).suffix.lower() in SUFFIXES and entry.is_file():
-                found.append(Path(entry.path))
-    return sorted(found)
+                pending.append(relative)
+            elif os.path.splitext(entry.name)[1].lower() in SUFFIXES and entry.is_file():
+                try:
+                    found.append((relative, entry.stat()))
+                except OSError:  # gone since the listing, or a link that leads nowhere now
+                    continue
+    return sorted(found, key=lambda item: item[0].split("/"))
 
 
 @contextmanager

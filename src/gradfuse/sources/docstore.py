@@ -7,6 +7,7 @@ import json
 import sqlite3
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from gradfuse.access import Readers, may_read
@@ -24,27 +25,94 @@ CREATE TABLE docs (
     span_end INTEGER,
     location TEXT,             -- gradfuse.candidate.Location as JSON, for passages read from files
     readers TEXT               -- who may read it, a JSON list (gradfuse.access); NULL: every reader of the source
+);
+CREATE INDEX docs_by_file ON docs (parent_id);
+CREATE TABLE files (           -- a folder source's files as its last sync saw them (indexing/folder_sync.py)
+    path TEXT PRIMARY KEY,
+    size INTEGER, mtime_ns INTEGER, ctime_ns INTEGER, inode INTEGER,
+    digest TEXT,               -- sha256 of its bytes; NULL where it was skipped before they were read
+    readers TEXT NOT NULL,     -- the readers its path gave it (JSON), or "refused" (a hard link across readers)
+    parse_entry TEXT,          -- the parse-cache entry it used
+    report TEXT NOT NULL       -- what reading it added to the build's report (IngestReport as JSON)
 )
 """
 
 
-def write_documents(path: Path, documents: Iterable[Document]) -> int:
+@dataclass(frozen=True)
+class FileRecord:
+    path: str
+    stamp: tuple[int, int, int, int]  # size, mtime_ns, ctime_ns, inode
+    digest: str | None
+    readers: str
+    parse_entry: str | None
+    report: str
+
+
+def write_documents(path: Path, documents: Iterable[Document], files: Iterable[FileRecord] = ()) -> int:
     db = sqlite3.connect(path)
     try:
-        db.execute(_SCHEMA)
-        rows = (
-            (row, d.doc_id, d.title, d.text, d.parent_id, *(d.span or (None, None)),
-             d.location.to_json() if d.location else None, json.dumps(d.readers) if d.readers else None)
-            for row, d in enumerate(documents)
-        )
-        try:
-            db.executemany("INSERT INTO docs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-        except sqlite3.IntegrityError as error:
-            raise ValueError(f"duplicate document id in input: {error}") from error
+        db.executescript(_SCHEMA)
+        _insert(db, documents, 0)
+        _put_files(db, files)
         db.commit()
         return db.execute("SELECT COUNT(*) FROM docs").fetchone()[0]
     finally:
         db.close()
+
+
+def update_documents(path: Path, *, dropped_files: list[str], documents: list[Document], first_row: int,
+                     files: list[FileRecord]) -> tuple[list[int], int, int]:
+    """A copy of a version's document store changed in place: the passages of `dropped_files` deleted (their text
+    overwritten, not left in free pages), `documents` added from row `first_row` on, and `files` recorded, those
+    dropped and not recorded again forgotten. (The rows dropped, the passages now held, those that name their
+    readers.)"""
+    db = sqlite3.connect(path)
+    try:
+        db.execute("PRAGMA secure_delete = ON")
+        dropped: list[int] = []
+        for start in range(0, len(dropped_files), 900):  # SQLite caps the number of bound parameters
+            batch = dropped_files[start : start + 900]
+            marks = ",".join("?" * len(batch))
+            dropped += [row for (row,) in db.execute(f"SELECT row FROM docs WHERE parent_id IN ({marks})", batch)]
+            db.execute(f"DELETE FROM docs WHERE parent_id IN ({marks})", batch)
+            db.execute(f"DELETE FROM files WHERE path IN ({marks})", batch)
+        _insert(db, documents, first_row)
+        _put_files(db, files)
+        db.commit()
+        return dropped, *db.execute("SELECT COUNT(*), COUNT(readers) FROM docs").fetchone()
+    finally:
+        db.close()
+
+
+def read_files_table(path: Path) -> dict[str, FileRecord] | None:
+    """The files a version's last sync saw, or None for a store without them (not a folder, or built before)."""
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        rows = db.execute("SELECT path, size, mtime_ns, ctime_ns, inode, digest, readers, parse_entry, report "
+                          "FROM files").fetchall()
+    except sqlite3.OperationalError:
+        return None
+    finally:
+        db.close()
+    return {path: FileRecord(path, (size, mtime, ctime, inode), digest, readers, entry, report)
+            for path, size, mtime, ctime, inode, digest, readers, entry, report in rows}
+
+
+def _insert(db: sqlite3.Connection, documents: Iterable[Document], first_row: int) -> None:
+    rows = (
+        (row, d.doc_id, d.title, d.text, d.parent_id, *(d.span or (None, None)),
+         d.location.to_json() if d.location else None, json.dumps(d.readers) if d.readers else None)
+        for row, d in enumerate(documents, start=first_row)
+    )
+    try:
+        db.executemany("INSERT INTO docs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    except sqlite3.IntegrityError as error:
+        raise ValueError(f"duplicate document id in input: {error}") from error
+
+
+def _put_files(db: sqlite3.Connection, files: Iterable[FileRecord]) -> None:
+    db.executemany("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                   ((f.path, *f.stamp, f.digest, f.readers, f.parse_entry, f.report) for f in files))
 
 
 class DocStore:

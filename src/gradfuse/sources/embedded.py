@@ -10,7 +10,9 @@ recall against exact search and its build time at 10k to 1M passages).
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -24,7 +26,7 @@ from gradfuse.candidate import Candidate
 from gradfuse.sources.base import TIE_SLACK, SourceStats, rank_by_score, read_manifest, stats_from_manifest
 from gradfuse.sources.docstore import DocStore
 from gradfuse.ingest.documents import Document
-from gradfuse.embedding.encoder import EmbeddingCache, embedding_text, load_encoder
+from gradfuse.embedding.encoder import load_encoder
 from gradfuse.sources.summary import write_summary
 
 RETRIEVAL_MODES = ("bm25", "dense", "hybrid")
@@ -62,6 +64,7 @@ def _schema() -> tantivy.Schema:
     builder.add_text_field("title", stored=False, tokenizer_name="en_stem")
     builder.add_text_field("body", stored=False, tokenizer_name="en_stem")
     builder.add_text_field("readers", stored=False, tokenizer_name="raw")  # who may read it, OPEN for everyone
+    builder.add_text_field("file", stored=False, tokenizer_name="raw")  # a file's passages go when it changes
     return builder.build()
 
 
@@ -101,27 +104,74 @@ def build_ann_index(vectors: np.ndarray, *, seed: int = 0):
     return index
 
 
-def write_embedded_index(version: Path, documents: list[Document], cache: EmbeddingCache, progress: bool) -> int:
+def write_embedded_index(version: Path, documents: list[Document], vectors: np.ndarray) -> None:
     """BM25 index and the embedding matrix for `documents`, whose order defines their row numbers, the source's
     summary (what routing reads), and for a large source the approximate index over that matrix."""
     (version / "bm25").mkdir()
     index = tantivy.Index(_schema(), path=str(version / "bm25"))
-    writer = index.writer(heap_size=200_000_000, num_threads=1)
-    for row, document in enumerate(documents):
-        indexed = tantivy.Document(row=row, title=document.title, body=document.text)
-        for reader in document.readers or (OPEN,):
-            indexed.add_text("readers", reader)
-        writer.add_document(indexed)
-    writer.commit()
-    writer.wait_merging_threads()
-    vectors = cache.embed([embedding_text(d.title, d.text) for d in documents], progress=progress)
+    _index_documents(index, documents, first_row=0)
     np.save(version / "embeddings.npy", vectors)
     write_summary(version, vectors)
     if len(vectors) >= ANN_MIN_VECTORS:
         import faiss
 
         faiss.write_index(build_ann_index(vectors), str(version / ANN_FILE))
-    return cache.last_computed
+
+
+def update_embedded_index(previous: Path, version: Path, *, dropped_files: list[str], dropped_rows: list[int],
+                          documents: list[Document], vectors: np.ndarray) -> None:
+    """`previous`'s index without the passages of `dropped_files` (rows `dropped_rows`) and with `documents`
+    appended after its last row, in `version`. Rows keep their numbers, so the BM25 index is the previous one's
+    segments, linked, not rewritten: the dropped passages are deleted from it and the new ones added as a segment
+    of their own; a dropped row stays in the matrix as a hole of zeros (`HOLES_FILE`), which no search returns."""
+    (version / "bm25").mkdir()
+    for part in (previous / "bm25").iterdir():  # segments never change once written; tantivy's own state does
+        if part.name in ("meta.json", ".managed.json"):
+            shutil.copyfile(part, version / "bm25" / part.name)
+        elif part.is_file() and not part.name.endswith(".lock"):
+            os.link(part, version / "bm25" / part.name)
+    index = tantivy.Index.open(str(version / "bm25"))
+    previous_vectors = np.load(previous / "embeddings.npy", mmap_mode="r")
+    _index_documents(index, documents, first_row=len(previous_vectors), dropped_files=dropped_files)
+    matrix = np.concatenate([previous_vectors, vectors.astype(np.float32).reshape(-1, previous_vectors.shape[1])])
+    holes = np.union1d(live_holes(previous), np.asarray(dropped_rows, dtype=np.int64))
+    matrix[holes] = 0.0  # a dropped passage's vector does not stay behind
+    np.save(version / "embeddings.npy", matrix)
+    if len(holes):
+        np.save(version / HOLES_FILE, holes)
+    write_summary(version, np.delete(matrix, holes, axis=0))
+    if (previous / ANN_FILE).is_file():
+        import faiss
+
+        ann = faiss.read_index(str(previous / ANN_FILE))
+        ann.remove_ids(np.asarray(dropped_rows, dtype=np.int64))
+        ann.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32),
+                         np.arange(len(previous_vectors), len(matrix), dtype=np.int64))
+        faiss.write_index(ann, str(version / ANN_FILE))
+
+
+HOLES_FILE = "holes.npy"  # rows of the matrix whose passage was dropped by a sync (indexing/folder_sync.py)
+
+
+def live_holes(version: Path) -> np.ndarray:
+    path = version / HOLES_FILE
+    return np.load(path) if path.is_file() else np.zeros(0, dtype=np.int64)
+
+
+def _index_documents(index: tantivy.Index, documents: list[Document], *, first_row: int,
+                     dropped_files: list[str] = ()) -> None:
+    writer = index.writer(heap_size=200_000_000, num_threads=1)
+    for file in dropped_files:
+        writer.delete_documents_by_term("file", file)
+    for row, document in enumerate(documents, start=first_row):
+        indexed = tantivy.Document(row=row, title=document.title, body=document.text)
+        for reader in document.readers or (OPEN,):
+            indexed.add_text("readers", reader)
+        if document.parent_id:
+            indexed.add_text("file", document.parent_id)
+        writer.add_document(indexed)
+    writer.commit()
+    writer.wait_merging_threads()
 
 
 class EmbeddedSource:
@@ -137,7 +187,12 @@ class EmbeddedSource:
         self._searcher = self._index.searcher()
         self._vectors = np.load(version / "embeddings.npy", mmap_mode="r")
         self._ann = None
-        self._rows = RowReaders(self._docs, len(self._vectors)) if self._manifest.get("restricted") else None
+        live = np.ones(len(self._vectors), dtype=bool)
+        live[live_holes(version)] = False
+        # Every search of a source with holes reads through the live rows' mask (an exact search would rank a
+        # hole's zero vector above passages of negative cosine)
+        self._live = None if live.all() else Readable(None, live, int(live.sum()), np.packbits(live, bitorder="little"))
+        self._rows = RowReaders(self._docs, live) if self._manifest.get("restricted") else None
         if (version / ANN_FILE).is_file():
             import faiss
 
@@ -157,7 +212,7 @@ class EmbeddedSource:
 
     def search(self, query: str, k: int, *, readers: Readers = None, mode: str | None = None) -> list[Candidate]:
         mode, deeper = mode or self.mode, k + TIE_SLACK
-        readable = None if readers is None or self._rows is None else self._rows.readable(readers)
+        readable = self._live if readers is None or self._rows is None else self._rows.readable(readers)
         if mode == "hybrid":
             return self._hybrid(query, deeper, k, readable)
         rows, scores = self._bm25(query, deeper, readable) if mode == "bm25" else self._dense(query, deeper, readable)
@@ -172,7 +227,7 @@ class EmbeddedSource:
             return [], []
         phrases = [f'"{" ".join(_TOKEN.findall(joined))}"' for joined in _JOINED.findall(lowered)]
         parsed = self._index.parse_query(" ".join(terms + phrases), ["title", "body"])
-        if readable is not None:  # only documents the caller may read are ranked; the filter adds 0 to a score
+        if readable is not None and readable.readers is not None:  # only what the caller may read is ranked
             # A union of the names' postings, not a term set (a bitset of the whole index each query): 30% faster
             allowed = tantivy.Query.boolean_query([(tantivy.Occur.Should, tantivy.Query.term_query(
                 self._index.schema, "readers", name)) for name in (OPEN, *sorted(readable.readers))])
@@ -241,7 +296,7 @@ class EmbeddedSource:
 class Readable:
     """The rows of a source one caller may read."""
 
-    readers: frozenset[str]
+    readers: frozenset[str] | None  # None: every reader (the mask leaves out only a sync's holes)
     mask: np.ndarray  # bool, one per row
     count: int
     bitmap: np.ndarray  # the mask as faiss' IDSelectorBitmap reads it (bit i of byte i // 8, lowest first)
@@ -254,8 +309,8 @@ class RowReaders:
 
     MASKS = 64
 
-    def __init__(self, docs: DocStore, count: int):
-        self._docs, self._count = docs, count
+    def __init__(self, docs: DocStore, live: np.ndarray):
+        self._docs, self._live = docs, live
         self._by_readers: dict[tuple[str, ...], np.ndarray] | None = None
         self._masks: OrderedDict[frozenset[str], Readable] = OrderedDict()
         self._lock = threading.Lock()
@@ -270,7 +325,7 @@ class RowReaders:
                 for row, names in self._docs.restricted_rows():
                     grouped.setdefault(names, []).append(row)
                 self._by_readers = {names: np.asarray(rows, dtype=np.int64) for names, rows in grouped.items()}
-            mask = np.ones(self._count, dtype=bool)
+            mask = self._live.copy()
             for names, rows in self._by_readers.items():
                 mask[rows] = not readers.isdisjoint(names)
             readable = Readable(readers, mask, int(mask.sum()), np.packbits(mask, bitorder="little"))

@@ -25,6 +25,8 @@ import signal
 import struct
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import asdict
 from pathlib import Path
 
@@ -192,3 +194,24 @@ class ParserWorker:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+_KEPT: ContextVar[ParserWorker | None] = ContextVar("kept_parser", default=None)
+
+
+@contextlib.contextmanager
+def parser_kept() -> Iterator[ParserWorker]:
+    """One worker for every file read in this context, kept between reads (a watcher's syncs: starting one costs
+    about half a second, most of a sync of a few files)."""
+    worker = ParserWorker()
+    token = _KEPT.set(worker)
+    try:
+        yield worker
+    finally:
+        _KEPT.reset(token)
+        worker.close()
+
+
+def kept_parser() -> ParserWorker | None:
+    """The worker `parser_kept` keeps for this context, if any."""
+    return _KEPT.get()

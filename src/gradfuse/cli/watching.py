@@ -1,0 +1,64 @@
+"""`gradfuse watch`, and what `serve --watch` shares with it: the workspace's folder sources kept current."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Annotated, Callable
+
+import typer
+
+from gradfuse.cli.common import ConfigOpt, WorkspaceOpt, _fail, _workspace, app, console, escape
+from gradfuse.indexing.watch import DEBOUNCE_S, RESCAN_S, FolderWatcher, Synced, folder_specs
+from gradfuse.workspace import Workspace
+
+Debounce = Annotated[float, typer.Option(help="Seconds a folder stays quiet before its changes are published")]
+Rescan = Annotated[float, typer.Option(help="Seconds between syncs without a file event (the fallback where "
+                                            "none come: network filesystems)")]
+
+
+def workspace_watcher(ws: Workspace, done: Callable[[Synced], None], *, debounce_s: float = DEBOUNCE_S,
+                      rescan_s: float = RESCAN_S) -> FolderWatcher | None:
+    """A watcher of the workspace's folder sources (not started), or None where it has none."""
+    declared = [settings.spec for settings in ws.config.sources.values() if settings.spec is not None]
+    specs = folder_specs(ws.root, declared)
+    if not specs:
+        return None
+    return FolderWatcher(specs, lambda spec: ws.index(spec, wait=True), done=done, ignore=[ws.root],
+                         debounce_s=debounce_s, rescan_s=rescan_s)
+
+
+def print_synced(synced: Synced) -> None:
+    if synced.error is not None:
+        console.print(f"[red]{escape(synced.name)}[/]: not synced ({escape(synced.error)}); tried again on the "
+                      "next change")
+        return
+    report, files = synced.report, synced.report.files
+    if report.status == "built":
+        console.print(f"[green]{escape(synced.name)}[/]: published {report.documents} passages ({files['added']} "
+                      f"files added, {files['changed']} changed, {files['deleted']} deleted; {report.embedded_now} "
+                      f"passages embedded) in {report.seconds:.2f} s")
+
+
+@app.command()
+def watch(debounce: Debounce = DEBOUNCE_S, rescan: Rescan = RESCAN_S, config: ConfigOpt = None,
+          workspace: WorkspaceOpt = None):
+    """Keep the folder sources current: each burst of changes (edits, new, renamed and deleted files) is read and
+    published as the source's new version, the rest of the folder untouched. Watches the folder sources the config
+    declares and those indexed with `gradfuse index files`. Stop with Ctrl-C."""
+    ws = _workspace(config, workspace)
+    watcher = workspace_watcher(ws, print_synced, debounce_s=debounce, rescan_s=rescan)
+    if watcher is None:
+        _fail("no folder source to watch: declare one ([sources.NAME] kind = \"files\") or index one with "
+              "`gradfuse index files FOLDER`")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with watcher:
+        for name, why in watcher.unwatched.items():
+            console.print(f"[yellow]{escape(name)}[/]: no file events ({escape(why)}); rescanned every {rescan:g} s")
+        console.print(f"watching {len(watcher.sources)} folder source(s): {', '.join(watcher.sources)} (Ctrl-C stops)")
+        try:
+            while not stop.wait(1.0):
+                pass
+        except KeyboardInterrupt:
+            pass

@@ -1,0 +1,34 @@
+"""What a build tells its caller: what it read, skipped, cut and embedded, and why it rebuilt or ran slower."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class BuildReport:
+    name: str
+    status: str  # "built" or "unchanged"
+    documents: int
+    seconds: float
+    embedded_now: int = 0  # vectors computed in this build; the rest came from the cache
+    ingest: dict[str, int] = field(default_factory=dict)
+    formats: dict[str, int] = field(default_factory=dict)  # files read, by format (files sources)
+    skipped: list[tuple[str, str, str]] = field(default_factory=list)  # (file, reason, detail) of unreadable ones
+    cut: list[str] = field(default_factory=list)  # what was read only in part, to a limit ("file: what (option)")
+    files: dict[str, int] = field(default_factory=dict)  # a folder's sync: files listed, read again, dropped
+    written: int | None = None  # rows inserted or updated (sources in a database)
+    deleted: int | None = None  # rows removed because their document left the input
+    encoder: str = ""  # what embedded the passages: the encoder's name and backend
+    notes: list[str] = field(default_factory=list)  # why it was rebuilt whole, or ran slower than it could
+
+    @property
+    def skipped_by_reason(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for _, reason, _ in self.skipped:
+            counts[reason] = counts.get(reason, 0) + 1
+        return dict(sorted(counts.items()))
+
+    @property
+    def docs_per_second(self) -> float:
+        return self.documents / self.seconds if self.seconds else float("inf")
