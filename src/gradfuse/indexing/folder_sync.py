@@ -21,7 +21,9 @@ import shutil
 import time
 from pathlib import Path
 
+from gradfuse.folders import private_folder
 from gradfuse.indexing.file_readers import FileReaders, readers_by_file
+from gradfuse.indexing.file_stamps import FileStamps
 from gradfuse.indexing.report import BuildReport
 from gradfuse.indexing.versions import (
     embed_passages,
@@ -39,11 +41,10 @@ from gradfuse.sources.docstore import FileRecord, read_files_table, update_docum
 from gradfuse.sources.embedded import live_holes, update_embedded_index, write_embedded_index
 
 FILE_CHUNK_WORDS, FILE_CHUNK_OVERLAP = 200, 40
-# A file whose modification time is this close to a listing may be written again without its stat moving (a
-# write within the clock's resolution): it is hashed again by the next sync, as git does with "racy" entries.
-RACY_NS = 2_000_000_000
+STAMPS_FILE = "files.sqlite"  # beside the versions (indexing/file_stamps.py)
 COMPACT_AT = 0.5  # holes over this share of the rows: the next change writes the source whole
 REFUSED = "refused"  # the readers recorded for a hard link across readers (FileReaders.refused)
+UNREAD = "unread:"  # the digest of a file skipped before its bytes were read: its stat stands for them
 
 
 def file_options(options: dict) -> dict:
@@ -57,8 +58,7 @@ def file_options(options: dict) -> dict:
 
 @dataclasses.dataclass
 class _Changes:
-    kept: dict[str, FileRecord]  # files as they were (a moved stat with the same bytes: with its new stat)
-    restamped: list[FileRecord]  # kept files whose stat moved
+    kept: dict[str, FileRecord]  # files as they were
     read: dict[str, tuple[FileRecord, FileRead]]  # files new or changed, read again
     gone: list[str]  # files of the previous version no longer listed
     replaced: list[str]  # files of the previous version read again
@@ -68,9 +68,24 @@ class _Changes:
                 "changed": len(self.replaced), "deleted": len(self.gone), "unchanged": len(self.kept)}
 
     @property
+    def records(self) -> dict[str, FileRecord]:
+        """Every file of the new version."""
+        return {**self.kept, **{path: record for path, (record, _) in self.read.items()}}
+
+    @property
     def dropped(self) -> list[str]:
         """The previous version's files whose passages go."""
         return self.gone + self.replaced
+
+
+@dataclasses.dataclass(frozen=True)
+class _Written:
+    count: int  # passages held
+    rows: int  # rows of the matrix, holes included
+    restricted: int  # passages that name their readers
+    embedded_now: int
+    encoder: str  # as described to the user
+    notes: list[str]
 
 
 def sync_folder(workspace: Path, spec: SourceSpec, encoder: str, progress: bool) -> BuildReport:
@@ -81,7 +96,6 @@ def sync_folder(workspace: Path, spec: SourceSpec, encoder: str, progress: bool)
     previous = current_version(source_dir)
     setting = _setting(spec, encoder)
     base = previous if previous is not None and _extendable(previous, setting) else None
-    before = read_manifest(base) if base is not None else {}
     known = read_files_table(base / "docs.sqlite") if base is not None else {}
     report = IngestReport()
     listed_at = time.time_ns()
@@ -89,70 +103,81 @@ def sync_folder(workspace: Path, spec: SourceSpec, encoder: str, progress: bool)
     readers = readers_by_file(spec.options.get("readers", {}), folder, [f.relative for f in listed])
     report.unmatched_readers.extend(readers.unmatched)
     notes = unmatched_readers_notes(report)
-    racy_before = before.get("listed_at_ns", RACY_NS) - RACY_NS
     cache = workspace / "cache" / "parsed" / spec.name
-    with FileReader(folder, **file_options(spec.options), cache=cache) as reader:
-        changes = _compare(listed, known, readers, reader, racy_before)
-    for record in changes.kept.values():
-        report.merge(IngestReport.from_json(record.report))
-    for _, read in changes.read.values():
-        report.merge(read.report)
+    private_folder(source_dir, up_to=workspace)
+    stamps = FileStamps(source_dir / STAMPS_FILE)
+    try:
+        with FileReader(folder, **file_options(spec.options), cache=cache) as reader:
+            changes = _compare(listed, known, readers, reader, stamps, listed_at)
+        for record in changes.kept.values():
+            report.merge(IngestReport.from_json(record.report))
+        for _, read in changes.read.values():
+            report.merge(read.report)
+        counts = changes.counts(len(listed))
+        if base is not None and not changes.read and not changes.gone:
+            stamps.save({file.relative for file in listed})
+            return BuildReport(spec.name, "unchanged", read_manifest(base)["documents"],
+                               time.perf_counter() - started, **report.details(), notes=notes, files=counts)
+        with new_version(workspace, spec) as (building, stamp):
+            written = _write(workspace, spec, encoder, progress, building, base, changes, readers, report)
+            notes += encoder_change_notes(previous, encoder) + written.notes
+            manifest = manifest_for(spec, documents=written.count, restricted=written.restricted,
+                                    fingerprint=_fingerprint(setting, changes.records), stamp=stamp, report=report)
+            write_manifest(building, {**manifest, "encoder": encoder, "setting": setting, "rows": written.rows,
+                                      "files": counts})
+        stamps.save({file.relative for file in listed})
+    finally:
+        stamps.close()
+    prune_parse_cache(cache, {record.parse_entry for record in changes.records.values()})
+    return BuildReport(spec.name, "built", written.count, time.perf_counter() - started, written.embedded_now,
+                       **report.details(), encoder=written.encoder, notes=notes, files=counts)
 
-    if base is not None and not changes.read and not changes.gone:
-        return BuildReport(spec.name, "unchanged", before["documents"], time.perf_counter() - started,
-                           **report.details(), notes=notes, files=changes.counts(len(listed)))
+
+def _write(workspace: Path, spec: SourceSpec, encoder: str, progress: bool, building: Path, base: Path | None,
+           changes: _Changes, readers: FileReaders, report: IngestReport) -> _Written:
+    """The new version's store in `building`: from scratch, or `base` changed."""
     added = [dataclasses.replace(d, readers=readers.of[path]) if readers.of[path] else d
              for path, (_, read) in changes.read.items() for d in read.documents]
-    records = {**changes.kept, **{path: record for path, (record, _) in changes.read.items()}}
-    embedded_now, described = 0, ""
-    with new_version(workspace, spec) as (building, stamp):
-        vectors, embedded_now, described, encoder_notes = embed_passages(workspace, encoder, added, progress)
-        notes += encoder_change_notes(previous, encoder) + encoder_notes
-        if base is None:
-            count = write_documents(building / "docs.sqlite", added, records.values())
-            write_embedded_index(building, added, vectors)
-            rows, restricted = count, sum(bool(d.readers) for d in added)
-        else:
-            shutil.copyfile(base / "docs.sqlite", building / "docs.sqlite")
-            new_records = [record for record, _ in changes.read.values()] + changes.restamped
-            dropped_rows, count, restricted = update_documents(
-                building / "docs.sqlite", dropped_files=changes.dropped, documents=added, first_row=before["rows"],
-                files=new_records)
-            update_embedded_index(base, building, dropped_files=changes.dropped, dropped_rows=dropped_rows,
-                                  documents=added, vectors=vectors)
-            rows = before["rows"] + len(added)
-        if not count:
-            raise no_documents(spec, report)
-        manifest = manifest_for(spec, documents=count, restricted=restricted,
-                                fingerprint=_fingerprint(setting, records), stamp=stamp, report=report)
-        manifest.update(encoder=encoder, setting=setting, listed_at_ns=listed_at, rows=rows,
-                        files=changes.counts(len(listed)))
-        write_manifest(building, manifest)
-    prune_parse_cache(cache, {record.parse_entry for record in records.values()})
-    return BuildReport(spec.name, "built", count, time.perf_counter() - started, embedded_now, **report.details(),
-                       encoder=described, notes=notes, files=changes.counts(len(listed)))
+    vectors, embedded_now, described, notes = embed_passages(workspace, encoder, added, progress)
+    new_records = [record for record, _ in changes.read.values()]
+    if base is None:
+        count = write_documents(building / "docs.sqlite", added, new_records)
+        write_embedded_index(building, added, vectors)
+        rows, restricted = count, sum(bool(d.readers) for d in added)
+    else:
+        shutil.copyfile(base / "docs.sqlite", building / "docs.sqlite")
+        first_row = read_manifest(base)["rows"]
+        dropped_rows, count, restricted = update_documents(building / "docs.sqlite", dropped_files=changes.dropped,
+                                                           documents=added, first_row=first_row, files=new_records)
+        update_embedded_index(base, building, dropped_files=changes.dropped, dropped_rows=dropped_rows,
+                              documents=added, vectors=vectors)
+        rows = first_row + len(added)
+    if not count:
+        raise no_documents(spec, report)
+    return _Written(count, rows, restricted, embedded_now, described, notes)
 
 
 def _compare(listed: list[ListedFile], known: dict[str, FileRecord], readers: FileReaders, reader: FileReader,
-             racy_before: int) -> _Changes:
-    changes = _Changes({}, [], {}, [], [])
+             stamps: FileStamps, listed_at: int) -> _Changes:
+    changes = _Changes({}, {}, [], [])
     for file in listed:
         path = file.relative
         given = REFUSED if path in readers.refused else json.dumps(readers.of[path])
         old = known.get(path)
         same_readers = old is not None and old.readers == given
-        if same_readers and old.stamp == file.stamp and file.mtime_ns < racy_before:
+        if same_readers and stamps.digest(file) == old.digest:  # its stat has not moved: not opened
             changes.kept[path] = old
             continue
         if given == REFUSED:
             read = FileRead([], IngestReport(skipped_unreadable=[readers.refusal(path)]))
         else:
             read = reader.read(path, known_digest=old.digest if same_readers else None)
-        if read.unchanged:
-            changes.kept[path] = dataclasses.replace(old, stamp=file.stamp)
-            changes.restamped.append(changes.kept[path])
+        digest = read.digest or f"{UNREAD}{file.stamp}"
+        stamps.record(file, digest, listed_at)
+        if read.unchanged or (same_readers and digest == old.digest):
+            changes.kept[path] = old
             continue
-        record = FileRecord(path, file.stamp, read.digest, given, read.parse_entry, read.report.to_json())
+        record = FileRecord(path, digest, given, read.parse_entry, read.report.to_json())
         changes.read[path] = (record, read)
     listed_paths = {file.relative for file in listed}
     changes.gone = [path for path in known if path not in listed_paths]

@@ -27,10 +27,9 @@ CREATE TABLE docs (
     readers TEXT               -- who may read it, a JSON list (gradfuse.access); NULL: every reader of the source
 );
 CREATE INDEX docs_by_file ON docs (parent_id);
-CREATE TABLE files (           -- a folder source's files as its last sync saw them (indexing/folder_sync.py)
+CREATE TABLE files (           -- a folder source's files, as this version holds them (indexing/folder_sync.py)
     path TEXT PRIMARY KEY,
-    size INTEGER, mtime_ns INTEGER, ctime_ns INTEGER, inode INTEGER,
-    digest TEXT,               -- sha256 of its bytes; NULL where it was skipped before they were read
+    digest TEXT NOT NULL,      -- sha256 of its bytes (folder_sync.UNREAD and its stat: skipped before they were read)
     readers TEXT NOT NULL,     -- the readers its path gave it (JSON), or "refused" (a hard link across readers)
     parse_entry TEXT,          -- the parse-cache entry it used
     report TEXT NOT NULL       -- what reading it added to the build's report (IngestReport as JSON)
@@ -41,8 +40,7 @@ CREATE TABLE files (           -- a folder source's files as its last sync saw t
 @dataclass(frozen=True)
 class FileRecord:
     path: str
-    stamp: tuple[int, int, int, int]  # size, mtime_ns, ctime_ns, inode
-    digest: str | None
+    digest: str
     readers: str
     parse_entry: str | None
     report: str
@@ -88,14 +86,12 @@ def read_files_table(path: Path) -> dict[str, FileRecord] | None:
     """The files a version's last sync saw, or None for a store without them (not a folder, or built before)."""
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
-        rows = db.execute("SELECT path, size, mtime_ns, ctime_ns, inode, digest, readers, parse_entry, report "
-                          "FROM files").fetchall()
+        rows = db.execute("SELECT path, digest, readers, parse_entry, report FROM files").fetchall()
     except sqlite3.OperationalError:
         return None
     finally:
         db.close()
-    return {path: FileRecord(path, (size, mtime, ctime, inode), digest, readers, entry, report)
-            for path, size, mtime, ctime, inode, digest, readers, entry, report in rows}
+    return {row[0]: FileRecord(*row) for row in rows}
 
 
 def _insert(db: sqlite3.Connection, documents: Iterable[Document], first_row: int) -> None:
@@ -111,8 +107,8 @@ def _insert(db: sqlite3.Connection, documents: Iterable[Document], first_row: in
 
 
 def _put_files(db: sqlite3.Connection, files: Iterable[FileRecord]) -> None:
-    db.executemany("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                   ((f.path, *f.stamp, f.digest, f.readers, f.parse_entry, f.report) for f in files))
+    db.executemany("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?)",
+                   ((f.path, f.digest, f.readers, f.parse_entry, f.report) for f in files))
 
 
 class DocStore:
