@@ -10,7 +10,8 @@ their bytes do not); 10 edited (another passage appended); 10 added; 10 deleted;
 repeated with other files (`--repeats`, median and max reported) and says what the sync listed, read again,
 embedded and dropped. The first sync after the build is its own row: the files were written within 2 s of the
 build's look at them, so their stat is not trusted yet and each is hashed once more (indexing/file_stamps.py). The last row runs the 30-change sync as the command line does it (a new process, the encoder
-loaded cold): `gradfuse build`.
+loaded cold): `gradfuse build`. Then a `gradfuse serve --watch` on the folder: seconds from a save to the first
+answer that holds it, and from a deletion to the first that no longer cites the file.
 
 Run: make bench-sync (results/sync/).
 """
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
+
+import httpx
 import os
 import shutil
 import statistics
@@ -32,6 +35,9 @@ CORPUS = ROOT.parent / "shared" / "data" / "trec_dl19_passage" / "corpus.jsonl"
 WORK = ROOT / ".gradfuse" / "bench" / "sync"
 CHANGED = 10
 TARGET_S = 2.0  # the issue's target: 10 changed files in a 10,000-file folder synced and published
+
+sys.path.insert(0, str(ROOT / "tests"))
+from live_server import gradfuse_serve  # noqa: E402  (the tests' helper)
 
 from gradfuse import SourceSpec, Workspace  # noqa: E402
 from gradfuse.config import Config  # noqa: E402
@@ -103,11 +109,51 @@ def timed_sync(workspace: Workspace, spec: SourceSpec) -> dict:
     return {"seconds": seconds, "status": report.status, "embedded": report.embedded_now, **report.files}
 
 
+def top_file(url: str, text: str) -> str:
+    found = httpx.post(url + "/search", json={"query": " ".join(text.split()[:16]), "method": "rrf", "k": 1,
+                                              "retrieval": "bm25"}, timeout=60).json()["candidates"]
+    return found[0]["doc_id"].split("#")[0] if found else ""
+
+
+def seconds_until(check) -> float:
+    started = time.perf_counter()
+    while not check():
+        if time.perf_counter() - started > 120:
+            raise RuntimeError("the watched server did not publish the change within 120 s")
+        time.sleep(0.05)
+    return time.perf_counter() - started
+
+
+def watched_server(base: Path, folder: Folder, repeats: int) -> dict:
+    """Seconds from a save to the first answer that holds it, and from a deletion to the first answer that no
+    longer cites the file, from `gradfuse serve --watch` (its defaults: 0.5 s debounce)."""
+    saved, deleted = [], []
+    with gradfuse_serve(base / "ws", "--watch", env={"GRADFUSE_API_KEY": ""}) as url:
+        time.sleep(5)  # its first sync of the folder
+        for repeat in range(repeats):
+            number = folder.present[500 + repeat * 13]
+            path = file_of(folder.folder, number)
+            relative = path.relative_to(folder.folder).as_posix()
+            text = folder._take()
+            with open(path, "a") as handle:
+                handle.write("\n\n" + text)
+            saved.append(seconds_until(lambda: top_file(url, text) == relative))
+            kept = path.read_text()
+            path.unlink()
+            folder.present.remove(number)
+            deleted.append(seconds_until(lambda: top_file(url, kept) != relative))
+            time.sleep(1)
+    return {"saved_median_s": round(statistics.median(saved), 2), "saved_max_s": round(max(saved), 2),
+            "deleted_median_s": round(statistics.median(deleted), 2), "deleted_max_s": round(max(deleted), 2),
+            "saved_s": [round(s, 2) for s in saved], "deleted_s": [round(s, 2) for s in deleted]}
+
+
 def row_of(runs: list[dict]) -> dict:
     seconds = [run["seconds"] for run in runs]
     last = runs[-1]
     return {"median_s": round(statistics.median(seconds), 3), "max_s": round(max(seconds), 3), "runs": len(runs),
             "status": last["status"], "listed": last["listed"],
+            "hashed": statistics.median(run["hashed"] for run in runs),
             "read": statistics.median(run["read"] for run in runs),
             "embedded": statistics.median(run["embedded"] for run in runs),
             "dropped": statistics.median(run["changed"] + run["deleted"] for run in runs),
@@ -162,6 +208,9 @@ def main() -> None:
                 print(size, name, results.rows[f"{size} files: {name}"], flush=True)
         folder.all_three(10 * 7 * CHANGED)
         results.add(f"{size} files: edited+added+deleted, `gradfuse build` (new process)", cold_cli(config))
+        served = watched_server(base, folder, args.repeats)
+        results.add(f"{size} files: `gradfuse serve --watch`", served)
+        print(size, "served", served, flush=True)
     results.finish(markdown=markdown(results))
 
 
@@ -171,18 +220,28 @@ def markdown(results: ResultsFile) -> str:
         results.provenance, "",
         f"Folders of MS MARCO passages, one file each; each row changes {CHANGED} files (or 10 of each kind at "
         "once) and times the sync that publishes the change, in a process that has the encoder loaded (as "
-        f"`gradfuse watch` does), {results.header['repeats']} times with other files. Read: files opened and "
-        "parsed again; embedded: passages whose vectors were computed (the rest came from the cache); dropped: "
+        f"`gradfuse watch` does), {results.header['repeats']} times with other files. Hashed: files opened for "
+        "their hash alone (their stat moved, their bytes did not); read: files parsed again; embedded: passages whose vectors were computed (the rest came from the cache); dropped: "
         "files whose passages left the index.", "",
-        "| folder, change | median s | max s | files listed | read | embedded | dropped |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| folder, change | median s | max s | files listed | hashed | read | embedded | dropped |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    served = []
     for name, row in results.rows.items():
-        if "listed" not in row:
-            lines.append(f"| {name} | {row['seconds']:.2f} | | | | | |")
-            continue
-        lines.append(f"| {name} | {row['median_s']:.3f} | {row.get('max_s', row['median_s']):.3f} | "
-                     f"{row['listed']} | {row['read']:g} | {row['embedded']:g} | {row.get('dropped', 0):g} |")
+        if "saved_s" in row:
+            served.append(f"| {name.split(':')[0]} | {row['saved_median_s']:.2f} | {row['saved_max_s']:.2f} | "
+                          f"{row['deleted_median_s']:.2f} | {row['deleted_max_s']:.2f} |")
+        elif "listed" not in row:
+            lines.append(f"| {name} | {row['seconds']:.2f} | | | | | | |")
+        else:
+            lines.append(f"| {name} | {row['median_s']:.3f} | {row.get('max_s', row['median_s']):.3f} | "
+                         f"{row['listed']} | {row['hashed']:g} | {row['read']:g} | {row['embedded']:g} | "
+                         f"{row.get('dropped', 0):g} |")
+    lines += ["", "`gradfuse serve --watch` on the same folder: seconds from a save (another passage appended to a "
+              "file) to the first `/search` whose top passage is that file's, and from a deletion to the first "
+              "whose top passage for the file's text is another's (polled every 50 ms).", "",
+              "| folder | save → answered, median s | max s | delete → uncited, median s | max s |",
+              "|---|---:|---:|---:|---:|", *served]
     return "\n".join(lines)
 
 

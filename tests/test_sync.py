@@ -78,7 +78,8 @@ def test_a_sync_reads_only_what_changed_and_publishes_edits_additions_renames_an
     write_notes(tmp_path / "notes", {"ops/printers.md": "# Printers\n\nThe plotter in room 4.12 prints A0 posters."})
     synced = ws.index(spec)
     assert synced.status == "built"
-    assert synced.files == {"listed": 6, "read": 3, "added": 2, "changed": 1, "deleted": 2, "unchanged": 3}
+    assert synced.files == {"listed": 6, "hashed": 0, "read": 3, "added": 2, "changed": 1, "deleted": 2,
+                            "unchanged": 3}
     assert sorted(reads) == ["kitchen.txt", "ops/printers.md", "roof-garden.txt"]
     assert synced.embedded_now == 3
     for mode in ("bm25", "dense"):
@@ -104,7 +105,7 @@ def test_a_touched_file_is_hashed_not_parsed_and_publishes_nothing(tmp_path, rea
     os.utime(tmp_path / "notes" / "kitchen.txt")
     reads.clear()
     synced = ws.index(spec)
-    assert synced.status == "unchanged" and reads == ["kitchen.txt"]
+    assert synced.status == "unchanged" and reads == ["kitchen.txt"] and synced.files["hashed"] == 1
     assert current_version(tmp_path / "ws" / "sources" / "notes") == published
 
 

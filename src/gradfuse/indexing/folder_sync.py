@@ -62,9 +62,11 @@ class _Changes:
     read: dict[str, tuple[FileRecord, FileRead]]  # files new or changed, read again
     gone: list[str]  # files of the previous version no longer listed
     replaced: list[str]  # files of the previous version read again
+    hashed: int = 0  # files opened for their hash alone: their stat moved, their bytes did not
 
     def counts(self, listed: int) -> dict[str, int]:
-        return {"listed": listed, "read": len(self.read), "added": len(self.read) - len(self.replaced),
+        return {"listed": listed, "hashed": self.hashed, "read": len(self.read),
+                "added": len(self.read) - len(self.replaced),
                 "changed": len(self.replaced), "deleted": len(self.gone), "unchanged": len(self.kept)}
 
     @property
@@ -176,6 +178,7 @@ def _compare(listed: list[ListedFile], known: dict[str, FileRecord], readers: Fi
         stamps.record(file, digest, listed_at)
         if read.unchanged or (same_readers and digest == old.digest):
             changes.kept[path] = old
+            changes.hashed += 1
             continue
         record = FileRecord(path, digest, given, read.parse_entry, read.report.to_json())
         changes.read[path] = (record, read)
