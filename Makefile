@@ -51,8 +51,8 @@ clean:
 # Benchmarks report numbers into committed files under results/; they are not tests. Each benchmark file in
 # benchmarks/ also has a small --quick variant whose expected scores sit next to it (checked by the tests).
 BENCHMARKS := federated qa dl19
-.PHONY: bench bench-sync bench-access bench-chaos bench-overlap bench-selection-default bench-soft-selection bench-skeleton bench-serve bench-postgres bench-engines bench-conversation bench-stage2 bench-defaults bench-conditional bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-indexing bench-precision bench-many-sources bench-few-sources $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
-bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-defaults bench-stage2 bench-conditional bench-serve bench-postgres bench-engines bench-conversation bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-indexing bench-precision bench-chaos bench-overlap bench-selection-default bench-soft-selection bench-many-sources bench-few-sources bench-access bench-sync
+.PHONY: bench bench-sync bench-ray-build bench-access bench-chaos bench-overlap bench-selection-default bench-soft-selection bench-skeleton bench-serve bench-postgres bench-engines bench-conversation bench-stage2 bench-defaults bench-conditional bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-indexing bench-precision bench-many-sources bench-few-sources $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
+bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-defaults bench-stage2 bench-conditional bench-serve bench-postgres bench-engines bench-conversation bench-scale bench-evidence bench-documents bench-answers bench-fusion bench-default bench-latency bench-indexing bench-precision bench-chaos bench-overlap bench-selection-default bench-soft-selection bench-many-sources bench-few-sources bench-access bench-sync bench-ray-build
 
 # What permissions cost a question: p50 with and without them over the federated benchmark's nine sources, by the
 # library and over HTTP (results/access/; about 15 min, most of it embedding three corpora once).
@@ -98,6 +98,10 @@ bench-few-sources: install
 # A folder's sync at 1,000 and 10,000 files, 10 files edited, added, deleted (results/sync/; ~10 min).
 bench-sync: install
 	$(BIN)/python bench/sync.py
+
+# A build's embedding on a Ray cluster of 1 and 2 loopback nodes against this process (results/ray_build/; ~10 min).
+bench-ray-build: install
+	$(BIN)/python bench/ray_build.py
 
 bench-serve: install
 	$(BIN)/python bench/serve_load.py

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import signal
 import socket
 import subprocess
@@ -170,3 +172,67 @@ def openai_endpoint(model, *, empty_stream: bool = False):
     finally:
         server.shutdown()
         server.server_close()
+
+
+RAY_ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+class TwoNodeCluster:
+    """`ray start --head` and `ray start --address` as the user would run them, each in its own process group so
+    a node can be killed whole (raylet and workers) with kill -9."""
+
+    def __init__(self):
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.temp_dir = tempfile.mkdtemp(prefix="gfray", dir="/tmp")  # Ray's socket paths must stay short
+        common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--num-gpus=0", "--object-store-memory=100000000",
+                  "--disable-usage-stats", "--block"]
+        ray = str(Path(sys.executable).parent / "ray")
+        self.head_command = [ray, "start", "--head", f"--port={self.port}", "--include-dashboard=false",
+                             f"--temp-dir={self.temp_dir}", *common]
+        self.worker_command = [ray, "start", f"--address={self.address}", *common]
+        self.head = self.worker = None
+
+    def start(self, nodes: int = 2) -> None:
+        """The head, and the second node unless `nodes` is 1."""
+        self.head = self._spawn(self.head_command)
+        self._wait_for_nodes(1)
+        if nodes == 2:
+            self.start_worker()
+
+    def start_worker(self) -> None:
+        self.worker = self._spawn(self.worker_command)
+        self._wait_for_nodes(2)
+
+    def kill_worker(self) -> None:
+        os.killpg(self.worker.pid, signal.SIGKILL)
+        self.worker.wait()
+
+    def stop(self) -> None:
+        for process in (self.worker, self.head):
+            if process is not None and process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for process in (self.worker, self.head):
+            if process is not None:
+                try:
+                    process.wait(timeout=5)  # a node took 15-20 s to stop by itself; its processes die anyway
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+        subprocess.run(["pkill", "-9", "-f", self.temp_dir], check=False)  # anything of this cluster left behind
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def _spawn(self, command) -> subprocess.Popen:
+        return subprocess.Popen(command, env=RAY_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+
+    def _wait_for_nodes(self, count: int, timeout_s: float = 90) -> None:
+        probe = ("import ray; ray.init(address=%r, log_to_driver=False, logging_level='ERROR'); "
+                 "print(sum(n['Alive'] for n in ray.nodes()))" % self.address)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            done = subprocess.run([sys.executable, "-c", probe], env=RAY_ENV, capture_output=True, text=True,
+                                  timeout=60)
+            if done.returncode == 0 and done.stdout.strip().splitlines()[-1:] == [str(count)]:
+                return
+            time.sleep(1)
+        raise RuntimeError(f"the Ray cluster did not reach {count} node(s) within {timeout_s:.0f} s")

@@ -11,7 +11,8 @@ PACKAGE = Path(gradfuse.__file__).parent
 # In the pipeline's order: a step imports only earlier ones (generate/ writes an answer for reading/'s answer path)
 STEPS = ("ingest", "embedding", "sources", "indexing", "federation", "selection", "fusion", "rerank", "generate",
          "reading")
-SHARED = ("candidate", "checked", "folders", "hardware", "loading", "redact", "access", "lm")  # beneath every step
+SHARED = ("candidate", "checked", "folders", "hardware", "loading", "redact", "access", "lm",
+          "ray_cluster")  # beneath every step
 SHELLS = ("cli", "server", "integrations")
 SHELL_SETTINGS = "gradfuse.server.settings"  # config.py reads `[server]`'s settings, and nothing else of a shell
 

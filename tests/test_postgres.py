@@ -156,6 +156,19 @@ def test_a_table_samples_its_rows_embedding_texts(loaded):
     assert count == 5 and sorted(everything) == sorted(texts)
 
 
+def test_a_table_s_change_marker_moves_when_a_row_is_written_outside_gradfuse(pg, loaded):
+    ws, _, table, _ = loaded
+    source = ws.source("astro", "bm25")
+    before = source.change_marker()
+    assert source.change_marker() == before
+    with psycopg.connect(pg.url) as conn:
+        conn.execute(f"UPDATE {table} SET text = text || ' (revised)' WHERE doc_id = 'mars'")
+    deadline = time.monotonic() + 60  # PostgreSQL publishes a session's row counts within a second or so
+    while source.change_marker() == before:
+        assert time.monotonic() < deadline, "the marker did not move after an update"
+        time.sleep(0.2)
+
+
 def test_a_large_table_is_sampled_over_its_pages_not_from_its_first_rows(pg):
     table = f"many_{time.monotonic_ns()}"
     with psycopg.connect(pg.url) as conn:  # a team's own table: every tenth row without a title

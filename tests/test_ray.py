@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from live_server import free_port, gradfuse_serve
+from live_server import RAY_ENV as ENV, TwoNodeCluster, free_port, gradfuse_serve
 
 pytest.importorskip("ray", reason="Ray is in the [test] extra; `make install` installs it")
 
@@ -30,64 +29,6 @@ from test_eval import BENCHMARKS, _shared_data, needs_data  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-
-
-class TwoNodeCluster:
-    """`ray start --head` and `ray start --address` as the user would run them, each in its own process group so
-    a node can be killed whole (raylet and workers) with kill -9."""
-
-    def __init__(self):
-        self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.temp_dir = tempfile.mkdtemp(prefix="gfray", dir="/tmp")  # Ray's socket paths must stay short
-        common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--num-gpus=0", "--object-store-memory=100000000",
-                  "--disable-usage-stats", "--block"]
-        self.head_command = [str(BIN / "ray"), "start", "--head", f"--port={self.port}", "--include-dashboard=false",
-                             f"--temp-dir={self.temp_dir}", *common]
-        self.worker_command = [str(BIN / "ray"), "start", f"--address={self.address}", *common]
-        self.head = self.worker = None
-
-    def start(self) -> None:
-        self.head = self._spawn(self.head_command)
-        self._wait_for_nodes(1)
-        self.start_worker()
-
-    def start_worker(self) -> None:
-        self.worker = self._spawn(self.worker_command)
-        self._wait_for_nodes(2)
-
-    def kill_worker(self) -> None:
-        os.killpg(self.worker.pid, signal.SIGKILL)
-        self.worker.wait()
-
-    def stop(self) -> None:
-        for process in (self.worker, self.head):
-            if process is not None and process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        for process in (self.worker, self.head):
-            if process is not None:
-                try:
-                    process.wait(timeout=5)  # a node took 15-20 s to stop by itself; its processes die anyway
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-        subprocess.run(["pkill", "-9", "-f", self.temp_dir], check=False)  # anything of this cluster left behind
-        shutil.rmtree(self.temp_dir, ignore_errors=True)
-
-    def _spawn(self, command) -> subprocess.Popen:
-        return subprocess.Popen(command, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
-
-    def _wait_for_nodes(self, count: int, timeout_s: float = 90) -> None:
-        probe = ("import ray; ray.init(address=%r, log_to_driver=False, logging_level='ERROR'); "
-                 "print(sum(n['Alive'] for n in ray.nodes()))" % self.address)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            done = subprocess.run([sys.executable, "-c", probe], env=ENV, capture_output=True, text=True, timeout=60)
-            if done.returncode == 0 and done.stdout.strip().splitlines()[-1:] == [str(count)]:
-                return
-            time.sleep(1)
-        raise RuntimeError(f"the Ray cluster did not reach {count} node(s) within {timeout_s:.0f} s")
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +112,51 @@ def test_an_eval_on_the_cluster_gives_the_local_numbers_even_when_a_node_dies(cl
         assert _numbers(survived) == _numbers(local)
     finally:
         shutil.rmtree(cache, ignore_errors=True)
+        if cluster.worker.poll() is not None:
+            cluster.start_worker()  # the next test gets both nodes again
+
+
+@needs_data
+def test_a_build_on_the_cluster_has_the_local_build_s_vectors_even_when_a_node_dies(cluster, tmp_path):
+    import sqlite3
+
+    import numpy as np
+
+    from gradfuse.sources.base import current_version
+
+    lines = (_shared_data() / "beir_scifact" / "corpus.jsonl").read_text().splitlines()[:1200]
+    corpus = tmp_path / "scifact.jsonl"
+    corpus.write_text("\n".join(lines) + "\n")
+    embedded = tmp_path / "cluster" / "cache" / "embeddings.sqlite"
+
+    def stored() -> int:
+        try:
+            with sqlite3.connect(f"file:{embedded}?mode=ro", uri=True) as db:
+                return db.execute("SELECT count(*) FROM vectors").fetchone()[0]
+        except sqlite3.Error:  # not there yet, or being written
+            return 0
+
+    try:
+        build = subprocess.Popen([str(BIN / "gradfuse"), "index", "jsonl", str(corpus), "--source", "sci",
+                                  "--workspace", str(tmp_path / "cluster"), "--ray", cluster.address],
+                                 env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 600
+        while stored() < 256:  # two batches back from the cluster: both nodes are embedding
+            assert build.poll() is None and time.monotonic() < deadline, "the build ended before it was half done"
+            time.sleep(0.1)
+        cluster.kill_worker()
+        output, _ = build.communicate(timeout=600)
+        assert build.returncode == 0, output[-3000:]
+        assert "Ray at " in output and "1200 embedded now" in output, output[-3000:]
+        local = subprocess.run([str(BIN / "gradfuse"), "index", "jsonl", str(corpus), "--source", "sci",
+                                "--workspace", str(tmp_path / "local")], env={**ENV, "OMP_NUM_THREADS": "1"},
+                               capture_output=True, text=True)
+        assert local.returncode == 0, local.stdout[-3000:]
+        on_cluster, here = (np.load(current_version(tmp_path / where / "sources" / "sci") / "embeddings.npy")
+                            for where in ("cluster", "local"))
+        assert on_cluster.shape == here.shape == (1200, 384)
+        np.testing.assert_allclose(on_cluster, here, atol=1e-5)
+    finally:
         if cluster.worker.poll() is not None:
             cluster.start_worker()  # the next test gets both nodes again
 

@@ -120,6 +120,7 @@ from pydantic import Field, TypeAdapter, ValidationError, with_config
 
 from gradfuse.access.keys import AccessError, AccessSettings, parse_principals
 from gradfuse.checked import FILE_SETTINGS, Count, Depth, Flag, Seconds, Text, Weight
+from gradfuse.embedding.ray_batches import BuildSettings
 from gradfuse.reading.scoring import EvidenceSettings
 from gradfuse.rerank import RerankSettings
 from gradfuse.selection import SelectionSettings
@@ -185,6 +186,7 @@ class Config:
     guard: GuardSettings = field(default_factory=GuardSettings)
     routing: RoutingSettings = field(default_factory=RoutingSettings)
     access: AccessSettings = field(default_factory=AccessSettings)  # who may read what (docs/access.md)
+    build: BuildSettings = field(default_factory=BuildSettings)  # where a build embeds (docs/ray.md)
 
     def settings(self, source: str) -> SourceSettings:
         return self.sources.get(source, SourceSettings())
@@ -218,7 +220,7 @@ def _parse(path: Path) -> Config:
             setattr(config, key, float(value) if isinstance(getattr(config, key), float) else value)
     for section, settings_type in (("selection", SelectionSettings), ("rerank", RerankSettings),
                                    ("evidence", EvidenceSettings), ("server", ServerSettings),
-                                   ("guard", GuardSettings), ("routing", RoutingSettings)):
+                                   ("guard", GuardSettings), ("routing", RoutingSettings), ("build", BuildSettings)):
         setattr(config, section, _checked(settings_type, raw.pop(section, {}), f"{path} [{section}]"))
     config.encoder = _checked(_Encoder, raw.pop("encoder", {}), f"{path} [encoder]").get("model", config.encoder)
     config.access = _access(raw.pop("access", {}), base, path)

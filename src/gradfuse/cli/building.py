@@ -10,9 +10,10 @@ import typer
 from rich.table import Table
 
 from gradfuse.cli.common import (
-    ConfigOpt, Into, Language, SkipMalformed, SourceName, TableName, Wait, WorkspaceOpt, _fail, _run_guarded,
-    _workspace, app, console, escape, index_app,
+    ConfigOpt, Into, Language, RayBuild, SkipMalformed, SourceName, TableName, Wait, WorkspaceOpt, _fail,
+    _run_guarded, _workspace, app, console, escape, index_app,
 )
+from gradfuse.embedding.ray_batches import BuildSettings
 from gradfuse.schemas import source_record
 from gradfuse.indexing import BuildReport
 from gradfuse.sources import IngestError, SourceError, SourceSpec
@@ -54,8 +55,11 @@ def _print_build(report: BuildReport) -> None:
             console.print(f"    {escape(cut)}")
 
 
-def _index(config, workspace, spec: SourceSpec, into=None, table=None, language=None, wait=False) -> None:
+def _index(config, workspace, spec: SourceSpec, into=None, table=None, language=None, wait=False,
+           ray=None) -> None:
     ws = _workspace(config, workspace)
+    if ray:
+        ws.config.build = BuildSettings(ray_address=ray)
     declared = _declared_elsewhere(ws, spec, into)
     if declared:
         _fail(declared)
@@ -91,10 +95,10 @@ def _comparable(spec: SourceSpec) -> tuple:
 @index_app.command("beir")
 def index_beir(folder: Path, source: SourceName, skip_malformed: SkipMalformed = False, into: Into = None,
                table: TableName = None, language: Language = None, config: ConfigOpt = None,
-               workspace: WorkspaceOpt = None, wait: Wait = False):
+               workspace: WorkspaceOpt = None, wait: Wait = False, ray: RayBuild = None):
     """A BEIR-style folder (corpus.jsonl with id/title/text)."""
     _index(config, workspace, SourceSpec(source, "beir", str(folder), {"skip_malformed": skip_malformed}), into,
-           table, language, wait)
+           table, language, wait, ray)
 
 
 @index_app.command("jsonl")
@@ -112,13 +116,14 @@ def index_jsonl(
     config: ConfigOpt = None,
     workspace: WorkspaceOpt = None,
     wait: Wait = False,
+    ray: RayBuild = None,
 ):
     """A JSON-lines file, one document per line."""
     options = {"id_field": id_field, "text_field": text_field, "title_field": title_field,
                "skip_malformed": skip_malformed}
     if chunk_words:
         options["chunk_words"] = chunk_words
-    _index(config, workspace, SourceSpec(source, "jsonl", str(file), options), into, table, language, wait)
+    _index(config, workspace, SourceSpec(source, "jsonl", str(file), options), into, table, language, wait, ray)
 
 
 @index_app.command("each")
@@ -209,6 +214,7 @@ def index_files(
     config: ConfigOpt = None,
     workspace: WorkspaceOpt = None,
     wait: Wait = False,
+    ray: RayBuild = None,
 ):
     """A folder of files: .txt, .md, .html, .pdf, .docx, .pptx, .xlsx, .csv (by content where the extension lies),
     cut into overlapping chunks inside each page, section, slide or sheet, which keep where they stand."""
@@ -217,7 +223,7 @@ def index_files(
     options = {"chunk_words": chunk_words, "chunk_overlap": chunk_overlap,
                **{k: v for k, v in limits.items() if v != getattr(ReaderLimits, k)},
                **({"links_outside": True} if links_outside else {})}
-    _index(config, workspace, SourceSpec(source, "files", str(folder), options), into, table, language, wait)
+    _index(config, workspace, SourceSpec(source, "files", str(folder), options), into, table, language, wait, ray)
 
 
 @index_app.command("run")
@@ -238,9 +244,11 @@ def index_run(
 
 
 @app.command()
-def build(config: ConfigOpt = None, workspace: WorkspaceOpt = None):
+def build(config: ConfigOpt = None, workspace: WorkspaceOpt = None, ray: RayBuild = None):
     """Build every source declared in the config file (unchanged ones are skipped)."""
     ws = _workspace(config, workspace)
+    if ray:
+        ws.config.build = BuildSettings(ray_address=ray)
     for report in _run_guarded(lambda: ws.build_configured(progress=True)):
         _print_build(report)
 

@@ -57,6 +57,8 @@ SourceName = Annotated[str, typer.Option("--source", "-s", help="Name of the sou
 SkipMalformed = Annotated[bool, typer.Option(help="Skip and count malformed JSONL lines instead of failing")]
 Into = Annotated[Optional[str], typer.Option(help="Load into a PostgreSQL table instead (postgresql://... URL); "
                                                   "the table is registered in the workspace as the source")]
+RayBuild = Annotated[Optional[str], typer.Option("--ray", help="Embed the passages on this Ray cluster (HOST:PORT, "
+                                                                  "or auto): see docs/ray.md")]
 Wait = Annotated[bool, typer.Option(help="If another process is building this source, wait for it instead of "
                                          "failing")]
 TableName = Annotated[Optional[str], typer.Option(help="Table for --into (default: the source name)")]

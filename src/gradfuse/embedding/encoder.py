@@ -7,6 +7,7 @@ import os
 import sqlite3
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -170,6 +171,18 @@ def _load_encoder(name: str) -> Encoder:
     return Encoder(name)
 
 
+@loaded_once(maxsize=2)
+def load_gpu_model(name: str):
+    """The encoder's torch model on this process's GPU, in its precision (a Ray worker given a GPU:
+    embedding/ray_batches.py)."""
+    model, _, precision = encoder_name(name).partition("@")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(str(_model_path(model)), device="cuda").to(getattr(torch, precision))
+
+
 def embedding_text(title: str, text: str) -> str:
     """What a passage is embedded as, at indexing and at query time alike (so the cache hits)."""
     return f"{title}\n{text}" if title else text
@@ -194,25 +207,31 @@ class EmbeddingCache:
         self._query_time_vectors = query_time_vectors
         self.last_computed = 0  # vectors the last embed() call had to compute
 
-    def embed(self, texts: list[str], *, progress: bool = False, keep: bool = True) -> np.ndarray:
+    def embed(self, texts: list[str], *, progress: bool = False, keep: bool = True,
+              batches: Callable[[list[list[str]]], Iterator[tuple[int, np.ndarray]]] | None = None) -> np.ndarray:
         """The texts' vectors, computing only those not kept yet; `keep`: store them on disk (builds), else in the
-        bounded in-memory set (queries)."""
+        bounded in-memory set (queries); `batches`: what embeds the missing ones' batches, yielding (index,
+        vectors) in any order (default: this process's encoder, in order; on a Ray cluster: ray_batches.py)."""
         hashes = [hashlib.sha256(t.encode()).hexdigest() for t in texts]
         with self._lock:
             found = self._stored(list(dict.fromkeys(hashes)))
         missing = list({h: t for h, t in zip(hashes, texts) if h not in found}.items())
         batch_size = CACHE_BATCH if keep else QUERY_TIME_BATCH
+        split = [missing[start : start + batch_size] for start in range(0, len(missing), batch_size)]
         # Stored batch by batch: a build that crashes or is killed keeps what it already embedded.
         with tqdm(total=len(missing), desc="embedding", unit="passage", disable=not progress or not missing) as bar:
-            for start in range(0, len(missing), batch_size):
-                batch = missing[start : start + batch_size]
-                vectors = self._encoder.encode([text for _, text in batch])
+            for index, vectors in (batches or self._here)([[text for _, text in batch] for batch in split]):
+                batch = split[index]
                 found.update(zip((h for h, _ in batch), vectors))
                 with self._lock:
                     self._keep(batch, vectors) if keep else self._hold(batch, vectors)
                 bar.update(len(batch))
         self.last_computed = len(missing)
         return np.stack([found[h] for h in hashes]) if hashes else np.zeros((0, DIMENSION), dtype=np.float32)
+
+    def _here(self, batches: list[list[str]]) -> Iterator[tuple[int, np.ndarray]]:
+        for index, texts in enumerate(batches):
+            yield index, self._encoder.encode(texts)
 
     def _stored(self, unique: list[str]) -> dict[str, np.ndarray]:
         found = {h: self._query_time[h] for h in unique if h in self._query_time}

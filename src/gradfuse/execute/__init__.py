@@ -20,12 +20,11 @@ from typing import Protocol
 
 import numpy as np
 
+from gradfuse.ray_cluster import RayUnavailable  # noqa: F401 (where callers catch it)
 from gradfuse.rerank import RerankSettings, Scored, score_pool
 from gradfuse.rerank.sentences import Passage, score_fitting
 
 
-class RayUnavailable(RuntimeError):
-    """Ray is not installed, or the cluster cannot be reached or holds no scorer replica."""
 
 
 class Executor(Protocol):

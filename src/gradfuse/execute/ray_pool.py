@@ -13,7 +13,6 @@ from __future__ import annotations
 import atexit
 import os
 import queue
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -22,45 +21,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from gradfuse.execute import RayUnavailable
+from gradfuse.ray_cluster import connect
 from gradfuse.rerank import RerankSettings, Scored
 from gradfuse.rerank.sentences import Passage
-
-# Forwarded to the replicas when the caller sets them (offline model loading, where converted models are kept).
-FORWARDED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "GRADFUSE_CACHE")
-
-
-def _import_ray():
-    try:
-        import ray
-    except ImportError:
-        raise RayUnavailable("Ray is not installed: pip install 'gradfuse[ray]' (or run without --ray / "
-                             "[server] ray to score in this process)") from None
-    return ray
-
-
-def _bootstrap_address(address: str) -> str:
-    """HOST:PORT that `address` points at ("auto": Ray's own lookup, RAY_ADDRESS or the last cluster started here)."""
-    if address == "auto":
-        from ray._private.services import get_ray_address_from_environment
-
-        try:
-            address = get_ray_address_from_environment("auto", None)
-        except ConnectionError as error:
-            raise RayUnavailable(f"no running Ray cluster found for --ray auto: {error}") from None
-    return address.removeprefix("ray://")
-
-
-def _probe(address: str, timeout_s: float = 5.0) -> None:
-    host, _, port = address.rpartition(":")
-    if not port.isdigit():
-        return  # not HOST:PORT: ray.init judges it
-    try:
-        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
-    except OSError as error:
-        raise RayUnavailable(f"cannot reach the Ray cluster at {address}: nothing answers there "
-                             f"({error.strerror or error}); start one with `ray start --head` or give the address "
-                             "of a running cluster") from None
-
 
 class ScorerReplica:
     """One Ray actor: a scoring LM loaded on first use (on the actor's GPU when it was given one)."""
@@ -92,17 +55,10 @@ class ScorerReplica:
 class RayExecutor:
     def __init__(self, address: str, *, replicas: int | None = None, cpus_per_replica: float = 1,
                  startup_timeout_s: float = 120.0, attempts: int = 4):
-        ray = self._ray = _import_ray()
+        ray = self._ray = connect(address, use="--ray / [server] ray")
         self.address = address
         self.startup_timeout_s = startup_timeout_s
         self.attempts = attempts
-        env = {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
-        _probe(_bootstrap_address(address))  # ray.init retries an unreachable address for minutes
-        try:
-            ray.init(address=address, log_to_driver=False, logging_level="ERROR", configure_logging=False,
-                     runtime_env={"env_vars": env} if env else None)
-        except (ConnectionError, RuntimeError, ValueError) as error:
-            raise RayUnavailable(f"cannot reach the Ray cluster at {address!r}: {error}") from None
         atexit.register(self.close)
         resources = ray.cluster_resources()
         self.gpu = resources.get("GPU", 0) >= 1

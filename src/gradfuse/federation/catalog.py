@@ -100,7 +100,8 @@ class SourceCatalog:
     def index(self, spec: SourceSpec, *, into: str | None = None, table: str | None = None,
               language: str | None = None, progress: bool = False, wait: bool = False) -> BuildReport:
         if into is None:
-            return build_source(self.root, spec, encoder=self.config.encoder, progress=progress, wait=wait)
+            return build_source(self.root, spec, encoder=self.config.encoder, progress=progress, wait=wait,
+                                ray_address=self.config.build.ray_address)
         if spec.kind == "run":
             raise ValueError("a TREC run source answers only its own queries and cannot be loaded into a database")
         settings = PostgresSettings(table=table or default_table(spec.name), url=safe_url(into),

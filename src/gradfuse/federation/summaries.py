@@ -4,7 +4,10 @@
   modification time is checked whenever the catalog lists its sources again, which a publish makes it do). An
   index built before summaries existed has one made from its vectors when first needed, kept in memory.
 - An engine's, a database table's or a remote gradfuse's is made from a sample read through its own client (a
-  remote sends its own), kept under `cache/summaries/`, and made again once older than `[routing] refresh_s`.
+  remote sends its own), kept under `cache/summaries/`, and made again when the source changed: every
+  `[routing] check_s` its change marker is read (a count, a version, PostgreSQL's row statistics, a remote's build
+  times: `change_marker()` on the source), and a summary whose marker moved is made again; once older than
+  `[routing] refresh_s` it is made again anyway (what a marker cannot see: a count left equal by an update).
   It is made on a background thread: until it exists the source is asked every time (it cannot be judged), so no
   question waits for a sample. One that could not be made is tried again after 1, 2, 4 ... minutes (at most
   `refresh_s`); a kind of source that cannot be sampled (a retriever added in code) is not tried again. `make`
@@ -14,6 +17,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -41,6 +45,8 @@ class _Made:
     why: str  # where there is none
     failures: int = 0  # in a row
     final: bool = False  # this kind of source cannot be sampled: not tried again
+    marker: str | None = None  # the source's change marker when it was sampled (None: it has none)
+    checked: float = 0.0  # when the marker was last read (monotonic)
 
 
 class Summaries:
@@ -157,6 +163,8 @@ class Summaries:
             made = self._from_disk(name, key)
         if made is None or self._due(made):
             self._schedule(name)
+        elif made.marker is not None and time.monotonic() - made.checked > self._catalog.config.routing.check_s:
+            self._schedule(name, check=True)
         if made is None:
             return None, "no summary yet: being made from a sample of it (asked until then)"
         return made.summary, made.why
@@ -172,7 +180,9 @@ class Summaries:
         path = self._path(name, key)
         if not path.is_file():
             return None
-        made = _Made(key, path.stat().st_mtime, SourceSummary.load(path), "")
+        marker = path.with_suffix(".marker")
+        made = _Made(key, path.stat().st_mtime, SourceSummary.load(path), "",
+                     marker=marker.read_text() if marker.is_file() else None)
         self._keep(name, made)
         return made
 
@@ -186,7 +196,8 @@ class Summaries:
     def _path(self, name: str, key: str) -> Path:
         return self.root / "cache" / "summaries" / f"{name}-{key}.npz"
 
-    def _schedule(self, name: str) -> None:
+    def _schedule(self, name: str, *, check: bool = False) -> None:
+        """Make `name`'s summary on the worker, or (`check`) read its change marker and make it if it moved."""
         with self._lock:
             if name in self._pending or self._closed:
                 return
@@ -194,15 +205,35 @@ class Summaries:
             if self._worker is None:
                 self._worker = threading.Thread(target=self._work, name="gradfuse-summaries", daemon=True)
                 self._worker.start()
-        self._queue.put(name)
+        self._queue.put((name, check))
 
     def _work(self) -> None:
-        while (name := self._queue.get()) is not None and not self._closed:
+        while (job := self._queue.get()) is not None and not self._closed:
+            name, check = job
             try:
-                self.make([name])
+                if not check or self._changed(name):
+                    self.make([name])
             finally:
                 with self._lock:
                     self._pending.discard(name)
+
+    def _changed(self, name: str) -> bool:
+        """Whether the source's change marker moved since its summary was made (a marker that cannot be read
+        now: not known to have moved; it is read again after check_s)."""
+        with self._lock:
+            made = self._made.get(name)
+        if made is None or made.marker is None:
+            return True
+        try:
+            with self._catalog.holding(name) as source:
+                marker = source.change_marker()
+        except Exception as error:  # the source is down: the search says so; the summary stands until it is back
+            LOG.info("change marker of %s not read: %s: %s", name, type(error).__name__, str(error)[:200])
+            marker = made.marker
+        if marker != made.marker:
+            return True
+        self._keep(name, dataclasses.replace(made, checked=time.monotonic()))
+        return False
 
     def make(self, names: Iterable[str]) -> dict[str, str]:
         """Make the summaries of `names` that are made from a sample (engines, tables, remotes) now; what each
@@ -225,7 +256,7 @@ class Summaries:
             before = self._made.get(name)
         failures = before.failures if before is not None and before.key == key and before.summary is None else 0
         try:
-            summary = self._sampled(name)
+            summary, marker = self._sampled(name)
         except Exception as error:  # any failure of the source: it stays unjudged, hence always asked
             why = f"no summary: sampling it failed ({type(error).__name__}: {str(error)[:200]})"
             self._keep(name, _Made(key, time.time(), None, why, failures + 1))
@@ -234,24 +265,40 @@ class Summaries:
             why = "no summary: this kind of source cannot be sampled (it is always asked)"
             self._keep(name, _Made(key, time.time(), None, why, final=True))
             return why
-        self._keep(name, _Made(key, time.time(), summary, ""))  # kept in memory even if it cannot be saved
+        # kept in memory even if it cannot be saved
+        self._keep(name, _Made(key, time.time(), summary, "", marker=marker, checked=time.monotonic()))
         path = self._path(name, key)
         path.parent.mkdir(parents=True, exist_ok=True)
         summary.save(path)
-        mine = re.compile(re.escape(name) + r"-[0-9a-f]{16}\.npz")  # not "name-other"'s, another source
+        if marker is not None:
+            path.with_suffix(".marker").write_text(marker)
+        mine = re.compile(re.escape(name) + r"-[0-9a-f]{16}\.(npz|marker)")  # not "name-other"'s, another source
         for old in path.parent.iterdir():
-            if old != path and mine.fullmatch(old.name):
+            if old.stem != path.stem and mine.fullmatch(old.name):
                 old.unlink(missing_ok=True)
         return ""
 
-    def _sampled(self, name: str) -> SourceSummary | None:
+    def _sampled(self, name: str) -> tuple[SourceSummary | None, str | None]:
+        """The source's summary and its change marker, read first: a change while it is sampled is seen later."""
         with self._catalog.holding(name) as source:
+            marker = _marker(source)
             if hasattr(source, "summary"):  # another gradfuse: it sends its own
-                return source.summary(self.encoder)
+                return source.summary(self.encoder), marker
             if not hasattr(source, "sample_texts"):
-                return None
+                return None, None
             documents, texts = source.sample_texts(SAMPLE_TEXTS)
-        return summarize(load_encoder(self.encoder).encode(texts), documents=documents)
+        return summarize(load_encoder(self.encoder).encode(texts), documents=documents), marker
+
+
+def _marker(source) -> str | None:
+    """The source's change marker, or None where it has none or it cannot be read (then the timer alone)."""
+    if not hasattr(source, "change_marker"):
+        return None
+    try:
+        return source.change_marker()
+    except Exception as error:  # noqa: BLE001 - a marker is an optimisation: refresh_s still holds
+        LOG.info("change marker of %s not read: %s: %s", source.name, type(error).__name__, str(error)[:200])
+        return None
 
 
 def _key(fingerprint: str, encoder: str) -> str:

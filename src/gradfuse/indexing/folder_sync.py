@@ -90,7 +90,7 @@ class _Written:
     notes: list[str]
 
 
-def sync_folder(workspace: Path, spec: SourceSpec, encoder: str, progress: bool) -> BuildReport:
+def sync_folder(workspace: Path, spec: SourceSpec, encoder: str, progress: bool, ray_address: str = "") -> BuildReport:
     """Bring the source's published version in line with its folder, reading only what changed (called with
     the source's lock held)."""
     started = time.perf_counter()
@@ -121,7 +121,8 @@ def sync_folder(workspace: Path, spec: SourceSpec, encoder: str, progress: bool)
             return BuildReport(spec.name, "unchanged", read_manifest(base)["documents"],
                                time.perf_counter() - started, **report.details(), notes=notes, files=counts)
         with new_version(workspace, spec) as (building, stamp):
-            written = _write(workspace, spec, encoder, progress, building, base, changes, readers, report)
+            embed = lambda added: embed_passages(workspace, encoder, added, progress, ray_address)  # noqa: E731
+            written = _write(spec, building, base, changes, readers, report, embed)
             notes += encoder_change_notes(previous, encoder) + written.notes
             manifest = manifest_for(spec, documents=written.count, restricted=written.restricted,
                                     fingerprint=_fingerprint(setting, changes.records), stamp=stamp, report=report)
@@ -135,12 +136,13 @@ def sync_folder(workspace: Path, spec: SourceSpec, encoder: str, progress: bool)
                        **report.details(), encoder=written.encoder, notes=notes, files=counts)
 
 
-def _write(workspace: Path, spec: SourceSpec, encoder: str, progress: bool, building: Path, base: Path | None,
-           changes: _Changes, readers: FileReaders, report: IngestReport) -> _Written:
-    """The new version's store in `building`: from scratch, or `base` changed."""
+def _write(spec: SourceSpec, building: Path, base: Path | None, changes: _Changes, readers: FileReaders,
+           report: IngestReport, embed) -> _Written:
+    """The new version's store in `building`: from scratch, or `base` changed; `embed`: the passages' vectors
+    (versions.embed_passages, with the build's encoder and where it embeds)."""
     added = [dataclasses.replace(d, readers=readers.of[path]) if readers.of[path] else d
              for path, (_, read) in changes.read.items() for d in read.documents]
-    vectors, embedded_now, described, notes = embed_passages(workspace, encoder, added, progress)
+    vectors, embedded_now, described, notes = embed(added)
     new_records = [record for record, _ in changes.read.values()]
     if base is None:
         count = write_documents(building / "docs.sqlite", added, new_records)

@@ -62,15 +62,22 @@ def manifest_for(spec: SourceSpec, *, documents: int, restricted: int, fingerpri
     }
 
 
-def embed_passages(workspace: Path, encoder: str, documents: list[Document],
-                   progress: bool) -> tuple[np.ndarray, int, str, list[str]]:
+def embed_passages(workspace: Path, encoder: str, documents: list[Document], progress: bool,
+                   ray_address: str = "") -> tuple[np.ndarray, int, str, list[str]]:
     """(the passages' vectors, how many were computed now rather than found in the workspace's cache, the encoder
-    as described to the user, its note)."""
+    as described to the user, its note); `ray_address`: the missing ones embedded on that Ray cluster."""
     model = load_encoder(encoder)
     cache = EmbeddingCache(workspace / "cache" / "embeddings.sqlite", model)
+    texts = [embedding_text(d.title, d.text) for d in documents]
     try:
-        vectors = cache.embed([embedding_text(d.title, d.text) for d in documents], progress=progress)
-        return vectors, cache.last_computed, model.describe(), list(filter(None, [model.note]))
+        if not ray_address:
+            vectors = cache.embed(texts, progress=progress)
+            return vectors, cache.last_computed, model.describe(), list(filter(None, [model.note]))
+        from gradfuse.embedding.ray_batches import RayBatches
+
+        with RayBatches(ray_address, encoder) as batches:
+            vectors = cache.embed(texts, progress=progress, batches=batches)
+        return vectors, cache.last_computed, f"{model.name} ({batches.where})", []
     finally:
         cache.close()
 

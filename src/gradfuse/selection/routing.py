@@ -61,6 +61,9 @@ class RoutingSettings:
     # the whole budget ahead of every scored one.
     unscored_share: Weight = 0.25
     refresh_s: Seconds = 3600.0  # an engine's or a remote's summary is made again when older (federation/summaries.py)
+    # ... and its change marker (a count, a version, PostgreSQL's row statistics) read this often: made again at
+    # once when it moved
+    check_s: Seconds = 30.0
     # Sources held open at once (each holds files, a database connection or a client): the least recently used
     # beyond it is closed, and opened again when next asked (at 1,000 sources by topic, routed to 24: 62 ms p50
     # with all open, 119 ms with 128; results/many_sources). "auto": a quarter of the open-file limit, at most 1,024.

@@ -110,6 +110,11 @@ class ChromaCollection:
         return count, [sample_text(s, self.name, _row(doc_id, document, metadata)) for page in pages
                        for doc_id, document, metadata in zip(page["ids"], page["documents"], page["metadatas"])]
 
+    def change_marker(self) -> str:
+        """What moves when the collection changes, as far as Chroma tells: its count (a record updated in place
+        leaves it where it was; the timer catches that)."""
+        return str(self._collection.count())
+
     def stats(self) -> SourceStats:
         return self.settings.stats(self, self.settings.collection, self._collection.count())
 

@@ -115,6 +115,12 @@ class RemoteGradfuse:
                            index_bytes=None, encoder=None, built_at="-",
                            input=f"{self.settings.url} ({len(asked)} sources)", retrieval=self.mode)
 
+    def change_marker(self) -> str:
+        """What moves when a source this one asks is built again there: its build time and size."""
+        rows = self._read(_SOURCE_LIST, self._call("GET", "/sources"), "source list")
+        return repr(sorted((r.name, r.documents, r.built_at) for r in rows
+                           if not self.settings.sources or r.name in self.settings.sources))
+
     def summary(self, encoder: str) -> SourceSummary:
         """The remote's own summaries of the sources this one asks, as one (for routing here)."""
         names = self.settings.sources or [r.name for r in self._read(_SOURCE_LIST, self._call("GET", "/sources"),
@@ -291,6 +297,7 @@ class _Listed(BaseModel):
     model_config = _STRICT
     name: str
     documents: int | None = None
+    built_at: str | None = None
 
 
 _SOURCE_LIST = TypeAdapter(list[_Listed])

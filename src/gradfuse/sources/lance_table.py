@@ -9,6 +9,7 @@ every reader of the table; a caller's search is filtered on it by LanceDB before
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 from gradfuse.access import Readers
 from gradfuse.candidate import Candidate
@@ -16,6 +17,9 @@ from gradfuse.checked import Text
 from gradfuse.sources.base import SourceError, SourceStats
 from gradfuse.sources.embedded import hybrid_depth, rrf_in_source
 from gradfuse.sources.stores import StoreSettings, engine_client, sample_text, sample_windows
+
+
+CONSISTENCY = timedelta(seconds=5)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,7 +34,10 @@ class LanceTable:
         lancedb = engine_client("lancedb")
         self.name, self.settings, self.mode = name, settings, mode
         try:
-            self._table = lancedb.connect(settings.uri, api_key=settings.key()).open_table(settings.table)
+            # Checked for other writers' changes at most this often: without it, an open table never saw a row
+            # added after it was opened (its searches and its summary's version stayed where they were).
+            self._table = lancedb.connect(settings.uri, api_key=settings.key(),
+                                          read_consistency_interval=CONSISTENCY).open_table(settings.table)
         except (ValueError, FileNotFoundError, OSError) as error:
             raise SourceError(f"lancedb {settings.uri}: table {settings.table!r} cannot be opened ({error})") from None
         indices = self._table.list_indices()
@@ -96,6 +103,10 @@ class LanceTable:
             raise SourceError(f"lancedb {s.uri}: table {s.table!r} cannot be sampled "
                               f"({type(error).__name__}: {str(error)[:200]})") from None
         return count, [sample_text(s, self.name, row) for row in rows]
+
+    def change_marker(self) -> str:
+        """What moves when the table changes: its version (every write makes one)."""
+        return str(self._table.version)
 
     def stats(self) -> SourceStats:
         return self.settings.stats(self, self.settings.table, self._table.count_rows())

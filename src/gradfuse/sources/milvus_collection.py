@@ -100,6 +100,13 @@ class MilvusCollection:
                               f"({type(error).__name__}: {str(error)[:200]})") from None
         return counted["count(*)"], [sample_text(s, self.name, row) for row in rows]
 
+    def change_marker(self) -> str:
+        """What moves when the collection changes, as far as Milvus tells: its count (a row updated in place
+        leaves it where it was; the timer catches that)."""
+        (counted,) = self._client.query(self.settings.collection, filter="", output_fields=["count(*)"],
+                                        timeout=self._timeout)
+        return str(counted["count(*)"])
+
     def stats(self) -> SourceStats:
         rows = int(self._client.get_collection_stats(self.settings.collection).get("row_count", 0))
         return self.settings.stats(self, self.settings.collection, rows)

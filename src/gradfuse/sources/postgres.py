@@ -346,6 +346,13 @@ class PostgresSource:
                                 f"{driver_message(error)}") from error
         return count, [embedding_text(title, text) for _, title, text, *_ in rows]
 
+    def change_marker(self) -> str:
+        """What moves when the table changes: PostgreSQL's counts of the rows ever inserted, updated and deleted in
+        it (its statistics, kept without a column of the table's; reset with them, which reads as a change)."""
+        row = self._run("SELECT n_tup_ins, n_tup_upd, n_tup_del FROM pg_stat_user_tables "
+                        "WHERE relid = %(table)s::regclass", {"table": self._table.settings.table}, [])
+        return ":".join(map(str, row[0])) if row else ""
+
     def stats(self) -> SourceStats:
         s, metadata = self._table.settings, self._table.metadata
         with self._table.pool.connection() as conn:

@@ -124,6 +124,11 @@ class QdrantCollection:
                               f"({type(error).__name__}: {str(error)[:200]})") from None
         return count, [sample_text(s, self.name, self._row(point)) for point in points]
 
+    def change_marker(self) -> str:
+        """What moves when the collection changes, as far as Qdrant tells: its count (a point updated in place
+        leaves it where it was; the timer catches that)."""
+        return str(self._client.count(self.settings.collection, exact=True).count)
+
     def stats(self) -> SourceStats:
         count = self._client.count(self.settings.collection, exact=True).count
         return self.settings.stats(self, self.settings.collection, count)
