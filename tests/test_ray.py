@@ -124,7 +124,7 @@ def test_a_build_on_the_cluster_has_the_local_build_s_vectors_even_when_a_node_d
 
     from gradfuse.sources.base import current_version
 
-    lines = (_shared_data() / "beir_scifact" / "corpus.jsonl").read_text().splitlines()[:1200]
+    lines = (_shared_data() / "beir_scifact" / "corpus.jsonl").read_text().splitlines()[:800]
     corpus = tmp_path / "scifact.jsonl"
     corpus.write_text("\n".join(lines) + "\n")
     embedded = tmp_path / "cluster" / "cache" / "embeddings.sqlite"
@@ -147,14 +147,14 @@ def test_a_build_on_the_cluster_has_the_local_build_s_vectors_even_when_a_node_d
         cluster.kill_worker()
         output, _ = build.communicate(timeout=600)
         assert build.returncode == 0, output[-3000:]
-        assert "Ray at " in output and "1200 embedded now" in output, output[-3000:]
+        assert "Ray at " in output and "800 embedded now" in output, output[-3000:]
         local = subprocess.run([str(BIN / "gradfuse"), "index", "jsonl", str(corpus), "--source", "sci",
                                 "--workspace", str(tmp_path / "local")], env={**ENV, "OMP_NUM_THREADS": "1"},
                                capture_output=True, text=True)
         assert local.returncode == 0, local.stdout[-3000:]
         on_cluster, here = (np.load(current_version(tmp_path / where / "sources" / "sci") / "embeddings.npy")
                             for where in ("cluster", "local"))
-        assert on_cluster.shape == here.shape == (1200, 384)
+        assert on_cluster.shape == here.shape == (800, 384)
         np.testing.assert_allclose(on_cluster, here, atol=1e-5)
     finally:
         if cluster.worker.poll() is not None:
