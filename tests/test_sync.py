@@ -214,3 +214,27 @@ def test_a_sync_killed_mid_way_leaves_the_last_version_and_the_next_sync_finishe
     assert not list(source_dir.glob("build-*"))
     assert files_in(ws, "Day 123 build farm jobs", "bm25", 1) == ["log/day-123.txt"]
     assert read_manifest(current_version(source_dir))["documents"] == 406
+
+
+def test_a_source_with_an_approximate_index_syncs_it_without_the_dropped_passages(tmp_path, monkeypatch):
+    """A large source's IVF index (from ANN_MIN_VECTORS on) is changed as the rest: the new passages added to it,
+    the dropped ones removed, and holes never returned (here the threshold is lowered to a folder of 60 files)."""
+    from gradfuse.sources import embedded
+
+    monkeypatch.setattr(embedded, "ANN_MIN_VECTORS", 50)
+    topics = ["volcano", "glacier", "desert", "reef", "canyon", "prairie"]
+    write_notes(tmp_path / "notes", {f"{topic}-{n}.txt": f"Field note {n} about the {topic}: {topic} survey day {n}."
+                                     for topic in topics for n in range(10)})
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    spec = SourceSpec("notes", "files", str(tmp_path / "notes"))
+    ws.index(spec)
+    assert (current_version(tmp_path / "ws" / "sources" / "notes") / embedded.ANN_FILE).is_file()
+    for n in range(10):
+        (tmp_path / "notes" / f"volcano-{n}.txt").unlink()
+    write_notes(tmp_path / "notes", {"lagoon.txt": "Field note about the lagoon: lagoon survey, flamingos."})
+    assert ws.index(spec).status == "built"
+    with ws.holding("notes", "dense") as notes:
+        assert notes._ann is not None  # the approximate index answers
+        found = [c.parent_id for c in notes.search("volcano survey field note", 20)]
+        assert found and not any(name.startswith("volcano") for name in found)
+        assert notes.search("lagoon flamingos", 1)[0].parent_id == "lagoon.txt"

@@ -1,11 +1,13 @@
 """A folder source kept current file by file: a sync reads, parses and embeds only the files that changed.
 
-Each version's document store keeps its files as the sync saw them (size, modification and change times, inode,
-the hash of the bytes; docstore.FileRecord). The next sync lists the folder and compares: a file whose stat is
-the same is not opened; one whose stat moved is hashed, and parsed only where its bytes changed (a `touch` costs a
-read). The new version is the previous one changed in place of a copy: the passages of changed, renamed and
-deleted files are dropped (their rows become holes), new ones appended, the BM25 segments linked rather than
-rewritten (sources/embedded.py). When holes pass half the rows, the next change writes the source whole again.
+Each version's document store keeps its files (the hash of each one's bytes, its readers, what reading it
+reported: docstore.FileRecord), and beside the versions file_stamps.py keeps what the last sync saw of each (size,
+modification and change times, inode). The next sync lists the folder and compares: a file whose stat has not
+moved is not opened; one whose stat moved is hashed, and parsed only where its bytes changed (a `touch` costs a
+read). The new version is a copy of the previous one, changed: the passages of changed, renamed and deleted files
+are dropped (their rows become holes), new ones appended, the BM25 segments linked rather than rewritten
+(sources/embedded.py). When holes pass half the rows, the next change writes the source whole again. docs/folders.md
+has what it costs.
 
 Like every build it happens in a build folder that is published atomically, under the source's lock: a sync that
 is killed leaves the previous version current and its build folder is removed by the next one, which redoes the
@@ -90,7 +92,8 @@ class _Written:
     notes: list[str]
 
 
-def sync_folder(workspace: Path, spec: SourceSpec, encoder: str, progress: bool, ray_address: str = "") -> BuildReport:
+def sync_folder(workspace: Path, spec: SourceSpec, encoder: str, progress: bool,
+                ray_address: str = "") -> BuildReport:
     """Bring the source's published version in line with its folder, reading only what changed (called with
     the source's lock held)."""
     started = time.perf_counter()

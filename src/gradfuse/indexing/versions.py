@@ -66,6 +66,8 @@ def embed_passages(workspace: Path, encoder: str, documents: list[Document], pro
                    ray_address: str = "") -> tuple[np.ndarray, int, str, list[str]]:
     """(the passages' vectors, how many were computed now rather than found in the workspace's cache, the encoder
     as described to the user, its note); `ray_address`: the missing ones embedded on that Ray cluster."""
+    if not documents:  # a sync that only drops files: no encoder to load
+        return np.zeros((0, 0), dtype=np.float32), 0, "", []
     model = load_encoder(encoder)
     cache = EmbeddingCache(workspace / "cache" / "embeddings.sqlite", model)
     texts = [embedding_text(d.title, d.text) for d in documents]
