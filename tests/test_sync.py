@@ -238,3 +238,9 @@ def test_a_source_with_an_approximate_index_syncs_it_without_the_dropped_passage
         found = [c.parent_id for c in notes.search("volcano survey field note", 20)]
         assert found and not any(name.startswith("volcano") for name in found)
         assert notes.search("lagoon flamingos", 1)[0].parent_id == "lagoon.txt"
+    for n in range(10):  # a sync that only drops files: nothing to add to the index
+        (tmp_path / "notes" / f"glacier-{n}.txt").unlink()
+    assert ws.index(spec).status == "built"
+    with ws.holding("notes", "dense") as notes:
+        found = [c.parent_id for c in notes.search("glacier survey field note", 20)]
+        assert found and not any(name.startswith(("glacier", "volcano")) for name in found)

@@ -64,6 +64,7 @@ def test_a_watched_folder_publishes_edits_additions_renames_and_deletions(tmp_pa
         (tmp_path / "notes" / "roof").mkdir()
         (tmp_path / "notes" / "garden.txt").rename(tmp_path / "notes" / "roof" / "garden.txt")
         until(lambda: top_file(ws, "fig tree founders") == "roof/garden.txt", "a rename into a new folder")
+        assert top_file(ws, "on-call engineer pages") == "ops/oncall.md"
         (tmp_path / "notes" / "ops" / "oncall.md").unlink()
         until(lambda: top_file(ws, "on-call engineer pages") != "ops/oncall.md", "a deletion")
     assert all(s.error is None for s in record.synced)
@@ -115,5 +116,6 @@ def test_a_watched_server_answers_from_an_edit_and_stops_citing_a_deleted_file(t
         assert top(url, "espresso machine") == "kitchen.txt#0"
         (tmp_path / "notes" / "kitchen.txt").write_text("The espresso machine is replaced by a samovar in May.")
         until(lambda: top(url, "samovar May") == "kitchen.txt#0", "the server answers from the edit")
+        assert top(url, "fig tree founders roof garden") == "garden.txt#0"
         (tmp_path / "notes" / "garden.txt").unlink()
         until(lambda: top(url, "fig tree founders roof garden") != "garden.txt#0", "the deleted file uncited")

@@ -16,13 +16,16 @@ class RayUnavailable(RuntimeError):
 FORWARDED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "GRADFUSE_CACHE")
 
 
-def connect(address: str, *, use: str):
+def connect(address: str, *, use: str, reuse: bool = False):
     """Ray, connected to the cluster at `address` (HOST:PORT, ray://HOST:PORT or "auto"); `use`: the option that
-    asked for it, named where Ray is missing."""
+    asked for it, named where Ray is missing; `reuse`: keep the connection this process has already (a server's
+    scorer replicas), where it has one."""
     try:
         import ray
     except ImportError:
         raise RayUnavailable(f"Ray is not installed: pip install 'gradfuse[ray]' (or run without {use})") from None
+    if reuse and ray.is_initialized():
+        return ray
     _probe(_bootstrap_address(address))
     env = {name: os.environ[name] for name in FORWARDED_ENV if name in os.environ}
     try:

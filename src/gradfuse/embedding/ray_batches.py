@@ -55,11 +55,17 @@ class RayBatches:
     the batches' texts, yields (index, vectors) as each batch comes back (not in order)."""
 
     def __init__(self, address: str, encoder: str):
-        self._ray = ray = connect(address, use="--ray / [build] ray_address")
+        import ray
+
+        # A process connected already (a server's scorer replicas) keeps its connection, and keeps it after
+        self._started = not ray.is_initialized()
+        connect(address, use="--ray / [build] ray_address", reuse=True)
+        self._ray = ray
         resources = ray.cluster_resources()
         gpus = int(resources.get("GPU", 0))
         self.slots = gpus or int(resources.get("CPU", 0))
         if self.slots < 1:
+            self.__exit__()
             raise RayUnavailable(f"the Ray cluster at {address!r} has no CPU or GPU to embed on")
         self.where = f"Ray at {address}: {gpus} GPU(s)" if gpus else f"Ray at {address}: {self.slots} CPU(s)"
         self._encoder = encoder
@@ -70,7 +76,8 @@ class RayBatches:
         return self
 
     def __exit__(self, *exc) -> None:
-        self._ray.shutdown()  # this process leaves the cluster: its next build may name another
+        if self._started:  # this process leaves the cluster it joined: its next build may name another
+            self._ray.shutdown()
 
     def __call__(self, batches: list[list[str]]) -> Iterator[tuple[int, np.ndarray]]:
         ray, pending, waiting = self._ray, {}, iter(enumerate(batches))
@@ -86,9 +93,9 @@ class RayBatches:
             except (ray.exceptions.RayError, OSError) as error:
                 for ref in pending:
                     ray.cancel(ref)
-                raise RayUnavailable(f"a batch of passages could not be embedded on the cluster after {RETRIES} "
-                                     f"tries ({type(error).__name__}: {str(error)[:300]}); what was embedded "
-                                     "before is kept in the cache: index again to go on") from None
+                raise RayUnavailable(f"a batch of passages could not be embedded on the cluster (a lost worker is "
+                                     f"tried {RETRIES} times; {type(error).__name__}: {str(error)[:300]}); what "
+                                     "was embedded before is kept in the cache: index again to go on") from None
             for next_index, texts in waiting:
                 pending[self._task.remote(self._encoder, texts)] = next_index
                 break

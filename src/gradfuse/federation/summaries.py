@@ -272,6 +272,8 @@ class Summaries:
         summary.save(path)
         if marker is not None:
             path.with_suffix(".marker").write_text(marker)
+        else:  # one from an earlier sample would be read back as this one's
+            path.with_suffix(".marker").unlink(missing_ok=True)
         mine = re.compile(re.escape(name) + r"-[0-9a-f]{16}\.(npz|marker)")  # not "name-other"'s, another source
         for old in path.parent.iterdir():
             if old.stem != path.stem and mine.fullmatch(old.name):

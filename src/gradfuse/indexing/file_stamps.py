@@ -20,18 +20,32 @@ RACY_NS = 2_000_000_000
 
 class FileStamps:
     def __init__(self, path: Path):
-        self._db = sqlite3.connect(path)
-        os.chmod(path, 0o600)  # the folder's file names
-        self._db.execute("CREATE TABLE IF NOT EXISTS stamps (path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, "
-                         "ctime_ns INTEGER, inode INTEGER, digest TEXT NOT NULL, seen_ns INTEGER NOT NULL)")
-        self._rows = {path: (tuple(stamp), digest, seen) for path, *stamp, digest, seen in
-                      self._db.execute("SELECT path, size, mtime_ns, ctime_ns, inode, digest, seen_ns FROM stamps")}
+        try:
+            self._db, self._rows = self._open(path)
+        except sqlite3.DatabaseError:  # damaged, or of another layout: it is only a cache of what was seen
+            path.unlink(missing_ok=True)
+            self._db, self._rows = self._open(path)
         self._changed: dict[str, tuple] = {}
+
+    @staticmethod
+    def _open(path: Path) -> tuple[sqlite3.Connection, dict]:
+        db = sqlite3.connect(path)
+        try:
+            os.chmod(path, 0o600)  # the folder's file names
+            db.execute("CREATE TABLE IF NOT EXISTS stamps (path TEXT PRIMARY KEY, size INTEGER, mtime_ns INTEGER, "
+                       "ctime_ns INTEGER, inode INTEGER, digest TEXT NOT NULL, seen_ns INTEGER NOT NULL)")
+            rows = {path: (tuple(stamp), digest, seen) for path, *stamp, digest, seen in
+                    db.execute("SELECT path, size, mtime_ns, ctime_ns, inode, digest, seen_ns FROM stamps")}
+        except BaseException:
+            db.close()
+            raise
+        return db, rows
 
     def digest(self, file: ListedFile) -> str | None:
         """The hash of the file's bytes when its stat was last seen as it is now, unless that stat is racy."""
         row = self._rows.get(file.relative)
-        if row is None or row[0] != file.stamp or file.mtime_ns >= row[2] - RACY_NS:
+        # ctime too: a copy that keeps the file's times (cp -p, tar, rsync -t) sets mtime back, never ctime
+        if row is None or row[0] != file.stamp or max(file.mtime_ns, file.ctime_ns) >= row[2] - RACY_NS:
             return None
         return row[1]
 

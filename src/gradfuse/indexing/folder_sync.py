@@ -36,7 +36,7 @@ from gradfuse.indexing.versions import (
     unmatched_readers_notes,
 )
 from gradfuse.ingest.documents import IngestReport
-from gradfuse.ingest.files import FileRead, FileReader, ListedFile, list_files, prune_parse_cache
+from gradfuse.ingest.files import PARSE_VERSION, FileRead, FileReader, ListedFile, list_files, prune_parse_cache
 from gradfuse.ingest.readers import LIMIT_OPTIONS, ReaderLimits
 from gradfuse.sources.base import FORMAT_VERSION, SourceSpec, current_version, read_manifest, write_manifest
 from gradfuse.sources.docstore import FileRecord, read_files_table, update_documents, write_documents
@@ -178,9 +178,10 @@ def _compare(listed: list[ListedFile], known: dict[str, FileRecord], readers: Fi
         if given == REFUSED:
             read = FileRead([], IngestReport(skipped_unreadable=[readers.refusal(path)]))
         else:
-            read = reader.read(path, known_digest=old.digest if same_readers else None)
+            read = reader.read(path, known_digest=old.digest if same_readers else None, inode=file.inode)
         digest = read.digest or f"{UNREAD}{file.stamp}"
-        stamps.record(file, digest, listed_at)
+        if not read.retry:
+            stamps.record(file, digest, listed_at)
         if read.unchanged or (same_readers and digest == old.digest):
             changes.kept[path] = old
             changes.hashed += 1
@@ -194,9 +195,10 @@ def _compare(listed: list[ListedFile], known: dict[str, FileRecord], readers: Fi
 
 
 def _setting(spec: SourceSpec, encoder: str) -> str:
-    """What every file's passages depend on besides the file: when it differs, nothing is reused."""
-    return hashlib.sha256(json.dumps([FORMAT_VERSION, spec.kind, spec.options, encoder],
-                                     sort_keys=True).encode()).hexdigest()
+    """What every file's passages depend on besides the file (the folder, the options, the encoder, the index's
+    format and the readers' output): when it differs, nothing is reused."""
+    return hashlib.sha256(json.dumps([FORMAT_VERSION, PARSE_VERSION, spec.kind, str(Path(spec.path).resolve()),
+                                      spec.options, encoder], sort_keys=True).encode()).hexdigest()
 
 
 def _extendable(version: Path, setting: str) -> bool:

@@ -146,7 +146,11 @@ class FolderWatcher:
                         self._changed.pop(name, None)  # events from here on make another burst
                 for name in due:
                     self._synced_at[name] = time.monotonic()
-                    self._done(self._run_sync(name))
+                    synced = self._run_sync(name)
+                    try:
+                        self._done(synced)
+                    except Exception:  # a report that cannot be printed must not stop the watching
+                        log.exception("reporting the sync of %s failed", name)
 
     def _run_sync(self, name: str) -> Synced:
         try:

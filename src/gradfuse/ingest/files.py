@@ -38,7 +38,9 @@ from gradfuse.ingest.readers import (
 from gradfuse.ingest.readers.isolation import ParserWorker, kept_parser
 from gradfuse.ingest.readers.plain import BOMS
 
-PARSE_VERSION = 4  # bump when a reader's output changes, so cached parses are not reused
+# Bump when a reader's output or the cutting of files into chunks changes: cached parses are not reused, and folder
+# sources are written whole again (indexing/folder_sync.py)
+PARSE_VERSION = 4
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,6 @@ class ListedFile:
     mtime_ns: int
     ctime_ns: int  # moves on every write and rename, and no program can set it back
     inode: int
-    links: int  # hard links to it (a hard link across readers is refused: indexing/build.py)
 
     @property
     def stamp(self) -> tuple[int, int, int, int]:
@@ -67,6 +68,7 @@ class FileRead:
     digest: str | None = None
     parse_entry: str | None = None
     unchanged: bool = False  # its bytes hash to the digest it was asked about: nothing was parsed
+    retry: bool = False  # it could not be opened now (or changed while it was): read it again next time
 
 
 def list_files(folder: Path, report: IngestReport) -> list[ListedFile]:
@@ -76,8 +78,7 @@ def list_files(folder: Path, report: IngestReport) -> list[ListedFile]:
         raise IngestError(f"{folder} is not a folder")
     listed = []
     for relative, found in _walk(folder, report):
-        listed.append(ListedFile(relative, found.st_size, found.st_mtime_ns, found.st_ctime_ns, found.st_ino,
-                                 found.st_nlink))
+        listed.append(ListedFile(relative, found.st_size, found.st_mtime_ns, found.st_ctime_ns, found.st_ino))
     return listed
 
 
@@ -136,15 +137,17 @@ class FileReader:
             self._worker = ParserWorker().__enter__()
         return self._worker
 
-    def read(self, relative: str, *, known_digest: str | None = None) -> FileRead:
+    def read(self, relative: str, *, known_digest: str | None = None, inode: int | None = None) -> FileRead:
         """The file's passages and report; `known_digest`: where its bytes still hash to it, nothing is parsed
-        and the read comes back `unchanged`."""
+        and the read comes back `unchanged`; `inode`: the file listed (a path that leads elsewhere now, a link
+        retargeted since, is not read: its readers were decided by what it led to)."""
         report, limits = IngestReport(), self._limits
         try:
-            data = _read_bytes(self.folder / relative, relative, self._root, report, limits, self._links_outside)
-        except OSError as error:  # gone since the listing, or not ours to read: this file only
+            data = _read_bytes(self.folder / relative, relative, self._root, report, limits, self._links_outside,
+                               inode)
+        except OSError as error:  # gone since the listing, or not ours to read: this file only, this time
             report.skipped_unreadable.append((relative, "unreadable", error.strerror or type(error).__name__))
-            return FileRead([], report)
+            return FileRead([], report, retry=True)
         if data is None:
             return FileRead([], report)
         digest = hashlib.sha256(data).hexdigest()
@@ -168,7 +171,7 @@ class FileReader:
 
 
 def _read_bytes(path: Path, relative: str, root: Path, report: IngestReport, limits: ReaderLimits,
-                links_outside: bool) -> bytes | None:
+                links_outside: bool, inode: int | None = None) -> bytes | None:
     """The file's bytes, or None where it is skipped (reported) before they are read."""
     with _opened(path, root, links_outside) as (handle, outside):
         if outside:
@@ -177,6 +180,8 @@ def _read_bytes(path: Path, relative: str, root: Path, report: IngestReport, lim
         if handle is None:  # not a regular file (a FIFO swapped in)
             report.skipped_binary.append(relative)
             return None
+        if inode is not None and os.fstat(handle.fileno()).st_ino != inode:
+            raise OSError(errno.ESTALE, "it changed while the folder was read")
         head = handle.read(8192)
         if path.suffix.lower() in TEXT_FORMATS and _binary(head):  # known before the rest is read (1 GB of zeros)
             report.skipped_binary.append(relative)

@@ -82,13 +82,13 @@ def update_documents(path: Path, *, dropped_files: list[str], documents: list[Do
         db.close()
 
 
-def read_files_table(path: Path) -> dict[str, FileRecord] | None:
-    """The files a version's last sync saw, or None for a store without them (not a folder, or built before)."""
+def read_files_table(path: Path) -> dict[str, FileRecord]:
+    """The files a version holds (none for a store without them: not a folder, or built before syncs)."""
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         rows = db.execute("SELECT path, digest, readers, parse_entry, report FROM files").fetchall()
     except sqlite3.OperationalError:
-        return None
+        return {}
     finally:
         db.close()
     return {row[0]: FileRecord(*row) for row in rows}

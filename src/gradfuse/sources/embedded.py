@@ -145,8 +145,9 @@ def update_embedded_index(previous: Path, version: Path, *, dropped_files: list[
 
         ann = faiss.read_index(str(previous / ANN_FILE))
         ann.remove_ids(np.asarray(dropped_rows, dtype=np.int64))
-        ann.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32),
-                         np.arange(len(previous_vectors), len(matrix), dtype=np.int64))
+        if len(vectors):  # a sync that only drops files adds nothing
+            ann.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32),
+                             np.arange(len(previous_vectors), len(matrix), dtype=np.int64))
         faiss.write_index(ann, str(version / ANN_FILE))
 
 
