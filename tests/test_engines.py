@@ -324,6 +324,101 @@ def test_a_chroma_collection_samples_its_own_passages_through_its_server(chroma_
         _assert_samples(source, spread=True, first=first)
 
 
+# --- a change seen by its marker: what makes an engine's routing summary again before refresh_s (before the
+# tests that pause and kill the Chroma server) ---------------------------------------------------------------------
+
+def test_each_engine_s_change_marker_moves_when_its_own_client_adds_a_record(tmp_path, chroma_server):
+    pytest.importorskip("lancedb")
+    import chromadb
+    import lancedb
+    from pymilvus import MilvusClient
+    from qdrant_client import models
+
+    from gradfuse.sources.chroma_collection import ChromaSettings
+    from gradfuse.sources.engines import open_engine
+    from gradfuse.sources.lance_table import LanceSettings
+    from gradfuse.sources.milvus_collection import MilvusSettings
+    from gradfuse.sources.qdrant_collection import QdrantSettings
+
+    vectors = _sample_vectors()
+    lance = lancedb.connect(str(tmp_path / "lance")).create_table(
+        "notes", [{**r, "vector": v} for r, v in zip(SAMPLED, vectors)])
+    _, _, port = chroma_server
+    chroma = chromadb.HttpClient(host="127.0.0.1", port=port).create_collection("marked", embedding_function=None)
+    chroma.add(ids=[r["id"] for r in SAMPLED], documents=[r["text"] for r in SAMPLED], embeddings=vectors)
+    milvus = MilvusClient(str(tmp_path / "milvus.db"))
+    milvus.create_collection("notes", dimension=8, id_type="string", max_length=64)
+    milvus.insert("notes", [{"id": r["id"], "vector": v, "text": r["text"]} for r, v in zip(SAMPLED, vectors)])
+    milvus.close()
+    from qdrant_client import QdrantClient
+
+    client = QdrantClient(path=str(tmp_path / "qdrant"))
+    client.create_collection("notes", vectors_config=models.VectorParams(size=8, distance=models.Distance.COSINE))
+    client.upsert("notes", [models.PointStruct(id=r["n"], vector=v, payload={**r, "name": r["id"]})
+                            for r, v in zip(SAMPLED, vectors)])
+    client.close()  # the embedded mode: one client at a time (the source's, which the test writes through)
+    qdrant = open_engine("store", QdrantSettings(uri=str(tmp_path / "qdrant"), collection="notes", id_field="name"),
+                         10.0, "dense")
+
+    def add_to(kind: str, source) -> None:  # one more record, by the engine's own client
+        new, vector = {"id": "p99", "title": "", "text": "Passage 99.", "n": 99}, [0.5] * 8
+        if kind == "lancedb":
+            lancedb.connect(str(tmp_path / "lance")).open_table("notes").add([{**new, "vector": vector}])
+        elif kind == "chroma":
+            chroma.add(ids=["p99"], documents=["Passage 99."], embeddings=[vector])
+        elif kind == "milvus":
+            source._client.insert("notes", [{"id": "p99", "vector": vector, "text": "Passage 99."}])
+        else:
+            source._client.upsert("notes", [models.PointStruct(id=99, vector=vector, payload={"name": "p99",
+                                                                                             "text": "Passage 99."})])
+
+    sources = {"lancedb": open_engine("store", LanceSettings(uri=str(tmp_path / "lance"), table="notes"), 10.0,
+                                      "dense"),
+               "chroma": open_engine("store", ChromaSettings(uri=f"http://127.0.0.1:{port}", collection="marked"),
+                                     10.0, "dense"),
+               "milvus": open_engine("store", MilvusSettings(uri=str(tmp_path / "milvus.db"), collection="notes"),
+                                     10.0, "dense"),
+               "qdrant": qdrant}
+    for kind, source in sources.items():
+        before = source.change_marker()
+        assert source.change_marker() == before, kind  # reading it changes nothing
+        add_to(kind, source)
+        deadline = time.monotonic() + 30  # LanceDB looks for other writers' versions every 5 s
+        while source.change_marker() == before:
+            assert time.monotonic() < deadline, f"{kind}: the marker did not move"
+            time.sleep(0.2)
+    lance.add([{"id": "p98", "title": "", "text": "Passage 98.", "n": 98, "vector": [0.1] * 8}])
+    found = sources["lancedb"]  # and its searches see the other writer's rows too, not only its marker
+    deadline = time.monotonic() + 30
+    while found.sample_texts(100)[0] != len(SAMPLED) + 2:
+        assert time.monotonic() < deadline, "the lancedb source never saw rows another client added"
+        time.sleep(0.2)
+    getattr(sources["milvus"], "close", lambda: None)()
+
+
+def test_an_engine_s_summary_is_made_again_when_its_marker_moves_before_refresh_s(tmp_path):
+    pytest.importorskip("lancedb")
+    import lancedb
+
+    vectors = _minilm().encode([r["text"] for r in PLANETS])
+    lancedb.connect(str(tmp_path / "lance")).create_table(
+        "notes", [{**r, "vector": v.tolist()} for r, v in zip(PLANETS, vectors)])
+    ws = _config(tmp_path / "a", f'kind = "lancedb"\nuri = "{tmp_path / "lance"}"\ntable = "notes"\n\n'
+                                 '[routing]\ncheck_s = 0.5\nrefresh_s = 86400\n')
+    summaries = ws.catalog.summaries
+    assert summaries.make(["store"]) == {"store": ""}
+    assert summaries.get("store")[0].documents == len(PLANETS)
+    more = [{"id": f"moon-{n}", "title": "Moons", "text": f"Moon {n} circles a gas giant."} for n in range(3)]
+    lancedb.connect(str(tmp_path / "lance")).open_table("notes").add(
+        [{**r, "vector": v.tolist()} for r, v in zip(more, _minilm().encode([r["text"] for r in more]))])
+    deadline = time.monotonic() + 60
+    while summaries.get("store")[0].documents != len(PLANETS) + 3:
+        assert time.monotonic() < deadline, "the summary was not made again after the table changed"
+        time.sleep(0.2)
+    marker = next((tmp_path / "a" / "ws" / "cache" / "summaries").glob("store-*.marker")).read_text()
+    assert marker == str(lancedb.connect(str(tmp_path / "lance")).open_table("notes").version)
+
+
 def test_a_sample_its_engine_refuses_fails_as_the_sources_error(tmp_path):
     pytest.importorskip("lancedb")
     import lancedb
@@ -577,97 +672,3 @@ def test_select_over_an_engine_holds_its_candidates_vectors_in_memory_not_in_the
     assert found.candidates[0].doc_id == "saturn"
     assert sqlite3.connect(disk).execute("SELECT COUNT(*) FROM vectors").fetchone() == before
     assert ws.query.embeddings.held >= len(PLANETS)
-
-
-# --- a change seen by its marker: what makes an engine's routing summary again before refresh_s -------------------
-
-def test_each_engine_s_change_marker_moves_when_its_own_client_adds_a_record(tmp_path, chroma_server):
-    pytest.importorskip("lancedb")
-    import chromadb
-    import lancedb
-    from pymilvus import MilvusClient
-    from qdrant_client import models
-
-    from gradfuse.sources.chroma_collection import ChromaSettings
-    from gradfuse.sources.engines import open_engine
-    from gradfuse.sources.lance_table import LanceSettings
-    from gradfuse.sources.milvus_collection import MilvusSettings
-    from gradfuse.sources.qdrant_collection import QdrantSettings
-
-    vectors = _sample_vectors()
-    lance = lancedb.connect(str(tmp_path / "lance")).create_table(
-        "notes", [{**r, "vector": v} for r, v in zip(SAMPLED, vectors)])
-    _, _, port = chroma_server
-    chroma = chromadb.HttpClient(host="127.0.0.1", port=port).create_collection("marked", embedding_function=None)
-    chroma.add(ids=[r["id"] for r in SAMPLED], documents=[r["text"] for r in SAMPLED], embeddings=vectors)
-    milvus = MilvusClient(str(tmp_path / "milvus.db"))
-    milvus.create_collection("notes", dimension=8, id_type="string", max_length=64)
-    milvus.insert("notes", [{"id": r["id"], "vector": v, "text": r["text"]} for r, v in zip(SAMPLED, vectors)])
-    milvus.close()
-    from qdrant_client import QdrantClient
-
-    client = QdrantClient(path=str(tmp_path / "qdrant"))
-    client.create_collection("notes", vectors_config=models.VectorParams(size=8, distance=models.Distance.COSINE))
-    client.upsert("notes", [models.PointStruct(id=r["n"], vector=v, payload={**r, "name": r["id"]})
-                            for r, v in zip(SAMPLED, vectors)])
-    client.close()  # the embedded mode: one client at a time (the source's, which the test writes through)
-    qdrant = open_engine("store", QdrantSettings(uri=str(tmp_path / "qdrant"), collection="notes", id_field="name"),
-                         10.0, "dense")
-
-    def add_to(kind: str, source) -> None:  # one more record, by the engine's own client
-        new, vector = {"id": "p99", "title": "", "text": "Passage 99.", "n": 99}, [0.5] * 8
-        if kind == "lancedb":
-            lancedb.connect(str(tmp_path / "lance")).open_table("notes").add([{**new, "vector": vector}])
-        elif kind == "chroma":
-            chroma.add(ids=["p99"], documents=["Passage 99."], embeddings=[vector])
-        elif kind == "milvus":
-            source._client.insert("notes", [{"id": "p99", "vector": vector, "text": "Passage 99."}])
-        else:
-            source._client.upsert("notes", [models.PointStruct(id=99, vector=vector, payload={"name": "p99",
-                                                                                             "text": "Passage 99."})])
-
-    sources = {"lancedb": open_engine("store", LanceSettings(uri=str(tmp_path / "lance"), table="notes"), 10.0,
-                                      "dense"),
-               "chroma": open_engine("store", ChromaSettings(uri=f"http://127.0.0.1:{port}", collection="marked"),
-                                     10.0, "dense"),
-               "milvus": open_engine("store", MilvusSettings(uri=str(tmp_path / "milvus.db"), collection="notes"),
-                                     10.0, "dense"),
-               "qdrant": qdrant}
-    for kind, source in sources.items():
-        before = source.change_marker()
-        assert source.change_marker() == before, kind  # reading it changes nothing
-        add_to(kind, source)
-        deadline = time.monotonic() + 30  # LanceDB looks for other writers' versions every 5 s
-        while source.change_marker() == before:
-            assert time.monotonic() < deadline, f"{kind}: the marker did not move"
-            time.sleep(0.2)
-    lance.add([{"id": "p98", "title": "", "text": "Passage 98.", "n": 98, "vector": [0.1] * 8}])
-    found = sources["lancedb"]  # and its searches see the other writer's rows too, not only its marker
-    deadline = time.monotonic() + 30
-    while found.sample_texts(100)[0] != len(SAMPLED) + 2:
-        assert time.monotonic() < deadline, "the lancedb source never saw rows another client added"
-        time.sleep(0.2)
-    getattr(sources["milvus"], "close", lambda: None)()
-
-
-def test_an_engine_s_summary_is_made_again_when_its_marker_moves_before_refresh_s(tmp_path):
-    pytest.importorskip("lancedb")
-    import lancedb
-
-    vectors = _minilm().encode([r["text"] for r in PLANETS])
-    lancedb.connect(str(tmp_path / "lance")).create_table(
-        "notes", [{**r, "vector": v.tolist()} for r, v in zip(PLANETS, vectors)])
-    ws = _config(tmp_path / "a", f'kind = "lancedb"\nuri = "{tmp_path / "lance"}"\ntable = "notes"\n\n'
-                                 '[routing]\ncheck_s = 0.5\nrefresh_s = 86400\n')
-    summaries = ws.catalog.summaries
-    assert summaries.make(["store"]) == {"store": ""}
-    assert summaries.get("store")[0].documents == len(PLANETS)
-    more = [{"id": f"moon-{n}", "title": "Moons", "text": f"Moon {n} circles a gas giant."} for n in range(3)]
-    lancedb.connect(str(tmp_path / "lance")).open_table("notes").add(
-        [{**r, "vector": v.tolist()} for r, v in zip(more, _minilm().encode([r["text"] for r in more]))])
-    deadline = time.monotonic() + 60
-    while summaries.get("store")[0].documents != len(PLANETS) + 3:
-        assert time.monotonic() < deadline, "the summary was not made again after the table changed"
-        time.sleep(0.2)
-    marker = next((tmp_path / "a" / "ws" / "cache" / "summaries").glob("store-*.marker")).read_text()
-    assert marker == str(lancedb.connect(str(tmp_path / "lance")).open_table("notes").version)

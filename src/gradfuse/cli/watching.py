@@ -35,9 +35,9 @@ def print_synced(synced: Synced) -> None:
         return
     report, files = synced.report, synced.report.files
     if report.status == "built":
-        console.print(f"[green]{escape(synced.name)}[/]: published {report.documents} passages ({files['added']} "
-                      f"files added, {files['changed']} changed, {files['deleted']} deleted; {report.embedded_now} "
-                      f"passages embedded) in {report.seconds:.2f} s")
+        console.print(f"[green]{escape(synced.name)}[/]: published {report.documents} passages in "
+                      f"{report.seconds:.2f} s (files: {files['added']} added, {files['changed']} changed, "
+                      f"{files['deleted']} deleted; passages embedded: {report.embedded_now})")
 
 
 @app.command()
