@@ -327,7 +327,7 @@ def test_summaries_that_fail_are_retried_later_and_never_stop_the_others(tmp_pat
         (tmp_path / "ws" / "cache" / "summaries").mkdir(parents=True)
         other = tmp_path / "ws" / "cache" / "summaries" / "a-b-0123456789abcdef.npz"
         summarize(unit(np.eye(4))).save(other)
-        monkeypatch.setattr(ws.catalog.summaries, "_sampled", lambda name: summarize(unit(np.eye(4))))
+        monkeypatch.setattr(ws.catalog.summaries, "_sampled", lambda name: (summarize(unit(np.eye(4))), None))
         assert ws.catalog.summaries.make(["a"]) == {"a": ""} and other.is_file()
 
 
