@@ -244,3 +244,41 @@ def test_a_source_with_an_approximate_index_syncs_it_without_the_dropped_passage
     with ws.holding("notes", "dense") as notes:
         found = [c.parent_id for c in notes.search("glacier survey field note", 20)]
         assert found and not any(name.startswith(("glacier", "volcano")) for name in found)
+
+
+def test_a_hard_link_across_readers_made_after_a_build_takes_both_paths_out_until_it_goes(tmp_path):
+    """Issue 58's L3 through a sync: hr/pay.md, indexed for hr, gets a hard link in public/; neither may stay
+    searchable (the public path would give everyone hr's text), and both come back once the link is gone."""
+    write_notes(tmp_path / "wiki", {"hr/pay.md": "# Pay\n\nSalaries are paid on the last working day.\n",
+                                    "public/office.md": "# Office\n\nThe office opens at eight.\n"})
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    spec = SourceSpec("wiki", "files", str(tmp_path / "wiki"), {"readers": {"hr/*": ["hr"]}})
+    ws.index(spec)
+    hr = frozenset({"hr"})
+
+    def found(readers) -> set[str]:
+        with ws.holding("wiki", "bm25") as wiki:
+            return {c.parent_id for c in wiki.search("salaries paid office", 5, readers=readers)}
+
+    assert found(hr) == {"hr/pay.md", "public/office.md"}
+    (tmp_path / "wiki" / "public" / "pay.md").hardlink_to(tmp_path / "wiki" / "hr" / "pay.md")
+    synced = ws.index(spec)
+    assert {file for file, reason, _ in synced.skipped if reason == "hard link"} == {"hr/pay.md", "public/pay.md"}
+    assert found(hr) == {"public/office.md"} and found(None) == {"public/office.md"}
+    (tmp_path / "wiki" / "public" / "pay.md").unlink()
+    ws.index(spec)
+    assert found(hr) == {"hr/pay.md", "public/office.md"} and found(frozenset({"bob"})) == {"public/office.md"}
+
+
+def test_a_new_version_of_the_readers_output_or_other_options_write_the_source_whole(tmp_path, monkeypatch):
+    from gradfuse.indexing import folder_sync
+
+    write_notes(tmp_path / "notes", NOTES)
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    spec = SourceSpec("notes", "files", str(tmp_path / "notes"))
+    ws.index(spec)
+    monkeypatch.setattr(folder_sync, "PARSE_VERSION", folder_sync.PARSE_VERSION + 1)  # a reader's output changed
+    again = ws.index(spec)
+    assert again.status == "built" and again.files["added"] == len(NOTES) and again.embedded_now == 0
+    chunked = ws.index(SourceSpec("notes", "files", str(tmp_path / "notes"), {"chunk_words": 8}))
+    assert chunked.files["added"] == len(NOTES) and chunked.documents > len(NOTES)
