@@ -8,7 +8,7 @@ import typer
 
 from gradfuse.access.keys import keys_required
 from gradfuse.cli.common import ConfigOpt, WorkspaceOpt, _fail, _run_guarded, _workspace, app, console
-from gradfuse.cli.watching import print_synced, workspace_watcher
+from gradfuse.cli.watching import print_synced, print_watching, workspace_watcher
 
 
 @app.command()
@@ -51,7 +51,7 @@ def serve(
               "`gradfuse index files FOLDER`)")
     if watcher is not None:
         watcher.start()
-        console.print(f"watching {', '.join(watcher.sources)}")
+        print_watching(watcher)
     try:
         run_server(ws, settings, preload_lm=preload_lm, log_level=log_level)
     finally:

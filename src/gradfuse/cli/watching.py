@@ -28,6 +28,12 @@ def workspace_watcher(ws: Workspace, done: Callable[[Synced], None], *, debounce
                          debounce_s=debounce_s, rescan_s=rescan_s)
 
 
+def print_watching(watcher: FolderWatcher, rescan_s: float = RESCAN_S) -> None:
+    for name, why in watcher.unwatched.items():
+        console.print(f"[yellow]{escape(name)}[/]: no file events ({escape(why)}); rescanned every {rescan_s:g} s")
+    console.print(f"watching {len(watcher.sources)} folder source(s): {', '.join(watcher.sources)}")
+
+
 def print_synced(synced: Synced) -> None:
     if synced.error is not None:
         console.print(f"[red]{escape(synced.name)}[/]: not synced ({escape(synced.error)}); tried again on the "
@@ -54,9 +60,8 @@ def watch(debounce: Debounce = DEBOUNCE_S, rescan: Rescan = RESCAN_S, config: Co
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with watcher:
-        for name, why in watcher.unwatched.items():
-            console.print(f"[yellow]{escape(name)}[/]: no file events ({escape(why)}); rescanned every {rescan:g} s")
-        console.print(f"watching {len(watcher.sources)} folder source(s): {', '.join(watcher.sources)} (Ctrl-C stops)")
+        print_watching(watcher, rescan)
+        console.print("Ctrl-C stops")
         try:
             while not stop.wait(1.0):
                 pass
