@@ -23,6 +23,11 @@ class FileReaders:
     refused: dict[str, str]  # hard links across readers: neither path is indexed (each with the other path)
     unmatched: list[str]  # patterns no file matches: a misspelt folder would leave its files open
 
+    def given(self, document):
+        """`document` with the readers of its file."""
+        names = self.of[document.parent_id or ""]
+        return dataclasses.replace(document, readers=names) if names else document
+
     def refusal(self, file: str) -> tuple[str, str, str]:
         """How a refused file is reported (IngestReport.skipped_unreadable)."""
         return (file, "hard link", f"the same file as {self.refused[file]}, whose readers differ: neither is "
@@ -51,9 +56,8 @@ def with_file_readers(documents, rules: object, report: IngestReport, folder: Pa
     readers = readers_by_file(rules, folder, list(dict.fromkeys(d.parent_id or "" for d in documents)))
     report.skipped_unreadable.extend(readers.refusal(file) for file in readers.refused)
     for document in documents:
-        file = document.parent_id or ""
-        if file not in readers.refused:
-            yield dataclasses.replace(document, readers=readers.of[file]) if readers.of[file] else document
+        if (document.parent_id or "") not in readers.refused:
+            yield readers.given(document)
     report.unmatched_readers.extend(readers.unmatched)
 
 

@@ -17,6 +17,7 @@ work from the files.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import shutil
@@ -124,7 +125,7 @@ def sync_folder(workspace: Path, spec: SourceSpec, encoder: str, progress: bool,
             return BuildReport(spec.name, "unchanged", read_manifest(base)["documents"],
                                time.perf_counter() - started, **report.details(), notes=notes, files=counts)
         with new_version(workspace, spec) as (building, stamp):
-            embed = lambda added: embed_passages(workspace, encoder, added, progress, ray_address)  # noqa: E731
+            embed = functools.partial(embed_passages, workspace, encoder, progress=progress, ray_address=ray_address)
             written = _write(spec, building, base, changes, readers, report, embed)
             notes += encoder_change_notes(previous, encoder) + written.notes
             manifest = manifest_for(spec, documents=written.count, restricted=written.restricted,
@@ -143,8 +144,7 @@ def _write(spec: SourceSpec, building: Path, base: Path | None, changes: _Change
            report: IngestReport, embed) -> _Written:
     """The new version's store in `building`: from scratch, or `base` changed; `embed`: the passages' vectors
     (versions.embed_passages, with the build's encoder and where it embeds)."""
-    added = [dataclasses.replace(d, readers=readers.of[path]) if readers.of[path] else d
-             for path, (_, read) in changes.read.items() for d in read.documents]
+    added = [readers.given(d) for _, read in changes.read.values() for d in read.documents]
     vectors, embedded_now, described, notes = embed(added)
     new_records = [record for record, _ in changes.read.values()]
     if base is None:

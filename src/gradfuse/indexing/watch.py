@@ -82,7 +82,7 @@ class FolderWatcher:
     def start(self) -> FolderWatcher:
         for spec in self._specs.values():
             try:
-                self._observer.schedule(_Changes(self, spec.name), str(Path(spec.path).resolve()), recursive=True)
+                self._observer.schedule(_EventHandler(self, spec.name), str(Path(spec.path).resolve()), recursive=True)
             except OSError as error:  # no such folder, or the inotify watch limit reached
                 self.unwatched[spec.name] = error.strerror or str(error)
                 log.warning("no file events for %s (%s): it is rescanned every %g s", spec.name,
@@ -160,7 +160,7 @@ class FolderWatcher:
             return Synced(name, None, f"{type(error).__name__}: {error}")
 
 
-class _Changes(FileSystemEventHandler):
+class _EventHandler(FileSystemEventHandler):
     def __init__(self, watcher: FolderWatcher, name: str):
         self._watcher, self._name = watcher, name
 
