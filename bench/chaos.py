@@ -27,6 +27,8 @@ Row `keys, quiet`: alice alone. Row `abusive key`: bob at once asks `remote` for
 `max_k`, which once opened its breaker for everyone), asks `slow` 15 times a second with `timeout_s` 0.05 (which
 once held all of its workers), and opens 100 MCP sessions and keeps them alive (which once took every session).
 
+Last, a watched folder under churn while a limited key and the owner ask (bench/chaos_watch.py says how).
+
 Run: make bench-chaos (results/chaos/). `--seconds N` shortens each phase (for a look, not for the results file).
 """
 
@@ -53,6 +55,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from live_server import chroma_run, free_port, gradfuse_serve  # noqa: E402  (the tests' helpers)
+from chaos_watch import markdown_rows, watch_row  # noqa: E402
 
 from gradfuse import SourceSpec, Workspace  # noqa: E402
 from gradfuse.config import load_config  # noqa: E402
@@ -453,6 +456,10 @@ def run(seconds: float, rows: str, results: ResultsFile) -> None:
             keyed = keyed_config(folder, far_url, NodeServer(far_url, "slow"))
             with gradfuse_serve(folder / "ws", "--config", str(keyed), log=folder / "keyed.log") as url:
                 key_rows(url, queries, seconds, results)
+        if rows in ("all", "watch"):
+            print(f"watched folder under churn: {seconds:g} s", flush=True)
+            results.add("watched folder", watch_row(folder, seconds))
+            print(json.dumps(results.rows["watched folder"]), flush=True)
 
 
 def markdown(results: ResultsFile, seconds: float) -> str:
@@ -496,13 +503,15 @@ def markdown(results: ResultsFile, seconds: float) -> str:
                      f"{r['healthy_p50_ms']:.0f} ({r['healthy_p50_ms'] / quiet:.2f}×) | {r['healthy_p99_ms']:.0f} | "
                      f"{r['remote_answered']:.3f} | {r['slow_answered']:.3f} | {r['routed_answered']:.3f} | "
                      f"{r['alice_mcp_opened']} | {told} |")
+    if "watched folder" in results.rows:
+        lines += markdown_rows(results.rows["watched folder"])
     return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="each fault's phase (60 for the results file)")
-    parser.add_argument("--rows", choices=("all", "faults", "keys"), default="all",
+    parser.add_argument("--rows", choices=("all", "faults", "keys", "watch"), default="all",
                         help="which rows to run (all for the results file)")
     args = parser.parse_args()
     if not SCIFACT.is_dir():

@@ -63,6 +63,7 @@ def test_toml_declares_sources_models_and_defaults_and_flags_override(tmp_path):
         ("[rerank]\nestimator = 'magic'\n", "unknown estimator 'magic'"),
         ("[selection]\nlambda = 1\n", "\\[selection\\].*lambda"),
         ("[server]\nray_replicas = -1\n", "\\[server\\]: ray_replicas: Input should be greater than or equal to 0"),
+        ("[routing]\nunscored_share = 1.5\n", "\\[routing\\]: unscored_share: Input should be less than or equal to 1"),
     ],
 )
 def test_config_errors_name_the_problem(tmp_path, text, message):

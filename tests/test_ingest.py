@@ -388,3 +388,18 @@ def _fill_the_disk(ws, corpus, small_disk):
     assert current_version(small_disk / "ws" / "sources" / "notes") == published
     assert not list((small_disk / "ws" / "sources" / "notes").glob("build-*"))
     assert ws.search("Phobos", method="rrf", retrieval="bm25", k=1).candidates[0].doc_id == "mars"
+
+
+def test_a_disk_that_fills_while_the_embedding_matrix_is_written_says_so_in_one_line(small_disk, tmp_path):
+    """3,000 passages of three texts: the store, BM25 and the embedding cache fit in 2 MB, the matrix (4.6 MB) does
+    not; numpy's short write has no errno, and was a traceback."""
+    ws = Workspace(Config(workspace=small_disk / "ws"))
+    corpus = write_jsonl(tmp_path / "many.jsonl", [{"id": f"r{n}", "text": f"Reading {n % 3} of the tide gauge."}
+                                                   for n in range(3000)])
+    try:
+        with pytest.raises(IngestError, match="the disk is full") as raised:
+            ws.index(SourceSpec("tides", "jsonl", str(corpus)))
+        assert "\n" not in str(raised.value) and "requested" not in str(raised.value)
+        assert not list((small_disk / "ws" / "sources" / "tides").glob("build-*"))
+    finally:
+        ws.close()

@@ -217,3 +217,24 @@ def test_without_a_cluster_or_without_ray_the_error_is_clear(tmp_path):
     done = subprocess.run([sys.executable, "-c", without_ray], capture_output=True, text=True, env=ENV, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "Ray is not installed: pip install 'gradfuse[ray]'" in done.stdout
+
+
+def test_a_port_that_answers_but_is_not_ray_is_refused_at_once_and_the_build_lock_let_go(tmp_path):
+    """An HTTP server where the cluster should be: ray.init waited minutes there, holding the source's lock."""
+    import http.server
+    import threading
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = f"127.0.0.1:{server.server_address[1]}"
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "a", "text": "The tide gauge reads hourly."}\n')
+    command = [str(BIN / "gradfuse"), "index", "jsonl", str(corpus), "--source", "tides",
+               "--workspace", str(tmp_path / "ws")]
+    try:
+        done = subprocess.run([*command, "--ray", address], capture_output=True, text=True, env=ENV, timeout=120)
+    finally:
+        server.shutdown()
+    assert done.returncode == 2 and "Traceback" not in done.stdout + done.stderr
+    assert f"{address} answers, but not as a Ray cluster does" in " ".join((done.stdout + done.stderr).split())
+    assert subprocess.run(command, capture_output=True, text=True, env=ENV, timeout=300).returncode == 0

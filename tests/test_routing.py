@@ -124,6 +124,22 @@ def test_a_summary_is_small_and_survives_the_wire():
     assert len(summarize(vectors[:20]).centroids) == 1  # a small source is one topic
 
 
+def test_a_remote_of_thousands_of_sources_weighs_as_one_source_in_routing():
+    """A remote's summaries merged (sources/gradfuse_remote.py) keep no more than one source's: under ReDDE its
+    thousands of sampled vectors would otherwise fill the top passages and win every question."""
+    rng = np.random.default_rng(1)
+    query = unit(rng.normal(size=32))
+    parts = [SourceSummary(MAX_CLAIMED_DOCUMENTS, unit(rng.normal(size=(8, 32)) + query), np.full(8, 0.125),
+                           unit(rng.normal(size=(16, 32)) + query)) for _ in range(2000)]
+    merged = SourceSummary.merged(parts)
+    assert merged.documents == MAX_CLAIMED_DOCUMENTS and len(merged.centroids) == 8 and len(merged.sample) == 16
+    assert merged.shares.sum() == pytest.approx(1.0)
+    honest = summarize(unit(rng.normal(size=(400, 32)) + 1.2 * query))
+    table = SummaryTable.stack({"partner": merged, "own": honest})
+    decision = route(query, table, RoutingSettings(router="redde", budget=1, above=0), {}, {})
+    assert decision.scores["partner"] <= MAX_CLAIMED_DOCUMENTS + 2  # at most one source's estimate (+ 2: counted)
+
+
 def test_stage_one_reads_only_the_redundancy_it_needs_and_decides_as_with_every_pair():
     rng = np.random.default_rng(0)
     query = unit(rng.normal(size=32))

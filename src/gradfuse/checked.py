@@ -19,6 +19,7 @@ Port = Annotated[int, Field(ge=0, le=65535, strict=True)]
 NonNegative = Annotated[int, Field(ge=0, strict=True)]
 Number = Annotated[float, Field(strict=True)]
 Weight = Annotated[float, Field(ge=0, strict=True)]
+Share = Annotated[float, Field(ge=0, le=1, strict=True)]  # a part of a whole
 Seconds = Annotated[float, Field(gt=0, strict=True)]
 Text = Annotated[str, Field(strict=True)]
 Flag = Annotated[bool, Field(strict=True)]

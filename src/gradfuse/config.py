@@ -156,6 +156,7 @@ class SourceSettings:
 @dataclass
 class Config:
     workspace: Path = Path(".gradfuse")
+    file: Path | None = None  # the gradfuse.toml it was read from (a watcher reads it again: indexing/watch.py)
     # The method the benchmarks' rule chose (results/defaults/method.md): the best held-out quality among the methods
     # that answer within a second on two cores.
     method: str = "select"
@@ -211,7 +212,7 @@ def _parse(path: Path) -> Config:
         raise ConfigError(f"{path}: {error}") from error
     base = path.resolve().parent
     workspace = _checked(Text, raw.pop("workspace", ".gradfuse"), f"{path}: workspace")
-    config = Config(workspace=base / workspace)
+    config = Config(workspace=base / workspace, file=path.resolve())
     for section, keys in (("defaults", _Defaults), ("generator", _Generator)):
         values = _checked(keys, raw.pop(section, {}), f"{path} [{section}]")
         if "model" in values:

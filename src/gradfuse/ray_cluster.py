@@ -53,8 +53,31 @@ def _probe(address: str, timeout_s: float = 5.0) -> None:
     if not port.isdigit():
         return  # not HOST:PORT: ray.init judges it
     try:
-        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s).close()
+        connection = socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s)
     except OSError as error:
         raise RayUnavailable(f"cannot reach the Ray cluster at {address}: nothing answers there "
                              f"({error.strerror or error}); start one with `ray start --head` or give the address "
                              "of a running cluster") from None
+    with connection:
+        if not _speaks_grpc(connection):
+            raise RayUnavailable(f"{address} answers, but not as a Ray cluster does (no gRPC there: another "
+                                 "server on that port?); give the address `ray start --head` printed") from None
+
+
+# HTTP/2's client preface and an empty SETTINGS frame: a gRPC server (Ray's GCS and its client server are) answers
+# with a SETTINGS frame of its own; an HTTP/1 server answers otherwise or waits, and ray.init would retry for minutes.
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def _speaks_grpc(connection: socket.socket) -> bool:
+    try:
+        connection.sendall(_HTTP2_PREFACE)
+        header = b""
+        while len(header) < 9:
+            chunk = connection.recv(9 - len(header))
+            if not chunk:
+                return False
+            header += chunk
+    except OSError:  # the timeout included
+        return False
+    return header[3] == 4  # a frame's type: SETTINGS

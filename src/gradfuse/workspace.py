@@ -76,11 +76,14 @@ class Workspace:
     # --- sources (federation/catalog.py)
 
     def index(self, spec: SourceSpec, *, into: str | None = None, table: str | None = None,
-              language: str | None = None, progress: bool = False, wait: bool = False) -> BuildReport:
+              language: str | None = None, progress: bool = False, wait: bool = False,
+              spec_read_at: str | None = None) -> BuildReport:
         """Build `spec` into the workspace folder, or with `into` (a PostgreSQL URL) load it into a table there
         (default: the source's name) and register that table in the workspace as the source. `wait`: if another
-        process is building the same source, wait for it instead of failing."""
-        return self.catalog.index(spec, into=into, table=table, language=language, progress=progress, wait=wait)
+        process is building the same source, wait for it instead of failing. `spec_read_at`: the version published
+        when `spec` was read (a watcher's; indexing/folder_sync.py)."""
+        return self.catalog.index(spec, into=into, table=table, language=language, progress=progress, wait=wait,
+                                  spec_read_at=spec_read_at)
 
     def build_configured(self, *, progress: bool = False) -> list[BuildReport]:
         return self.catalog.build_configured(progress=progress)

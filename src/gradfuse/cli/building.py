@@ -14,6 +14,7 @@ from gradfuse.cli.common import (
     _run_guarded, _workspace, app, console, escape, index_app,
 )
 from gradfuse.embedding.ray_batches import BuildSettings
+from gradfuse.redact import redact
 from gradfuse.schemas import source_record
 from gradfuse.indexing import BuildReport
 from gradfuse.sources import IngestError, SourceError, SourceSpec
@@ -21,6 +22,9 @@ from gradfuse.ingest.readers import LIMIT_OPTIONS, ReaderLimits
 
 
 def _print_build(report: BuildReport) -> None:
+    if report.status == "failed":
+        console.print(f"[red]{report.name}[/]: failed: {escape(redact(report.error))}")
+        return
     if report.written is not None and report.status == "built":
         console.print(f"[green]{report.name}[/]: {report.documents} documents in the table: {report.written} "
                       f"written, {report.deleted} deleted, {report.embedded_now} embedded now "
@@ -249,8 +253,16 @@ def build(config: ConfigOpt = None, workspace: WorkspaceOpt = None, ray: RayBuil
     ws = _workspace(config, workspace)
     if ray:
         ws.config.build = BuildSettings(ray_address=ray)
-    for report in _run_guarded(lambda: ws.build_configured(progress=True)):
+    reports = _run_guarded(lambda: ws.build_configured(progress=True))
+    for report in reports:
         _print_build(report)
+    failed = [report for report in reports if report.status == "failed"]
+    if failed:  # every source was tried; the failures again at the end, where they are seen
+        console.print(f"[bold red]error:[/] {len(failed)} of {len(reports)} source(s) failed to build "
+                      "(their published versions are unchanged):")
+        for report in failed:
+            console.print(f"  {escape(report.name)}: {escape(redact(report.error))}")
+        raise typer.Exit(1)
 
 
 @app.command()

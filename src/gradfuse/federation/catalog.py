@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from gradfuse.access import EVERYTHING, Principal
 from gradfuse.config import Config
 from gradfuse.indexing import BuildReport, build_source
+from gradfuse.ingest.documents import IngestError
+from gradfuse.ray_cluster import RayUnavailable
 from gradfuse.sources import (
     Source,
     SourceError,
@@ -98,10 +100,11 @@ class SourceCatalog:
     # --- building
 
     def index(self, spec: SourceSpec, *, into: str | None = None, table: str | None = None,
-              language: str | None = None, progress: bool = False, wait: bool = False) -> BuildReport:
+              language: str | None = None, progress: bool = False, wait: bool = False,
+              spec_read_at: str | None = None) -> BuildReport:
         if into is None:
             return build_source(self.root, spec, encoder=self.config.encoder, progress=progress, wait=wait,
-                                ray_address=self.config.build.ray_address)
+                                ray_address=self.config.build.ray_address, spec_read_at=spec_read_at)
         if spec.kind == "run":
             raise ValueError("a TREC run source answers only its own queries and cannot be loaded into a database")
         settings = PostgresSettings(table=table or default_table(spec.name), url=safe_url(into),
@@ -114,7 +117,15 @@ class SourceCatalog:
         specs = [s.spec for s in self.config.sources.values() if s.spec is not None]
         if not specs:
             raise SourceError("the config file declares no source to build ([sources.NAME] with kind and path)")
-        return [self.index(spec, progress=progress) for spec in specs]
+        return [self._build_or_fail(spec, progress) for spec in specs]
+
+    def _build_or_fail(self, spec: SourceSpec, progress: bool) -> BuildReport:
+        """One declared source's build; its failure is its report's, so that the sources after it are built."""
+        started = time.perf_counter()
+        try:
+            return self.index(spec, progress=progress)
+        except (SourceError, IngestError, RayUnavailable, OSError, ValueError) as error:
+            return BuildReport(spec.name, "failed", 0, time.perf_counter() - started, error=str(error))
 
     def add(self, name: str, retriever) -> None:
         if name in set(built_source_names(self.root)) | set(self.config.sources):

@@ -39,7 +39,14 @@ from gradfuse.indexing.versions import (
 from gradfuse.ingest.documents import IngestReport
 from gradfuse.ingest.files import PARSE_VERSION, FileRead, FileReader, ListedFile, list_files, prune_parse_cache
 from gradfuse.ingest.readers import LIMIT_OPTIONS, ReaderLimits
-from gradfuse.sources.base import FORMAT_VERSION, SourceSpec, current_version, read_manifest, write_manifest
+from gradfuse.sources.base import (
+    FORMAT_VERSION,
+    SourceError,
+    SourceSpec,
+    current_version,
+    read_manifest,
+    write_manifest,
+)
 from gradfuse.sources.docstore import FileRecord, read_files_table, update_documents, write_documents
 from gradfuse.sources.embedded import live_holes, update_embedded_index, write_embedded_index
 
@@ -93,13 +100,18 @@ class _Written:
     notes: list[str]
 
 
-def sync_folder(workspace: Path, spec: SourceSpec, encoder: str, progress: bool,
-                ray_address: str = "") -> BuildReport:
+def sync_folder(workspace: Path, spec: SourceSpec, encoder: str, progress: bool, ray_address: str = "",
+                spec_read_at: str | None = None) -> BuildReport:
     """Bring the source's published version in line with its folder, reading only what changed (called with
-    the source's lock held)."""
+    the source's lock held). `spec_read_at`: the version published when `spec` was read ("" for none; a
+    watcher's): where another build has since published one with other options, nothing is written."""
     started = time.perf_counter()
     folder, source_dir = Path(spec.path), workspace / "sources" / spec.name
     previous = current_version(source_dir)
+    if (spec_read_at is not None and previous is not None and previous.name != spec_read_at
+            and published_with(previous) != built_with(spec)):
+        raise SourceError(f"source {spec.name!r} was published with other options after this sync read its "
+                          "configuration: not synced (the next sync reads the configuration again)")
     setting = _setting(spec, encoder)
     base = previous if previous is not None and _extendable(previous, setting) else None
     known = read_files_table(base / "docs.sqlite") if base is not None else {}
@@ -126,7 +138,7 @@ def sync_folder(workspace: Path, spec: SourceSpec, encoder: str, progress: bool,
                                time.perf_counter() - started, **report.details(), notes=notes, files=counts)
         with new_version(workspace, spec) as (building, stamp):
             embed = functools.partial(embed_passages, workspace, encoder, progress=progress, ray_address=ray_address)
-            written = _write(spec, building, base, changes, readers, report, embed)
+            written = _write(spec, building, base, changes, readers, report, embed, first=previous is None)
             notes += encoder_change_notes(previous, encoder) + written.notes
             manifest = manifest_for(spec, documents=written.count, restricted=written.restricted,
                                     fingerprint=_fingerprint(setting, changes.records), stamp=stamp, report=report)
@@ -140,10 +152,22 @@ def sync_folder(workspace: Path, spec: SourceSpec, encoder: str, progress: bool,
                        **report.details(), encoder=written.encoder, notes=notes, files=counts)
 
 
+def built_with(spec: SourceSpec) -> str:
+    """A folder source's folder and options, as compared with a published version's (`published_with`)."""
+    return json.dumps([str(Path(spec.path).resolve()), spec.options], sort_keys=True)
+
+
+def published_with(version: Path) -> str:
+    manifest = read_manifest(version)
+    return json.dumps([manifest.get("input"), manifest.get("options", {})], sort_keys=True)
+
+
 def _write(spec: SourceSpec, building: Path, base: Path | None, changes: _Changes, readers: FileReaders,
-           report: IngestReport, embed) -> _Written:
+           report: IngestReport, embed, *, first: bool) -> _Written:
     """The new version's store in `building`: from scratch, or `base` changed; `embed`: the passages' vectors
-    (versions.embed_passages, with the build's encoder and where it embeds)."""
+    (versions.embed_passages, with the build's encoder and where it embeds). A folder emptied (or whose every
+    file is now skipped) publishes an empty source, so that nothing it held is served; only a `first` build of
+    nothing is an error."""
     added = [readers.given(d) for _, read in changes.read.values() for d in read.documents]
     vectors, embedded_now, described, notes = embed(added)
     new_records = [record for record, _ in changes.read.values()]
@@ -159,7 +183,7 @@ def _write(spec: SourceSpec, building: Path, base: Path | None, changes: _Change
         update_embedded_index(base, building, dropped_files=changes.dropped, dropped_rows=dropped_rows,
                               documents=added, vectors=vectors)
         rows = first_row + len(added)
-    if not count:
+    if not count and first:
         raise no_documents(spec, report)
     return _Written(count, rows, restricted, embedded_now, described, notes)
 
@@ -205,7 +229,7 @@ def _extendable(version: Path, setting: str) -> bool:
     """Whether a sync may change `version` rather than write the source whole: made by a sync with the same
     setting, and holes under COMPACT_AT of its rows."""
     manifest = read_manifest(version)
-    if manifest.get("setting") != setting or "rows" not in manifest:
+    if manifest.get("setting") != setting or not manifest.get("rows"):  # an empty one has no matrix to extend
         return False
     return len(live_holes(version)) <= COMPACT_AT * max(1, manifest["rows"])
 

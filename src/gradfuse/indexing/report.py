@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 @dataclass
 class BuildReport:
     name: str
-    status: str  # "built" or "unchanged"
+    status: str  # "built", "unchanged", or "failed" (`error` says why; `gradfuse build` goes on with the next)
     documents: int
     seconds: float
     embedded_now: int = 0  # vectors computed in this build; the rest came from the cache
@@ -21,6 +21,7 @@ class BuildReport:
     deleted: int | None = None  # rows removed because their document left the input
     encoder: str = ""  # what embedded the passages: the encoder's name and backend
     notes: list[str] = field(default_factory=list)  # why it was rebuilt whole, or ran slower than it could
+    error: str = ""  # why a build failed (its source's published version stays as it was)
 
     @property
     def skipped_by_reason(self) -> dict[str, int]:

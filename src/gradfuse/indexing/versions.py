@@ -103,5 +103,9 @@ def no_documents(spec: SourceSpec, report: IngestReport) -> IngestError:
 
 
 def _disk_full(error: BaseException) -> bool:
+    said = str(error)
     return ((isinstance(error, OSError) and error.errno == errno.ENOSPC)
-            or (isinstance(error, sqlite3.OperationalError) and "disk is full" in str(error)))
+            or (isinstance(error, sqlite3.OperationalError) and "disk is full" in said)
+            # numpy's short write of a matrix ("N requested and M written", no errno) and tantivy's I/O errors
+            or (isinstance(error, (OSError, ValueError)) and ("requested and" in said and "written" in said
+                                                               or "No space left on device" in said)))

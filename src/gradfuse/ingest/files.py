@@ -316,11 +316,16 @@ def _walk(folder: Path, report: IngestReport) -> list[tuple[str, os.stat_result]
             relative = f"{listed}/{entry.name}" if listed else entry.name
             if entry.is_dir(follow_symlinks=False):
                 pending.append(relative)
-            elif os.path.splitext(entry.name)[1].lower() in SUFFIXES and entry.is_file():
-                try:
-                    found.append((relative, entry.stat()))
-                except OSError:  # gone since the listing, or a link that leads nowhere now
+            elif os.path.splitext(entry.name)[1].lower() in SUFFIXES:
+                try:  # follows a link: one that loops (ELOOP) is named in the report, never fatal
+                    if entry.is_file():
+                        found.append((relative, entry.stat()))
+                    elif entry.is_symlink() and not os.path.exists(entry.path):
+                        report.skipped_unreadable.append((relative, "unreadable", "a link that leads nowhere"))
+                except FileNotFoundError:  # gone since the listing
                     continue
+                except OSError as error:
+                    report.skipped_unreadable.append((relative, "unreadable", error.strerror or type(error).__name__))
     return sorted(found, key=lambda item: item[0].split("/"))
 
 

@@ -26,7 +26,7 @@ from typing import Literal
 
 import numpy as np
 
-from gradfuse.checked import FILE_SETTINGS, Count, NonNegative, Seconds, Weight
+from gradfuse.checked import FILE_SETTINGS, Count, NonNegative, Seconds, Share, Weight
 from gradfuse.selection import source_redundancy
 from gradfuse.sources.summary import SummaryTable
 
@@ -59,7 +59,7 @@ class RoutingSettings:
     # summary yet, or one that cannot be read: a remote that is down, a key that does not read all of it), and
     # whatever the scored sources leave; the others wait their turn, in rotation. Without it, such sources took
     # the whole budget ahead of every scored one.
-    unscored_share: Weight = 0.25
+    unscored_share: Share = 0.25
     refresh_s: Seconds = 3600.0  # an engine's or a remote's summary is made again when older (federation/summaries.py)
     # ... and its change marker (a count, a version, PostgreSQL's row statistics) read this often: made again at
     # once when it moved

@@ -6,7 +6,7 @@ import functools
 import json
 import sqlite3
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,6 +106,18 @@ def _insert(db: sqlite3.Connection, documents: Iterable[Document], first_row: in
         raise ValueError(f"duplicate document id in input: {error}") from error
 
 
+def stored_documents(path: Path) -> Iterator[tuple[int, Document]]:
+    """(row, passage) of every passage a version's store holds, in row order: what its BM25 index is made of."""
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        for row, doc_id, title, text, parent_id, readers in db.execute(
+                "SELECT row, doc_id, title, text, parent_id, readers FROM docs ORDER BY row"):
+            yield row, Document(doc_id, text, title, parent_id=parent_id,
+                                readers=_readers(readers) if readers else ())
+    finally:
+        db.close()
+
+
 def _put_files(db: sqlite3.Connection, files: Iterable[FileRecord]) -> None:
     db.executemany("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?)",
                    ((f.path, f.digest, f.readers, f.parse_entry, f.report) for f in files))
@@ -153,6 +165,12 @@ class DocStore:
                 )
             )
         return result
+
+    def texts(self, rows: list[int]) -> dict[int, tuple[str, str]]:
+        """(title, text) of each of `rows`."""
+        with self._lock:
+            return {row: (title, text) for row, title, text in self._db.execute(
+                f"SELECT row, title, text FROM docs WHERE row IN ({','.join('?' * len(rows))})", rows)}
 
     def document(self, source: str, doc_id: str, readers: Readers) -> Candidate | None:
         """One passage by its id (a cited passage opened again), or None: also where `readers` may not read it,

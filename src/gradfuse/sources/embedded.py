@@ -15,6 +15,7 @@ import re
 import shutil
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +25,16 @@ import tantivy
 from gradfuse.access import Readers
 from gradfuse.candidate import Candidate
 from gradfuse.sources.base import TIE_SLACK, SourceStats, rank_by_score, read_manifest, stats_from_manifest
-from gradfuse.sources.docstore import DocStore
+from gradfuse.sources.docstore import DocStore, stored_documents
+from gradfuse.sources.readable_bm25 import (
+    FIELDS,
+    LENGTHS_FILE,
+    RESCORE_POOL,
+    load_lengths,
+    query_parts,
+    rescored,
+    token_lengths,
+)
 from gradfuse.ingest.documents import Document
 from gradfuse.embedding.encoder import load_encoder
 from gradfuse.sources.summary import write_summary
@@ -107,9 +117,9 @@ def build_ann_index(vectors: np.ndarray, *, seed: int = 0):
 def write_embedded_index(version: Path, documents: list[Document], vectors: np.ndarray) -> None:
     """BM25 index and the embedding matrix for `documents`, whose order defines their row numbers, the source's
     summary (what routing reads), and for a large source the approximate index over that matrix."""
-    (version / "bm25").mkdir()
-    index = tantivy.Index(_schema(), path=str(version / "bm25"))
-    _index_documents(index, documents, first_row=0)
+    _write_bm25(version, enumerate(documents))
+    if any(d.readers for d in documents):  # only a limited caller's BM25 reads them
+        np.save(version / LENGTHS_FILE, token_lengths(documents))
     np.save(version / "embeddings.npy", vectors)
     write_summary(version, vectors)
     if len(vectors) >= ANN_MIN_VECTORS:
@@ -121,21 +131,31 @@ def write_embedded_index(version: Path, documents: list[Document], vectors: np.n
 def update_embedded_index(previous: Path, version: Path, *, dropped_files: list[str], dropped_rows: list[int],
                           documents: list[Document], vectors: np.ndarray) -> None:
     """`previous`'s index without the passages of `dropped_files` (rows `dropped_rows`) and with `documents`
-    appended after its last row, in `version`. Rows keep their numbers, so the BM25 index is the previous one's
-    segments, linked, not rewritten: the dropped passages are deleted from it and the new ones added as a segment
-    of their own; a dropped row stays in the matrix as a hole of zeros (`HOLES_FILE`), which no search returns."""
-    (version / "bm25").mkdir()
-    for part in (previous / "bm25").iterdir():  # segments never change once written; tantivy's own state does
-        if part.name in ("meta.json", ".managed.json"):
-            shutil.copyfile(part, version / "bm25" / part.name)
-        elif part.is_file() and not part.name.endswith(".lock"):
-            os.link(part, version / "bm25" / part.name)
-    index = tantivy.Index.open(str(version / "bm25"))
+    appended after its last row, in `version` (whose document store is already changed so). Rows keep their
+    numbers; a dropped row stays in the matrix as a hole of zeros (`HOLES_FILE`), which no search returns. A sync
+    that only adds links the previous BM25 segments and adds the new passages as a segment of their own; one that
+    drops passages writes BM25 again from the store: tantivy only marks a deleted passage, its words and their
+    counts stay in the segment and in every score's statistics until a merge, which tantivy-py cannot ask for."""
     previous_vectors = np.load(previous / "embeddings.npy", mmap_mode="r")
-    _index_documents(index, documents, first_row=len(previous_vectors), dropped_files=dropped_files)
+    if dropped_files:
+        _write_bm25(version, stored_documents(version / "docs.sqlite"))
+    else:
+        (version / "bm25").mkdir()
+        for part in (previous / "bm25").iterdir():  # segments never change once written; tantivy's own state does
+            if part.name in ("meta.json", ".managed.json"):
+                shutil.copyfile(part, version / "bm25" / part.name)
+            elif part.is_file() and not part.name.endswith(".lock"):
+                os.link(part, version / "bm25" / part.name)
+        _index_documents(tantivy.Index.open(str(version / "bm25")),
+                         enumerate(documents, start=len(previous_vectors)))
     matrix = np.concatenate([previous_vectors, vectors.astype(np.float32).reshape(-1, previous_vectors.shape[1])])
     holes = np.union1d(live_holes(previous), np.asarray(dropped_rows, dtype=np.int64))
     matrix[holes] = 0.0  # a dropped passage's vector does not stay behind
+    if (previous / LENGTHS_FILE).is_file() or any(d.readers for d in documents):
+        lengths = np.concatenate([load_lengths(previous, len(previous_vectors), stored_documents(
+            previous / "docs.sqlite")), token_lengths(documents)])
+        lengths[holes] = 0
+        np.save(version / LENGTHS_FILE, lengths)
     np.save(version / "embeddings.npy", matrix)
     if len(holes):
         np.save(version / HOLES_FILE, holes)
@@ -159,12 +179,14 @@ def live_holes(version: Path) -> np.ndarray:
     return np.load(path) if path.is_file() else np.zeros(0, dtype=np.int64)
 
 
-def _index_documents(index: tantivy.Index, documents: list[Document], *, first_row: int,
-                     dropped_files: list[str] = ()) -> None:
+def _write_bm25(version: Path, rows: Iterable[tuple[int, Document]]) -> None:
+    (version / "bm25").mkdir()
+    _index_documents(tantivy.Index(_schema(), path=str(version / "bm25")), rows)
+
+
+def _index_documents(index: tantivy.Index, rows: Iterable[tuple[int, Document]]) -> None:
     writer = index.writer(heap_size=200_000_000, num_threads=1)
-    for file in dropped_files:
-        writer.delete_documents_by_term("file", file)
-    for row, document in enumerate(documents, start=first_row):
+    for row, document in rows:
         indexed = tantivy.Document(row=row, title=document.title, body=document.text)
         for reader in document.readers or (OPEN,):
             indexed.add_text("readers", reader)
@@ -194,6 +216,8 @@ class EmbeddedSource:
         # hole's zero vector above passages of negative cosine)
         self._live = None if live.all() else Readable(None, live, int(live.sum()), np.packbits(live, bitorder="little"))
         self._rows = RowReaders(self._docs, live) if self._manifest.get("restricted") else None
+        self._lengths: np.ndarray | None = None  # read on a limited caller's first BM25 search
+        self._lengths_lock = threading.Lock()
         if (version / ANN_FILE).is_file():
             import faiss
 
@@ -227,15 +251,37 @@ class EmbeddedSource:
         if not terms:
             return [], []
         phrases = [f'"{" ".join(_TOKEN.findall(joined))}"' for joined in _JOINED.findall(lowered)]
-        parsed = self._index.parse_query(" ".join(terms + phrases), ["title", "body"])
-        if readable is not None and readable.readers is not None:  # only what the caller may read is ranked
-            # A union of the names' postings, not a term set (a bitset of the whole index each query): 30% faster
-            allowed = tantivy.Query.boolean_query([(tantivy.Occur.Should, tantivy.Query.term_query(
-                self._index.schema, "readers", name)) for name in (OPEN, *sorted(readable.readers))])
-            parsed = tantivy.Query.boolean_query([(tantivy.Occur.Must, parsed), (tantivy.Occur.Must,
-                                                  tantivy.Query.const_score_query(allowed, 0.0))])
-        hits = self._searcher.search(parsed, k).hits
-        return [self._searcher.doc(address)["row"][0] for _, address in hits], [score for score, _ in hits]
+        parsed = self._index.parse_query(" ".join(terms + phrases), list(FIELDS))
+        if readable is None or readable.readers is None:
+            hits = self._searcher.search(parsed, k).hits
+            return [self._searcher.doc(address)["row"][0] for _, address in hits], [score for score, _ in hits]
+        # Only what the caller may read is ranked, and scored from the statistics of what it may read alone
+        # (sources/readable_bm25.py). A union of the names' postings, not a term set (a bitset of the whole index
+        # each query): 30% faster.
+        allowed = tantivy.Query.const_score_query(tantivy.Query.boolean_query([(tantivy.Occur.Should, tantivy.Query.
+            term_query(self._index.schema, "readers", name)) for name in (OPEN, *sorted(readable.readers))]), 0.0)
+        hits = self._searcher.search(self._within(parsed, allowed), max(k, RESCORE_POOL)).hits
+        rows = [self._searcher.doc(address)["row"][0] for _, address in hits]
+        scores = rescored(query_parts(terms, [_TOKEN.findall(joined) for joined in _JOINED.findall(lowered)]),
+                          self._docs.texts(rows), readable=readable.count, mean_lengths=self._mean_lengths(readable),
+                          counts=lambda field, word: self._searcher.search(self._within(tantivy.Query.term_query(
+                              self._index.schema, field, word), allowed), 1, count=True).count)
+        best = sorted(rows, key=lambda row: (-scores[row], row))[:k]
+        return best, [scores[row] for row in best]
+
+    @staticmethod
+    def _within(query: tantivy.Query, allowed: tantivy.Query) -> tantivy.Query:
+        return tantivy.Query.boolean_query([(tantivy.Occur.Must, query), (tantivy.Occur.Must, allowed)])
+
+    def _mean_lengths(self, readable: Readable) -> np.ndarray:
+        """The mean tokens per field of the passages `readable` holds (kept with it: one caller asks again)."""
+        if readable.mean_lengths is None:
+            with self._lengths_lock:
+                if self._lengths is None:
+                    self._lengths = load_lengths(self._version, len(self._vectors),
+                                                 stored_documents(self._version / "docs.sqlite"))
+            readable.mean_lengths = self._lengths[readable.mask].sum(axis=0) / max(1, readable.count)
+        return readable.mean_lengths
 
     def _dense(self, query: str, k: int, readable: Readable | None = None) -> tuple[list[int], list[float]]:
         if len(self._vectors) == 0:
@@ -293,7 +339,7 @@ class EmbeddedSource:
         return stats_from_manifest(self.name, self._version, self._manifest, self.mode)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False)
 class Readable:
     """The rows of a source one caller may read."""
 
@@ -301,6 +347,7 @@ class Readable:
     mask: np.ndarray  # bool, one per row
     count: int
     bitmap: np.ndarray  # the mask as faiss' IDSelectorBitmap reads it (bit i of byte i // 8, lowest first)
+    mean_lengths: np.ndarray | None = None  # tokens per field of these rows on average (readable_bm25.py)
 
 
 class RowReaders:

@@ -55,6 +55,9 @@ class RemoteSettings:
 
 
 LIMITS_TTL_S = 300.0  # how long the remote's limits are trusted before they are read again
+# A remote's summary is made from its largest sources' summaries, this many at most: one request each, and the
+# merged summary keeps no more than one source's anyway (SourceSummary.merged).
+MAX_SUMMARIES_READ = 64
 # Answers to what a caller sent (its question, its depth; 429: one caller's flood the remote limits): that query's
 # failure, counted neither way by the breaker. 401 and 403 are the key's, 404 or 405 say the address is no gradfuse
 # server, and 414 or 431 are of the URL and headers, which no caller chooses: those stay the source's failures.
@@ -123,10 +126,10 @@ class RemoteGradfuse:
 
     def summary(self, encoder: str) -> SourceSummary:
         """The remote's own summaries of the sources this one asks, as one (for routing here)."""
-        names = self.settings.sources or [r.name for r in self._read(_SOURCE_LIST, self._call("GET", "/sources"),
-                                                                      "source list")]
-        merged = None
-        for remote in names:
+        listed = [] if self.settings.sources else self._read(_SOURCE_LIST, self._call("GET", "/sources"), "source list")
+        names = self.settings.sources or [r.name for r in sorted(listed, key=lambda r: -(r.documents or 0))]
+        parts = []
+        for remote in names[:MAX_SUMMARIES_READ]:
             sent = self._read(_Summary, self._call("GET", f"/sources/{remote}/summary"), "summary")
             if sent.encoder != encoder:
                 raise SourceError(f"gradfuse server {self.settings.url}: {remote}'s summary is in {sent.encoder}'s "
@@ -137,10 +140,10 @@ class RemoteGradfuse:
             except ValueError as error:
                 raise SourceError(f"gradfuse server {self.settings.url} sent a malformed summary of {remote} "
                                   f"({error})") from None
-            merged = summary if merged is None else merged.merged(summary)
-        if merged is None:
+            parts.append(summary)
+        if not parts:
             raise SourceError(f"gradfuse server {self.settings.url} has no sources")
-        return merged
+        return SourceSummary.merged(parts)
 
     def _read(self, shape, body: bytes, what: str):
         """The reply read as `shape`, strictly: a malformed row fails this source, with where and why."""

@@ -67,12 +67,25 @@ class SourceSummary:
         return SourceSummary(min(documents, MAX_CLAIMED_DOCUMENTS), _unit(rows), np.asarray(shares, np.float32),
                              _unit(sampled))
 
-    def merged(self, other: SourceSummary) -> SourceSummary:
-        """One summary for a source that is several (a remote asked for more than one of its sources)."""
-        total = max(1, self.documents + other.documents)
-        shares = np.concatenate([self.shares * self.documents, other.shares * other.documents]) / total
-        return SourceSummary(self.documents + other.documents, np.concatenate([self.centroids, other.centroids]),
-                             shares, np.concatenate([self.sample, other.sample]))
+    @staticmethod
+    def merged(parts: list[SourceSummary], *, seed: int = 0) -> SourceSummary:
+        """One summary for a source that is several (a remote's), bounded as one source's is: the CENTROIDS
+        centroids of largest share, SAMPLE vectors drawn in proportion to each part's passages, and at most
+        MAX_CLAIMED_DOCUMENTS passages. A remote listing thousands of sources weighs in routing as one source: its
+        thousands of sampled vectors would otherwise fill ReDDE's top passages and win every question."""
+        documents = np.array([max(0, part.documents) for part in parts], dtype=np.float64)
+        weights = documents / documents.sum() if documents.sum() else np.full(len(parts), 1 / len(parts))
+        shares = np.concatenate([part.shares * weight for part, weight in zip(parts, weights)])
+        centroids = np.concatenate([part.centroids for part in parts])
+        keep = np.sort(np.argsort(-shares, kind="stable")[:CENTROIDS])
+        rows = np.concatenate([part.sample for part in parts])
+        chance = np.concatenate([np.full(len(part.sample), weight / max(1, len(part.sample)))
+                                 for part, weight in zip(parts, weights)])
+        drawn = min(SAMPLE, int((chance > 0).sum()))
+        picked = np.sort(np.random.default_rng(seed).choice(len(rows), drawn, replace=False, p=chance / chance.sum()))
+        kept_shares = shares[keep] / max(float(shares[keep].sum()), 1e-12)
+        return SourceSummary(int(min(documents.sum(), MAX_CLAIMED_DOCUMENTS)), centroids[keep],
+                             kept_shares.astype(np.float32), rows[picked])
 
 
 def _b64(rows: np.ndarray) -> str:

@@ -1,0 +1,197 @@
+"""What a synced or watched folder must never do (issue 69): undo a change of readers, let a limited key count
+words in files it may not read, keep an emptied folder's text, or stop on one link that cannot be followed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gradfuse import SourceSpec, Workspace
+from gradfuse.config import Config, load_config
+from gradfuse.indexing.watch import FolderWatcher, FollowedSpecs
+from gradfuse.ingest.documents import IngestError
+from gradfuse.sources.base import current_version, read_manifest
+from test_sync import NOTES, settle, write_notes
+from test_watch import Recorder, until
+
+BOB = frozenset({"bob", "eng"})  # a key's readers that name no hr group
+PAY = {f"hr/pay{n}.md": f"# Pay {n}\n\nSalary band {n} is reviewed each spring by the board." for n in range(3)}
+
+
+def bm25_scores(ws: Workspace, query: str, readers=None) -> dict[str, float]:
+    with ws.holding("notes", "bm25") as source:
+        return {c.doc_id: c.native_score for c in source.search(query, 50, readers=readers)}
+
+
+def restricted_spec(folder) -> SourceSpec:
+    return SourceSpec("notes", "files", str(folder), {"readers": {"hr/*": ["hr"]}})
+
+
+def test_a_limited_keys_bm25_scores_move_with_no_file_it_may_not_read(tmp_path):
+    write_notes(tmp_path / "notes", {**NOTES, **PAY, "public/review.md": "# Review\n\nThe spring review of every "
+                                                                         "salary band is published in May."})
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    spec = restricted_spec(tmp_path / "notes")
+    ws.index(spec)
+    before = bm25_scores(ws, "spring salary review", readers=BOB)
+    assert before and not any(doc.startswith("hr/") for doc in before)
+    owner_before = bm25_scores(ws, "spring salary review")
+    settle(ws, spec)
+    for n in range(3):  # hr files gain the words, and hr grows: nothing bob reads changes
+        (tmp_path / "notes" / f"hr/pay{n}.md").write_text(f"Spring review: salary review of band {n}, spring.")
+    write_notes(tmp_path / "notes", {f"hr/extra{n}.md": "spring " * (n + 1) for n in range(5)})
+    assert ws.index(spec).status == "built"
+    assert bm25_scores(ws, "spring salary review", readers=BOB) == before
+    assert bm25_scores(ws, "spring salary review") != owner_before  # the owner reads hr: his do move
+
+
+def test_a_sync_that_drops_files_scores_bm25_as_a_fresh_build_does(tmp_path):
+    write_notes(tmp_path / "notes", {**NOTES, **{f"old/{n}.md": f"The billing database backup {n}." for n in range(8)}})
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    spec = SourceSpec("notes", "files", str(tmp_path / "notes"))
+    ws.index(spec)
+    settle(ws, spec)
+    for n in range(8):
+        (tmp_path / "notes" / f"old/{n}.md").unlink()
+    (tmp_path / "notes" / "kitchen.txt").write_text("The billing team moved next to the espresso machine.")
+    assert ws.index(spec).files["deleted"] == 8
+    fresh = Workspace(Config(workspace=tmp_path / "fresh"))
+    fresh.index(spec)
+    for query in ("billing database backup", "espresso machine", "paid leave a year"):
+        synced, built = bm25_scores(ws, query), bm25_scores(fresh, query)
+        assert synced.keys() == built.keys()
+        assert all(abs(synced[doc] - built[doc]) < 1e-5 for doc in built), query
+
+
+def test_an_emptied_folder_publishes_an_empty_source_and_a_first_build_of_nothing_fails(tmp_path):
+    write_notes(tmp_path / "notes", NOTES)
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    spec = SourceSpec("notes", "files", str(tmp_path / "notes"))
+    ws.index(spec)
+    assert bm25_scores(ws, "espresso machine")
+    settle(ws, spec)
+    for name in NOTES:
+        (tmp_path / "notes" / name).unlink()
+    (tmp_path / "notes" / "empty.txt").write_text("")  # a file that is skipped: still nothing to serve
+    report = ws.index(spec)
+    assert report.status == "built" and report.documents == 0 and report.files["deleted"] == len(NOTES)
+    assert bm25_scores(ws, "espresso machine") == {}
+    with ws.holding("notes", "dense") as source:
+        assert source.search("espresso machine", 5) == []
+    assert {name: s.documents for name, s, _ in ws.source_health()}["notes"] == 0
+    write_notes(tmp_path / "notes", {"back.md": "The espresso machine is back."})  # and it fills again
+    assert ws.index(spec).documents == 1 and list(bm25_scores(ws, "espresso machine")) == ["back.md#0"]
+    with pytest.raises(IngestError, match="holds no documents"):
+        (tmp_path / "nothing").mkdir()
+        ws.index(SourceSpec("other", "files", str(tmp_path / "nothing")))
+
+
+def test_a_looping_link_is_skipped_and_named_and_the_folder_still_syncs(tmp_path):
+    write_notes(tmp_path / "notes", NOTES)
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    spec = SourceSpec("notes", "files", str(tmp_path / "notes"))
+    ws.index(spec)
+    os.symlink("loop.md", tmp_path / "notes" / "loop.md")
+    os.symlink("nowhere.md", tmp_path / "notes" / "dangling.md")
+    write_notes(tmp_path / "notes", {"new.md": "The plotter prints posters."})
+    (tmp_path / "notes" / "kitchen.txt").unlink()
+    report = ws.index(spec)
+    assert report.status == "built" and report.files["added"] == 1 and report.files["deleted"] == 1
+    skipped = {name: detail for name, _, detail in report.skipped}
+    assert skipped["loop.md"] == "Too many levels of symbolic links" and skipped["dangling.md"] == "a link that leads nowhere"
+
+
+def test_gradfuse_build_builds_every_source_and_names_each_failure_at_the_end(tmp_path):
+    write_notes(tmp_path / "a", {"a.md": "Alpha notes."})
+    write_notes(tmp_path / "c", {"c.md": "Gamma notes."})
+    (tmp_path / "gradfuse.toml").write_text(textwrap.dedent(f"""
+        [sources.a]
+        kind = "files"
+        path = "{tmp_path / 'a'}"
+        [sources.b]
+        kind = "files"
+        path = "{tmp_path / 'missing'}"
+        [sources.c]
+        kind = "files"
+        path = "{tmp_path / 'c'}"
+    """))
+    gradfuse = str(Path(sys.executable).parent / "gradfuse")
+    done = subprocess.run([gradfuse, "build", "--config", str(tmp_path / "gradfuse.toml")],
+                          capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "c: built 1 documents" in done.stdout and "1 of 3 source(s) failed" in done.stdout
+    assert done.stdout.rstrip().splitlines()[-1].strip().startswith("b: ")
+    for name in ("a", "c"):
+        assert current_version(tmp_path / ".gradfuse" / "sources" / name) is not None
+
+
+def _config(tmp_path, readers: bool) -> None:
+    rules = '[sources.notes.readers]\n"hr/*" = ["hr"]\n' if readers else ""
+    (tmp_path / "gradfuse.toml").write_text(f'workspace = "ws"\n[sources.notes]\nkind = "files"\n'
+                                            f'path = "{tmp_path / "notes"}"\n{rules}')
+
+
+def test_a_running_watcher_follows_a_change_of_readers_and_never_undoes_it(tmp_path):
+    """H1: readers added to the config and built while a watcher runs stay: the watcher's next sync reads the
+    configuration again, so hr/ stays closed to a limited key."""
+    write_notes(tmp_path / "notes", {**NOTES, **PAY})
+    _config(tmp_path, readers=False)
+    ws = Workspace(load_config(tmp_path / "gradfuse.toml"))
+    from gradfuse.cli.watching import workspace_watcher
+
+    record = Recorder()
+    watcher = workspace_watcher(ws, record, debounce_s=0.3, rescan_s=3600)
+    with watcher:
+        until(record.built, "the first sync")
+        assert any(doc.startswith("hr/") for doc in bm25_scores(ws, "salary band", readers=BOB))
+        _config(tmp_path, readers=True)
+        built = Workspace(load_config(tmp_path / "gradfuse.toml")).build_configured()
+        assert built[0].status == "built"
+        source_dir = tmp_path / "ws" / "sources" / "notes"
+        assert read_manifest(current_version(source_dir))["restricted"] == 5
+        synced = len(record.synced)
+        (tmp_path / "notes" / "kitchen.txt").write_text("The espresso machine moved to the fourth floor.")
+        until(lambda: len(record.synced) > synced, "the watcher's sync of the save")
+        assert record.synced[-1].error is None
+        assert read_manifest(current_version(source_dir))["restricted"] == 5
+        assert not any(doc.startswith("hr/") for doc in bm25_scores(ws, "salary band", readers=BOB))
+
+
+def test_a_sync_whose_options_were_read_before_another_build_published_others_writes_nothing(tmp_path):
+    write_notes(tmp_path / "notes", {**NOTES, **PAY})
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    plain, restricted = SourceSpec("notes", "files", str(tmp_path / "notes")), restricted_spec(tmp_path / "notes")
+    ws.index(plain)
+    source_dir = tmp_path / "ws" / "sources" / "notes"
+    read_at = current_version(source_dir).name  # a watcher read `plain` here ...
+    ws.index(restricted)  # ... then a build published other options
+    with pytest.raises(Exception, match="published with other options"):
+        ws.index(plain, spec_read_at=read_at)
+    assert read_manifest(current_version(source_dir))["restricted"] == 5
+
+
+def test_a_watcher_does_not_overwrite_a_version_another_configuration_built_and_stops_for_a_moved_folder(tmp_path):
+    write_notes(tmp_path / "notes", {**NOTES, **PAY})
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    plain = SourceSpec("notes", "files", str(tmp_path / "notes"))
+    declared = [plain]
+    followed = FollowedSpecs(tmp_path / "ws", lambda: declared, [plain])
+    ws.index(*followed.now("notes")[:1])
+    ws.index(restricted_spec(tmp_path / "notes"))  # built with another configuration than the watcher's
+    with pytest.raises(Exception, match="published by another build with other options"):
+        followed.now("notes")
+    declared[:] = [restricted_spec(tmp_path / "notes")]  # its configuration now says the same: synced again
+    assert followed.now("notes")[0].options == {"readers": {"hr/*": ["hr"]}}
+    (tmp_path / "elsewhere").mkdir()
+    declared[:] = [SourceSpec("notes", "files", str(tmp_path / "elsewhere"))]
+    record = Recorder()
+    with FolderWatcher([plain], lambda spec: ws.index(followed.now(spec.name)[0], wait=True), done=record,
+                       debounce_s=0.2, rescan_s=3600) as watcher:
+        until(lambda: record.synced, "the first sync")
+        assert record.synced[0].stopped and "now names another folder" in record.synced[0].error
+        assert "notes" in watcher.unfollowed
