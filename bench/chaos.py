@@ -27,7 +27,8 @@ Row `keys, quiet`: alice alone. Row `abusive key`: bob at once asks `remote` for
 `max_k`, which once opened its breaker for everyone), asks `slow` 15 times a second with `timeout_s` 0.05 (which
 once held all of its workers), and opens 100 MCP sessions and keeps them alive (which once took every session).
 
-Last, a watched folder under churn while a limited key and the owner ask (bench/chaos_watch.py says how).
+Last, a watched folder under churn while a limited key and the owner ask (bench/chaos_watch.py says how; its
+table is results/chaos/watched; `--rows watch` runs it alone).
 
 Run: make bench-chaos (results/chaos/). `--seconds N` shortens each phase (for a look, not for the results file).
 """
@@ -42,6 +43,7 @@ import random
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -423,8 +425,6 @@ def run(seconds: float, rows: str, results: ResultsFile) -> None:
              for i, name in enumerate([*HEALTHY, "chroma", "far", "far-a", "far-b"])}
     WORK.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
-        import tempfile
-
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=WORK)))
         chroma_url, chroma_process = stack.enter_context(chroma_run(folder / "chroma"))
         load_chroma(chroma_url, parts["chroma"])
@@ -456,10 +456,6 @@ def run(seconds: float, rows: str, results: ResultsFile) -> None:
             keyed = keyed_config(folder, far_url, NodeServer(far_url, "slow"))
             with gradfuse_serve(folder / "ws", "--config", str(keyed), log=folder / "keyed.log") as url:
                 key_rows(url, queries, seconds, results)
-        if rows in ("all", "watch"):
-            print(f"watched folder under churn: {seconds:g} s", flush=True)
-            results.add("watched folder", watch_row(folder, seconds))
-            print(json.dumps(results.rows["watched folder"]), flush=True)
 
 
 def markdown(results: ResultsFile, seconds: float) -> str:
@@ -503,8 +499,6 @@ def markdown(results: ResultsFile, seconds: float) -> str:
                      f"{r['healthy_p50_ms']:.0f} ({r['healthy_p50_ms'] / quiet:.2f}×) | {r['healthy_p99_ms']:.0f} | "
                      f"{r['remote_answered']:.3f} | {r['slow_answered']:.3f} | {r['routed_answered']:.3f} | "
                      f"{r['alice_mcp_opened']} | {told} |")
-    if "watched folder" in results.rows:
-        lines += markdown_rows(results.rows["watched folder"])
     return "\n".join(lines)
 
 
@@ -516,15 +510,25 @@ def main() -> int:
     args = parser.parse_args()
     if not SCIFACT.is_dir():
         raise SystemExit(f"no SciFact corpus at {SCIFACT} (the shared evaluation data)")
-    complete = args.seconds == 60.0 and args.rows == "all"
+    complete = args.seconds == 60.0
     if not complete:
-        print(f"(written to {WORK / 'look'}: results/chaos/ holds 60 s runs of every row only)")
-    results = ResultsFile.start(OUT if complete else WORK / "look", "make bench-chaos", seconds_per_fault=args.seconds,
-                                clients=CLIENTS, sources=8, documents_per_source=PER_SOURCE, timeout_s=3.0,
-                                guard="defaults (workers 8, breaker_failures 5, breaker_cooldown_s 30)",
-                                result_cache="off")
-    run(args.seconds, args.rows, results)
-    results.finish(markdown(results, args.seconds) if args.rows == "all" else None)
+        print(f"(written to {WORK / 'look'}: results/chaos/ holds 60 s runs only)")
+    if args.rows != "watch":
+        results = ResultsFile.start(OUT if complete and args.rows == "all" else WORK / "look", "make bench-chaos",
+                                    seconds_per_fault=args.seconds, clients=CLIENTS, sources=8,
+                                    documents_per_source=PER_SOURCE, timeout_s=3.0, result_cache="off",
+                                    guard="defaults (workers 8, breaker_failures 5, breaker_cooldown_s 30)")
+        run(args.seconds, args.rows, results)
+        results.finish(markdown(results, args.seconds) if args.rows == "all" else None)
+    if args.rows in ("all", "watch"):  # a server of its own, a table of its own (results/chaos/watched)
+        watched = ResultsFile.start((OUT if complete else WORK / "look") / "watched", "make bench-chaos",
+                                    seconds=args.seconds, result_cache="off")
+        print(f"watched folder under churn: {args.seconds:g} s", flush=True)
+        WORK.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=WORK) as folder:
+            watched.add("watched folder", watch_row(Path(folder), args.seconds))
+        print(json.dumps(watched.rows["watched folder"]), flush=True)
+        watched.finish("\n".join(markdown_rows(watched.rows["watched folder"], watched.provenance)))
     return 0
 
 

@@ -338,3 +338,19 @@ def test_chroma_filters_readers_in_its_where_on_its_server(chroma_server, vector
     client.get_collection("access").update(ids=["eng0"], metadatas=[{"year": 2023, "readers": 7}])
     with pytest.raises(SourceError, match="'readers' .readers_field. of a record holds a number: it must be a list of"):
         source.search(QUESTION, len(ROWS))  # read by a caller who reads everything: found malformed, not guessed
+
+
+def test_lancedb_answers_a_limited_key_by_vectors_since_its_full_text_scores_count_every_row(tmp_path, vectors):
+    """LanceDB's BM25 weighs a word by the whole table: a key limited by readers_field would read in its scores how
+    many rows it may not read hold a word (issue 69)."""
+    from gradfuse.sources.engines import open_engine
+    from gradfuse.sources.lance_table import LanceSettings
+
+    uri = _lance(tmp_path, vectors)
+    for mode in ("bm25", "hybrid"):
+        source = open_engine("store", LanceSettings(uri=uri, table="notes", readers_field="readers"), 10.0, mode)
+        limited = source.search(QUESTION, 5, readers=BOB)
+        assert limited and all(c.score_kind.endswith("distance") for c in limited)
+        assert not any(getattr(c, "retrieval_ranks", None) and "bm25" in c.retrieval_ranks for c in limited)
+    owner = open_engine("store", LanceSettings(uri=uri, table="notes", readers_field="readers"), 10.0, "bm25")
+    assert {c.score_kind for c in owner.search(QUESTION, 5)} == {"bm25"}

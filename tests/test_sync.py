@@ -14,7 +14,6 @@ import pytest
 
 from gradfuse import SourceSpec, Workspace
 from gradfuse.config import Config
-from gradfuse.ingest.documents import IngestError
 from gradfuse.ingest.files import FileReader
 from gradfuse.sources.base import current_version, read_manifest
 
@@ -162,19 +161,6 @@ def test_readers_rules_hold_for_files_a_sync_adds(tmp_path):
     with ws.holding("notes", "dense") as notes:
         assert "hr/salaries.md" not in [c.parent_id for c in notes.search("salaries reviewed April", 6,
                                                                           readers=frozenset({"bob"}))]
-
-
-def test_a_folder_emptied_is_an_error_and_the_last_version_stays(tmp_path):
-    write_notes(tmp_path / "notes", {"a.txt": "alpha bravo"})
-    ws = Workspace(Config(workspace=tmp_path / "ws"))
-    spec = SourceSpec("notes", "files", str(tmp_path / "notes"))
-    ws.index(spec)
-    published = current_version(tmp_path / "ws" / "sources" / "notes")
-    (tmp_path / "notes" / "a.txt").unlink()
-    with pytest.raises(IngestError, match="holds no documents"):
-        ws.index(spec)
-    assert current_version(tmp_path / "ws" / "sources" / "notes") == published
-    assert not list((tmp_path / "ws" / "sources" / "notes").glob("build-*"))
 
 
 SYNC = """

@@ -156,7 +156,6 @@ class SourceSettings:
 @dataclass
 class Config:
     workspace: Path = Path(".gradfuse")
-    file: Path | None = None  # the gradfuse.toml it was read from (a watcher reads it again: indexing/watch.py)
     # The method the benchmarks' rule chose (results/defaults/method.md): the best held-out quality among the methods
     # that answer within a second on two cores.
     method: str = "select"
@@ -212,7 +211,7 @@ def _parse(path: Path) -> Config:
         raise ConfigError(f"{path}: {error}") from error
     base = path.resolve().parent
     workspace = _checked(Text, raw.pop("workspace", ".gradfuse"), f"{path}: workspace")
-    config = Config(workspace=base / workspace, file=path.resolve())
+    config = Config(workspace=base / workspace)
     for section, keys in (("defaults", _Defaults), ("generator", _Generator)):
         values = _checked(keys, raw.pop(section, {}), f"{path} [{section}]")
         if "model" in values:

@@ -17,6 +17,7 @@ from gradfuse.embedding.ray_batches import BuildSettings
 from gradfuse.redact import redact
 from gradfuse.schemas import source_record
 from gradfuse.indexing import BuildReport
+from gradfuse.indexing.report import BuildsFailed
 from gradfuse.sources import IngestError, SourceError, SourceSpec
 from gradfuse.ingest.readers import LIMIT_OPTIONS, ReaderLimits
 
@@ -253,7 +254,13 @@ def build(config: ConfigOpt = None, workspace: WorkspaceOpt = None, ray: RayBuil
     ws = _workspace(config, workspace)
     if ray:
         ws.config.build = BuildSettings(ray_address=ray)
-    reports = _run_guarded(lambda: ws.build_configured(progress=True))
+    def build_all() -> list[BuildReport]:
+        try:
+            return ws.build_configured(progress=True)
+        except BuildsFailed as failures:
+            return failures.reports
+
+    reports = _run_guarded(build_all)
     for report in reports:
         _print_build(report)
     failed = [report for report in reports if report.status == "failed"]

@@ -9,7 +9,6 @@ from typing import Annotated, Callable
 import typer
 
 from gradfuse.cli.common import ConfigOpt, WorkspaceOpt, _fail, _workspace, app, console, escape
-from gradfuse.config import Config, load_config
 from gradfuse.indexing import BuildReport
 from gradfuse.indexing.watch import DEBOUNCE_S, RESCAN_S, FolderWatcher, FollowedSpecs, Synced, folder_specs
 from gradfuse.sources import SourceSpec
@@ -23,23 +22,16 @@ Rescan = Annotated[float, typer.Option(help="Seconds between syncs without a fil
 def workspace_watcher(ws: Workspace, done: Callable[[Synced], None], *, debounce_s: float = DEBOUNCE_S,
                       rescan_s: float = RESCAN_S) -> FolderWatcher | None:
     """A watcher of the workspace's folder sources (not started), or None where it has none."""
-    specs = folder_specs(ws.root, _declared(ws.config))
+    specs = folder_specs(ws.root, [s.spec for s in ws.config.sources.values() if s.spec is not None])
     if not specs:
         return None
-    # The config file is read again for each sync: its options now, never those it had when the watcher started.
-    config_file = ws.config.file
-    followed = FollowedSpecs(ws.root, lambda: _declared(ws.config if config_file is None
-                                                        else load_config(config_file, workspace=ws.root)), specs)
+    followed = FollowedSpecs(ws.root, specs)
 
     def sync(spec: SourceSpec) -> BuildReport:
-        configured, read_at = followed.now(spec.name)
-        return ws.index(configured, wait=True, spec_read_at=read_at)
+        published, read_at = followed.now(spec.name)
+        return ws.index(published, wait=True, spec_read_at=read_at)
 
     return FolderWatcher(specs, sync, done=done, ignore=[ws.root], debounce_s=debounce_s, rescan_s=rescan_s)
-
-
-def _declared(config: Config) -> list[SourceSpec]:
-    return [settings.spec for settings in config.sources.values() if settings.spec is not None]
 
 
 def print_watching(watcher: FolderWatcher, rescan_s: float = RESCAN_S) -> None:
@@ -49,9 +41,6 @@ def print_watching(watcher: FolderWatcher, rescan_s: float = RESCAN_S) -> None:
 
 
 def print_synced(synced: Synced) -> None:
-    if synced.stopped:
-        console.print(f"[red]{escape(synced.name)}[/]: {escape(synced.error)}")
-        return
     if synced.error is not None:
         console.print(f"[red]{escape(synced.name)}[/]: not synced ({escape(synced.error)}); tried again on the "
                       "next change")

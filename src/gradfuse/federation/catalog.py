@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from gradfuse.access import EVERYTHING, Principal
 from gradfuse.config import Config
 from gradfuse.indexing import BuildReport, build_source
+from gradfuse.indexing.report import BuildsFailed
 from gradfuse.ingest.documents import IngestError
 from gradfuse.ray_cluster import RayUnavailable
 from gradfuse.sources import (
@@ -117,14 +118,21 @@ class SourceCatalog:
         specs = [s.spec for s in self.config.sources.values() if s.spec is not None]
         if not specs:
             raise SourceError("the config file declares no source to build ([sources.NAME] with kind and path)")
-        return [self._build_or_fail(spec, progress) for spec in specs]
+        # What was published as the config was read: a build of these sources, one after another, publishes none
+        # over a version another build published meanwhile with other options (indexing/folder_sync.py)
+        read_at = {spec.name: getattr(current_version(self.root / "sources" / spec.name), "name", "")
+                   for spec in specs}
+        reports = [self._build_or_fail(spec, progress, read_at[spec.name]) for spec in specs]
+        if any(report.status == "failed" for report in reports):
+            raise BuildsFailed(reports)
+        return reports
 
-    def _build_or_fail(self, spec: SourceSpec, progress: bool) -> BuildReport:
+    def _build_or_fail(self, spec: SourceSpec, progress: bool, read_at: str) -> BuildReport:
         """One declared source's build; its failure is its report's, so that the sources after it are built."""
         started = time.perf_counter()
         try:
-            return self.index(spec, progress=progress)
-        except (SourceError, IngestError, RayUnavailable, OSError, ValueError) as error:
+            return self.index(spec, progress=progress, spec_read_at=read_at)
+        except (SourceError, IngestError, RayUnavailable, OSError) as error:
             return BuildReport(spec.name, "failed", 0, time.perf_counter() - started, error=str(error))
 
     def add(self, name: str, retriever) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gradfuse.sources.base import SourceError
+
 
 @dataclass
 class BuildReport:
@@ -33,3 +35,14 @@ class BuildReport:
     @property
     def docs_per_second(self) -> float:
         return self.documents / self.seconds if self.seconds else float("inf")
+
+
+class BuildsFailed(SourceError):
+    """Some declared sources failed to build (`gradfuse build`): every source was tried, and `reports` holds each
+    one's report, the failed ones with status "failed" and their error."""
+
+    def __init__(self, reports: list[BuildReport]):
+        self.reports = reports
+        failed = [r for r in reports if r.status == "failed"]
+        super().__init__(f"{len(failed)} of {len(reports)} source(s) failed to build (their published versions are "
+                         "unchanged): " + "; ".join(f"{r.name}: {r.error}" for r in failed))

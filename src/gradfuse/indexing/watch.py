@@ -20,10 +20,9 @@ from pathlib import Path
 from watchdog.events import EVENT_TYPE_CLOSED_NO_WRITE, EVENT_TYPE_OPENED, FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
-from gradfuse.indexing.folder_sync import built_with, published_with
 from gradfuse.indexing.report import BuildReport
 from gradfuse.ingest.readers.isolation import parser_kept
-from gradfuse.sources.base import SourceError, SourceSpec, current_version, read_manifest
+from gradfuse.sources.base import SourceSpec, current_version, read_manifest
 
 log = logging.getLogger("gradfuse.watch")
 
@@ -39,7 +38,6 @@ class Synced:
     name: str
     report: BuildReport | None
     error: str | None = None
-    stopped: bool = False  # the watcher syncs this source no more (`error` says why)
 
 
 def folder_specs(workspace: Path, declared: list[SourceSpec]) -> list[SourceSpec]:
@@ -57,41 +55,25 @@ def folder_specs(workspace: Path, declared: list[SourceSpec]) -> list[SourceSpec
     return list(specs.values())
 
 
-class Unfollowed(Exception):
-    """A watched source the watcher stops syncing (no longer a folder source of the configuration, or another
-    folder now): why is said once, and the watcher goes on with the others."""
-
-
 class FollowedSpecs:
-    """Each watched source as the configuration says it at the moment of a sync, not as it said at the start: a
-    watcher that kept its first options would write the source whole with them after `gradfuse build` published
-    new ones (readers rules among them: what they restrict would open again). `declared`: the config's folder
-    sources, read again on each call."""
+    """Each watched source as its published version was built: a sync keeps the options (readers rules, chunking,
+    limits) the last build published and never applies the configuration on its own. A watcher that kept the
+    options it read at its start undid a readers rule that `gradfuse build` had since published; one that applied
+    the configuration file at each sync would publish a half-saved edit (a readers table dropped for a moment). A
+    change of options is `gradfuse build`'s to publish; a source not yet built is built as `watched` says."""
 
-    def __init__(self, workspace: Path, declared: Callable[[], list[SourceSpec]], watched: list[SourceSpec]):
-        self._workspace, self._declared = workspace, declared
-        self._folders = {spec.name: Path(spec.path).resolve() for spec in watched}
-        self._last: dict[str, str] = {}  # each source's folder and options as the last sync read them
+    def __init__(self, workspace: Path, watched: list[SourceSpec]):
+        self._workspace, self._watched = workspace, {spec.name: spec for spec in watched}
 
     def now(self, name: str) -> tuple[SourceSpec, str]:
-        """(the source's spec as configured now, the version that was published when it was read: "" for none).
-        A sync given both publishes nothing when another build has since published the source with other options
-        (indexing/folder_sync.py): the next sync reads the configuration again."""
+        """(the source's spec as its published version has it, that version: "" for none). A sync given both
+        publishes nothing when another build has since published the source with other options
+        (indexing/folder_sync.py): the next sync reads them."""
         version = current_version(self._workspace / "sources" / name)
-        specs = {spec.name: spec for spec in folder_specs(self._workspace, self._declared())}
-        spec = specs.get(name)
-        if spec is None:
-            raise Unfollowed("no longer a folder source of the configuration: not synced any more")
-        if Path(spec.path).resolve() != self._folders[name]:
-            raise Unfollowed(f"the configuration now names another folder ({spec.path}): restart the watcher to "
-                             "watch it")
-        configured, last = built_with(spec), self._last.get(name)
-        self._last[name] = configured
-        if version is not None and last == configured and published_with(version) != configured:
-            raise SourceError(f"source {name!r} was published by another build with other options than the "
-                              "configuration this watcher reads: not synced until they agree (build it with this "
-                              "configuration, or restart the watcher)")
-        return spec, version.name if version is not None else ""
+        if version is None:
+            return self._watched[name], ""
+        manifest = read_manifest(version)
+        return SourceSpec(name, "files", manifest["input"], manifest.get("options", {})), version.name
 
 
 class FolderWatcher:
@@ -108,7 +90,6 @@ class FolderWatcher:
         self._debounce_s, self._longest_wait_s, self._rescan_s = debounce_s, longest_wait_s, rescan_s
         self._changed: dict[str, tuple[float, float]] = {}  # name: (first, last) event of the pending burst
         self._synced_at: dict[str, float] = {}
-        self.unfollowed: dict[str, str] = {}  # sources no longer synced (why): see Unfollowed
         self._condition = threading.Condition()
         self._stopping = False
         self._observer = Observer()
@@ -161,8 +142,6 @@ class FolderWatcher:
         """The sources to sync now, and how long until the next one is due."""
         due, wait = [], self._rescan_s
         for name in self._specs:
-            if name in self.unfollowed:
-                continue
             if name in self._changed:
                 first, last = self._changed[name]
                 at = min(last + self._debounce_s, first + self._longest_wait_s)
@@ -197,10 +176,6 @@ class FolderWatcher:
     def _run_sync(self, name: str) -> Synced:
         try:
             return Synced(name, self._sync(self._specs[name]))
-        except Unfollowed as error:
-            self.unfollowed[name] = str(error)
-            log.warning("%s: %s", name, error)
-            return Synced(name, None, str(error), stopped=True)
         except Exception as error:  # this source only, and only this time: the next change or rescan retries
             log.warning("sync of %s failed: %s", name, error)
             return Synced(name, None, f"{type(error).__name__}: {error}")

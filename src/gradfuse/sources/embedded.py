@@ -31,9 +31,12 @@ from gradfuse.sources.readable_bm25 import (
     LENGTHS_FILE,
     RESCORE_POOL,
     load_lengths,
+    pool_query,
     query_parts,
+    readable_idf,
     rescored,
     token_lengths,
+    whole_index_idf,
 )
 from gradfuse.ingest.documents import Document
 from gradfuse.embedding.encoder import load_encoder
@@ -134,10 +137,11 @@ def update_embedded_index(previous: Path, version: Path, *, dropped_files: list[
     appended after its last row, in `version` (whose document store is already changed so). Rows keep their
     numbers; a dropped row stays in the matrix as a hole of zeros (`HOLES_FILE`), which no search returns. A sync
     that only adds links the previous BM25 segments and adds the new passages as a segment of their own; one that
-    drops passages writes BM25 again from the store: tantivy only marks a deleted passage, its words and their
-    counts stay in the segment and in every score's statistics until a merge, which tantivy-py cannot ask for."""
+    drops passages writes BM25 again from the store up to REWRITE_BM25_ROWS: tantivy only marks a deleted passage,
+    its words and their counts stay in the segment and in every score's statistics until a merge, which tantivy-py
+    cannot ask for. Above, the dropped passages are marked deleted, until holes write the source whole."""
     previous_vectors = np.load(previous / "embeddings.npy", mmap_mode="r")
-    if dropped_files:
+    if dropped_files and len(previous_vectors) + len(documents) <= REWRITE_BM25_ROWS:
         _write_bm25(version, stored_documents(version / "docs.sqlite"))
     else:
         (version / "bm25").mkdir()
@@ -147,11 +151,11 @@ def update_embedded_index(previous: Path, version: Path, *, dropped_files: list[
             elif part.is_file() and not part.name.endswith(".lock"):
                 os.link(part, version / "bm25" / part.name)
         _index_documents(tantivy.Index.open(str(version / "bm25")),
-                         enumerate(documents, start=len(previous_vectors)))
+                         enumerate(documents, start=len(previous_vectors)), dropped_files=dropped_files)
     matrix = np.concatenate([previous_vectors, vectors.astype(np.float32).reshape(-1, previous_vectors.shape[1])])
     holes = np.union1d(live_holes(previous), np.asarray(dropped_rows, dtype=np.int64))
     matrix[holes] = 0.0  # a dropped passage's vector does not stay behind
-    if (previous / LENGTHS_FILE).is_file() or any(d.readers for d in documents):
+    if read_manifest(previous).get("restricted") or any(d.readers for d in documents):
         lengths = np.concatenate([load_lengths(previous, len(previous_vectors), stored_documents(
             previous / "docs.sqlite")), token_lengths(documents)])
         lengths[holes] = 0
@@ -171,6 +175,9 @@ def update_embedded_index(previous: Path, version: Path, *, dropped_files: list[
         faiss.write_index(ann, str(version / ANN_FILE))
 
 
+# A sync that drops passages writes BM25 again up to this many rows (about 5 s here; tantivy writes ~40,000 a
+# second); above, it marks them deleted (their words' counts stay until the source is written whole).
+REWRITE_BM25_ROWS = 200_000
 HOLES_FILE = "holes.npy"  # rows of the matrix whose passage was dropped by a sync (indexing/folder_sync.py)
 
 
@@ -184,8 +191,10 @@ def _write_bm25(version: Path, rows: Iterable[tuple[int, Document]]) -> None:
     _index_documents(tantivy.Index(_schema(), path=str(version / "bm25")), rows)
 
 
-def _index_documents(index: tantivy.Index, rows: Iterable[tuple[int, Document]]) -> None:
+def _index_documents(index: tantivy.Index, rows: Iterable[tuple[int, Document]], dropped_files: list[str] = ()) -> None:
     writer = index.writer(heap_size=200_000_000, num_threads=1)
+    for file in dropped_files:
+        writer.delete_documents_by_term("file", file)
     for row, document in rows:
         indexed = tantivy.Document(row=row, title=document.title, body=document.text)
         for reader in document.readers or (OPEN,):
@@ -250,9 +259,9 @@ class EmbeddedSource:
         terms = _TOKEN.findall(lowered)
         if not terms:
             return [], []
-        phrases = [f'"{" ".join(_TOKEN.findall(joined))}"' for joined in _JOINED.findall(lowered)]
-        parsed = self._index.parse_query(" ".join(terms + phrases), list(FIELDS))
         if readable is None or readable.readers is None:
+            phrases = [f'"{" ".join(_TOKEN.findall(joined))}"' for joined in _JOINED.findall(lowered)]
+            parsed = self._index.parse_query(" ".join(terms + phrases), list(FIELDS))
             hits = self._searcher.search(parsed, k).hits
             return [self._searcher.doc(address)["row"][0] for _, address in hits], [score for score, _ in hits]
         # Only what the caller may read is ranked, and scored from the statistics of what it may read alone
@@ -260,12 +269,15 @@ class EmbeddedSource:
         # each query): 30% faster.
         allowed = tantivy.Query.const_score_query(tantivy.Query.boolean_query([(tantivy.Occur.Should, tantivy.Query.
             term_query(self._index.schema, "readers", name)) for name in (OPEN, *sorted(readable.readers))]), 0.0)
-        hits = self._searcher.search(self._within(parsed, allowed), max(k, RESCORE_POOL)).hits
+        parts = query_parts(terms, [_TOKEN.findall(joined) for joined in _JOINED.findall(lowered)])
+        idf = readable_idf(parts, lambda field, word: self._searcher.search(self._within(tantivy.Query.term_query(
+            self._index.schema, field, word), allowed), 1, count=True).count, readable.count)
+        pool = pool_query(self._index.schema, parts, idf, lambda field, part: whole_index_idf(self._searcher, field,
+                                                                                              part))
+        # every readable match up to RESCORE_POOL (then nothing else decides which are scored), else the pool's best
+        hits = self._searcher.search(self._within(pool, allowed), max(k, RESCORE_POOL)).hits
         rows = [self._searcher.doc(address)["row"][0] for _, address in hits]
-        scores = rescored(query_parts(terms, [_TOKEN.findall(joined) for joined in _JOINED.findall(lowered)]),
-                          self._docs.texts(rows), readable=readable.count, mean_lengths=self._mean_lengths(readable),
-                          counts=lambda field, word: self._searcher.search(self._within(tantivy.Query.term_query(
-                              self._index.schema, field, word), allowed), 1, count=True).count)
+        scores = rescored(parts, self._docs.texts(rows), idf=idf, mean_lengths=self._mean_lengths(readable))
         best = sorted(rows, key=lambda row: (-scores[row], row))[:k]
         return best, [scores[row] for row in best]
 

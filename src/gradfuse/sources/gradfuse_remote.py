@@ -126,8 +126,11 @@ class RemoteGradfuse:
 
     def summary(self, encoder: str) -> SourceSummary:
         """The remote's own summaries of the sources this one asks, as one (for routing here)."""
-        listed = [] if self.settings.sources else self._read(_SOURCE_LIST, self._call("GET", "/sources"), "source list")
-        names = self.settings.sources or [r.name for r in sorted(listed, key=lambda r: -(r.documents or 0))]
+        listed = self._read(_SOURCE_LIST, self._call("GET", "/sources"), "source list")
+        sizes = {r.name: r.documents or 0 for r in listed}
+        asked = self.settings.sources or sorted(sizes, key=lambda name: -sizes[name])
+        # an emptied source there (a folder whose files all went) has an empty summary: it adds nothing
+        names = sorted((name for name in asked if sizes.get(name, 1)), key=lambda name: -sizes.get(name, 0))
         parts = []
         for remote in names[:MAX_SUMMARIES_READ]:
             sent = self._read(_Summary, self._call("GET", f"/sources/{remote}/summary"), "summary")
@@ -141,7 +144,7 @@ class RemoteGradfuse:
                 raise SourceError(f"gradfuse server {self.settings.url} sent a malformed summary of {remote} "
                                   f"({error})") from None
             parts.append(summary)
-        if not parts:
+        if not asked:
             raise SourceError(f"gradfuse server {self.settings.url} has no sources")
         return SourceSummary.merged(parts)
 

@@ -4,7 +4,8 @@ with `hybrid` both fused by the same in-source RRF as every store, where the tab
 vector search alone). A distance is negated so that higher is better; full-text scores are BM25 already.
 
 `readers_field` is a column of lists of text (`pa.list_(pa.string())`): a row whose list is null or empty is for
-every reader of the table; a caller's search is filtered on it by LanceDB before the nearest rows are taken."""
+every reader of the table; a caller's search is filtered on it by LanceDB before the nearest rows are taken, and a
+caller it limits gets vector search only (full-text scores count words in every row)."""
 
 from __future__ import annotations
 
@@ -53,11 +54,14 @@ class LanceTable:
 
     def search(self, query: str, k: int, *, readers: Readers = None) -> list[Candidate]:
         s, lists, where = self.settings, {}, self._filter(readers)
-        if self.mode != "bm25" or not self._text_index:
+        # LanceDB's full-text scores weigh a word by every row of the table: a caller limited to some rows is
+        # answered by vector search alone, whose scores read nothing but its question and each row (docs/access.md)
+        text = self._text_index and s.restricted_to(readers) is None
+        if self.mode != "bm25" or not text:
             search = self._table.search(s.query_vector(query), vector_column_name=s.vector_field)
             rows = self._where(search, where).limit(hybrid_depth(k)).to_list()
             lists["dense"] = [(row, -row["_distance"]) for row in rows]
-        if self.mode != "dense" and self._text_index:
+        if self.mode != "dense" and text:
             rows = self._where(self._table.search(query, query_type="fts"), where).limit(hybrid_depth(k)).to_list()
             lists["bm25"] = [(row, row["_score"]) for row in rows]
         if len(lists) == 1:

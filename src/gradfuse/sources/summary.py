@@ -72,7 +72,11 @@ class SourceSummary:
         """One summary for a source that is several (a remote's), bounded as one source's is: the CENTROIDS
         centroids of largest share, SAMPLE vectors drawn in proportion to each part's passages, and at most
         MAX_CLAIMED_DOCUMENTS passages. A remote listing thousands of sources weighs in routing as one source: its
-        thousands of sampled vectors would otherwise fill ReDDE's top passages and win every question."""
+        thousands of sampled vectors would otherwise fill ReDDE's top passages and win every question. Empty parts
+        (a source emptied there) add nothing; with none but those, the merged summary is empty."""
+        parts = [part for part in parts if part.documents and len(part.centroids) and len(part.sample)]
+        if not parts:
+            return SourceSummary(0, np.zeros((0, 0), np.float32), np.zeros(0, np.float32), np.zeros((0, 0), np.float32))
         documents = np.array([max(0, part.documents) for part in parts], dtype=np.float64)
         weights = documents / documents.sum() if documents.sum() else np.full(len(parts), 1 / len(parts))
         shares = np.concatenate([part.shares * weight for part, weight in zip(parts, weights)])
