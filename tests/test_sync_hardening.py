@@ -13,6 +13,7 @@ import pytest
 
 from gradfuse import SourceSpec, Workspace
 from gradfuse.config import Config, load_config
+from gradfuse.indexing.folder_sync import options_published
 from gradfuse.indexing.watch import FolderWatcher, FollowedSpecs
 from gradfuse.ingest.documents import IngestError
 from gradfuse.sources.base import current_version, read_manifest
@@ -184,11 +185,52 @@ def test_a_sync_whose_options_were_read_before_another_build_published_others_wr
     plain, restricted = SourceSpec("notes", "files", str(tmp_path / "notes")), restricted_spec(tmp_path / "notes")
     ws.index(plain)
     source_dir = tmp_path / "ws" / "sources" / "notes"
-    read_at = current_version(source_dir).name  # a watcher read `plain` here ...
+    seen = options_published(source_dir)  # a watcher read `plain`'s options here ...
     ws.index(restricted)  # ... then a build published other options
-    with pytest.raises(Exception, match="published with other options"):
-        ws.index(plain, spec_read_at=read_at)
+    with pytest.raises(Exception, match="published with other options by another build"):
+        ws.index(plain, options_seen=seen)
     assert read_manifest(current_version(source_dir))["restricted"] == 5
+
+
+def test_a_build_that_adds_readers_while_a_watcher_syncs_the_old_options_publishes_them(tmp_path):
+    """The watcher's own syncs with the options a build read are no reason to refuse that build (found by the
+    review: adding a readers rule kept failing under churn, and hr/ stayed open)."""
+    write_notes(tmp_path / "notes", {**NOTES, **PAY})
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    plain = SourceSpec("notes", "files", str(tmp_path / "notes"))
+    ws.index(plain)
+    source_dir = tmp_path / "ws" / "sources" / "notes"
+    seen = options_published(source_dir)  # `gradfuse build` read the published options ...
+    write_notes(tmp_path / "notes", {"new.md": "A new note."})
+    assert ws.index(plain).status == "built"  # ... a watcher published a change with them meanwhile ...
+    assert ws.index(restricted_spec(tmp_path / "notes"), options_seen=seen).status == "built"  # ... it applies
+    assert read_manifest(current_version(source_dir))["restricted"] == 5
+
+
+def test_a_limited_key_is_scored_from_live_passages_where_bm25_still_holds_deleted_ones(tmp_path, monkeypatch):
+    """Above REWRITE_BM25_ROWS a sync only marks dropped passages deleted, and their counts stay in tantivy's
+    statistics: a key limited to some documents is scored from the live ones even where none is restricted."""
+    from gradfuse.sources import embedded
+
+    monkeypatch.setattr(embedded, "REWRITE_BM25_ROWS", 0)
+    scores = []
+    for deleted in (3, 12):
+        folder = tmp_path / f"notes-{deleted}"
+        write_notes(folder, {**{f"public/{n}.md": f"Green apples, crate {n}." for n in range(20)},
+                             **{f"hr/{n}.md": f"apples apples {n}" for n in range(deleted)}})
+        ws = Workspace(Config(workspace=tmp_path / f"ws-{deleted}"))
+        spec = restricted_spec(folder)
+        ws.index(spec)
+        settle(ws, spec)
+        for n in range(deleted):
+            (folder / f"hr/{n}.md").unlink()
+        report = ws.index(spec)
+        assert report.files["deleted"] == deleted
+        assert read_manifest(current_version(tmp_path / f"ws-{deleted}" / "sources" / "notes"))["restricted"] == 0
+        scores.append(bm25_scores(ws, "apples crate", readers=BOB))
+        assert bm25_scores(ws, "apples " * 2000, readers=BOB)  # a pasted page is scored too
+        ws.close()
+    assert scores[0] == scores[1] and len(scores[0]) == 20
 
 
 def test_a_watcher_syncs_with_the_options_its_source_was_published_with_not_those_it_started_with(tmp_path):
@@ -198,11 +240,11 @@ def test_a_watcher_syncs_with_the_options_its_source_was_published_with_not_thos
     ws = Workspace(Config(workspace=tmp_path / "ws"))
     plain = SourceSpec("notes", "files", str(tmp_path / "notes"))
     followed = FollowedSpecs(tmp_path / "ws", [plain])
-    assert followed.now("notes") == (plain, "")  # not built yet: as declared
+    assert followed.now("notes") == (plain, "", None)  # not built yet: as declared
     ws.index(restricted_spec(tmp_path / "notes"))
-    spec, read_at = followed.now("notes")
-    assert spec.options == {"readers": {"hr/*": ["hr"]}} and read_at == current_version(
-        tmp_path / "ws" / "sources" / "notes").name
+    spec, seen, encoder = followed.now("notes")
+    assert spec.options == {"readers": {"hr/*": ["hr"]}} and seen == options_published(
+        tmp_path / "ws" / "sources" / "notes") and encoder == ws.config.encoder + "@float32"
     record = Recorder()
     with FolderWatcher([plain], lambda s: ws.index(*followed.now(s.name)[:1], wait=True), done=record,
                        debounce_s=0.2, rescan_s=3600):
@@ -220,3 +262,9 @@ def test_the_library_builds_every_declared_source_then_raises_with_each_report(t
     with pytest.raises(BuildsFailed, match="1 of 2 source") as raised:
         Workspace(load_config(tmp_path / "gradfuse.toml")).build_configured()
     assert [(r.name, r.status) for r in raised.value.reports] == [("b", "failed"), ("a", "built")]
+    (tmp_path / "dup.jsonl").write_text('{"id": "x", "text": "one"}\n{"id": "x", "text": "two"}\n')
+    (tmp_path / "gradfuse.toml").write_text(f'workspace = "ws"\n[sources.dup]\nkind = "jsonl"\npath = "{tmp_path / "dup.jsonl"}"'
+                                            f'\n[sources.a]\nkind = "files"\npath = "{tmp_path / "a"}"\n')
+    with pytest.raises(BuildsFailed, match="duplicate document id") as raised:
+        Workspace(load_config(tmp_path / "gradfuse.toml")).build_configured()
+    assert [r.status for r in raised.value.reports] == ["failed", "unchanged"]

@@ -77,15 +77,17 @@ class Workspace:
 
     def index(self, spec: SourceSpec, *, into: str | None = None, table: str | None = None,
               language: str | None = None, progress: bool = False, wait: bool = False,
-              spec_read_at: str | None = None) -> BuildReport:
+              options_seen: str | None = None, encoder: str | None = None) -> BuildReport:
         """Build `spec` into the workspace folder, or with `into` (a PostgreSQL URL) load it into a table there
         (default: the source's name) and register that table in the workspace as the source. `wait`: if another
-        process is building the same source, wait for it instead of failing. `spec_read_at`: the version published
-        when `spec` was read (a watcher's; indexing/folder_sync.py)."""
+        process is building the same source, wait for it instead of failing. `options_seen`: the published
+        options when `spec` was read (indexing/folder_sync.py); `encoder`: another than the configured one."""
         return self.catalog.index(spec, into=into, table=table, language=language, progress=progress, wait=wait,
-                                  spec_read_at=spec_read_at)
+                                  options_seen=options_seen, encoder=encoder)
 
     def build_configured(self, *, progress: bool = False) -> list[BuildReport]:
+        """Build every source the config declares; where any fails, the others are built all the same and
+        `BuildsFailed` (a SourceError) is raised at the end with every source's report."""
         return self.catalog.build_configured(progress=progress)
 
     def add_source(self, name: str, retriever) -> None:

@@ -28,8 +28,8 @@ def workspace_watcher(ws: Workspace, done: Callable[[Synced], None], *, debounce
     followed = FollowedSpecs(ws.root, specs)
 
     def sync(spec: SourceSpec) -> BuildReport:
-        published, read_at = followed.now(spec.name)
-        return ws.index(published, wait=True, spec_read_at=read_at)
+        published, seen, encoder = followed.now(spec.name)
+        return ws.index(published, wait=True, options_seen=seen, encoder=encoder)
 
     return FolderWatcher(specs, sync, done=done, ignore=[ws.root], debounce_s=debounce_s, rescan_s=rescan_s)
 

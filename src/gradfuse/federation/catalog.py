@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from gradfuse.access import EVERYTHING, Principal
 from gradfuse.config import Config
 from gradfuse.indexing import BuildReport, build_source
+from gradfuse.indexing.folder_sync import options_published
 from gradfuse.indexing.report import BuildsFailed
 from gradfuse.ingest.documents import IngestError
 from gradfuse.ray_cluster import RayUnavailable
@@ -102,10 +103,10 @@ class SourceCatalog:
 
     def index(self, spec: SourceSpec, *, into: str | None = None, table: str | None = None,
               language: str | None = None, progress: bool = False, wait: bool = False,
-              spec_read_at: str | None = None) -> BuildReport:
+              options_seen: str | None = None, encoder: str | None = None) -> BuildReport:
         if into is None:
-            return build_source(self.root, spec, encoder=self.config.encoder, progress=progress, wait=wait,
-                                ray_address=self.config.build.ray_address, spec_read_at=spec_read_at)
+            return build_source(self.root, spec, encoder=encoder or self.config.encoder, progress=progress,
+                                wait=wait, ray_address=self.config.build.ray_address, options_seen=options_seen)
         if spec.kind == "run":
             raise ValueError("a TREC run source answers only its own queries and cannot be loaded into a database")
         settings = PostgresSettings(table=table or default_table(spec.name), url=safe_url(into),
@@ -120,19 +121,19 @@ class SourceCatalog:
             raise SourceError("the config file declares no source to build ([sources.NAME] with kind and path)")
         # What was published as the config was read: a build of these sources, one after another, publishes none
         # over a version another build published meanwhile with other options (indexing/folder_sync.py)
-        read_at = {spec.name: getattr(current_version(self.root / "sources" / spec.name), "name", "")
-                   for spec in specs}
-        reports = [self._build_or_fail(spec, progress, read_at[spec.name]) for spec in specs]
+        seen = {spec.name: options_published(self.root / "sources" / spec.name) for spec in specs}
+        reports = [self._build_or_fail(spec, progress, seen[spec.name]) for spec in specs]
         if any(report.status == "failed" for report in reports):
             raise BuildsFailed(reports)
         return reports
 
-    def _build_or_fail(self, spec: SourceSpec, progress: bool, read_at: str) -> BuildReport:
-        """One declared source's build; its failure is its report's, so that the sources after it are built."""
+    def _build_or_fail(self, spec: SourceSpec, progress: bool, seen: str) -> BuildReport:
+        """One declared source's build; its failure is its report's, so that the sources after it are built (a
+        ValueError too: a record's duplicate id, an option's value)."""
         started = time.perf_counter()
         try:
-            return self.index(spec, progress=progress, spec_read_at=read_at)
-        except (SourceError, IngestError, RayUnavailable, OSError) as error:
+            return self.index(spec, progress=progress, options_seen=seen)
+        except (SourceError, IngestError, RayUnavailable, OSError, ValueError) as error:
             return BuildReport(spec.name, "failed", 0, time.perf_counter() - started, error=str(error))
 
     def add(self, name: str, retriever) -> None:

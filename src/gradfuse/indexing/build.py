@@ -103,22 +103,22 @@ def _fingerprint(spec: SourceSpec, encoder: str, documents: list[Document], extr
 
 
 def build_source(workspace: Path, spec: SourceSpec, *, encoder: str, progress: bool = False,
-                 wait: bool = False, ray_address: str = "", spec_read_at: str | None = None) -> BuildReport:
+                 wait: bool = False, ray_address: str = "", options_seen: str | None = None) -> BuildReport:
     """Build `spec` and publish it as the source's current version, unless its inputs are unchanged. One build
     of a source at a time (`wait`: wait for another to finish instead of failing); `ray_address`: its passages
     embedded on that Ray cluster (embedding/ray_batches.py)."""
     with source_lock(workspace / "sources" / spec.name, spec.name, wait=wait):
-        return _build(workspace, spec, encoder, progress, ray_address, spec_read_at)
+        return _build(workspace, spec, encoder, progress, ray_address, options_seen)
 
 
 def _build(workspace: Path, spec: SourceSpec, encoder: str, progress: bool, ray_address: str,
-           spec_read_at: str | None) -> BuildReport:
+           options_seen: str | None) -> BuildReport:
     started = time.perf_counter()
     encoder = encoder_name(encoder)
     for shared in (workspace / "cache" / "parsed").glob("*.json"):  # before version 3, one folder for all sources
         shared.unlink(missing_ok=True)
     if spec.kind == "files":
-        return sync_folder(workspace, spec, encoder, progress, ray_address, spec_read_at)
+        return sync_folder(workspace, spec, encoder, progress, ray_address, options_seen)
     if spec.kind == "run":
         corpus, queries = _run_inputs(spec)
     source_dir = workspace / "sources" / spec.name

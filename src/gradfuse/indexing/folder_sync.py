@@ -101,17 +101,19 @@ class _Written:
 
 
 def sync_folder(workspace: Path, spec: SourceSpec, encoder: str, progress: bool, ray_address: str = "",
-                spec_read_at: str | None = None) -> BuildReport:
+                options_seen: str | None = None) -> BuildReport:
     """Bring the source's published version in line with its folder, reading only what changed (called with
-    the source's lock held). `spec_read_at`: the version published when `spec` was read ("" for none; a
-    watcher's): where another build has since published one with other options, nothing is written."""
+    the source's lock held). `options_seen`: the folder and options of the version published when `spec` was read
+    (`published_with`, "" for none): where another build has since published other ones than both those and
+    `spec`'s, nothing is written (a watcher's sync or a `gradfuse build` read them before that build)."""
     started = time.perf_counter()
     folder, source_dir = Path(spec.path), workspace / "sources" / spec.name
     previous = current_version(source_dir)
-    if (spec_read_at is not None and previous is not None and previous.name != spec_read_at
-            and published_with(previous) != built_with(spec)):
-        raise SourceError(f"source {spec.name!r} was published with other options after this sync read its "
-                          "configuration: not synced (the next sync reads the configuration again)")
+    if options_seen is not None and previous is not None:
+        now = published_with(previous)
+        if now != options_seen and now != built_with(spec):
+            raise SourceError(f"source {spec.name!r} was published with other options by another build after "
+                              "this one read them: not built (run it again to apply its own)")
     setting = _setting(spec, encoder)
     base = previous if previous is not None and _extendable(previous, setting) else None
     known = read_files_table(base / "docs.sqlite") if base is not None else {}
@@ -155,6 +157,12 @@ def sync_folder(workspace: Path, spec: SourceSpec, encoder: str, progress: bool,
 def built_with(spec: SourceSpec) -> str:
     """A folder source's folder and options, as compared with a published version's (`published_with`)."""
     return json.dumps([str(Path(spec.path).resolve()), spec.options], sort_keys=True)
+
+
+def options_published(source_dir: Path) -> str:
+    """`published_with` of the source's current version, "" where none is published."""
+    version = current_version(source_dir)
+    return published_with(version) if version is not None else ""
 
 
 def published_with(version: Path) -> str:

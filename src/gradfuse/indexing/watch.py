@@ -20,6 +20,8 @@ from pathlib import Path
 from watchdog.events import EVENT_TYPE_CLOSED_NO_WRITE, EVENT_TYPE_OPENED, FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
+from gradfuse.embedding.encoder_names import recorded_encoder
+from gradfuse.indexing.folder_sync import published_with
 from gradfuse.indexing.report import BuildReport
 from gradfuse.ingest.readers.isolation import parser_kept
 from gradfuse.sources.base import SourceSpec, current_version, read_manifest
@@ -65,15 +67,17 @@ class FollowedSpecs:
     def __init__(self, workspace: Path, watched: list[SourceSpec]):
         self._workspace, self._watched = workspace, {spec.name: spec for spec in watched}
 
-    def now(self, name: str) -> tuple[SourceSpec, str]:
-        """(the source's spec as its published version has it, that version: "" for none). A sync given both
-        publishes nothing when another build has since published the source with other options
-        (indexing/folder_sync.py): the next sync reads them."""
+    def now(self, name: str) -> tuple[SourceSpec, str, str | None]:
+        """(the source's spec as its published version has it, its folder and options as compared by a sync
+        (`published_with`, "" for none), the encoder it was built with (None: the configured one)). A sync given
+        them publishes nothing when another build has since published other options (indexing/folder_sync.py):
+        the next sync reads them."""
         version = current_version(self._workspace / "sources" / name)
         if version is None:
-            return self._watched[name], ""
+            return self._watched[name], "", None
         manifest = read_manifest(version)
-        return SourceSpec(name, "files", manifest["input"], manifest.get("options", {})), version.name
+        return (SourceSpec(name, "files", manifest["input"], manifest.get("options", {})), published_with(version),
+                manifest.get("encoder") and recorded_encoder(manifest["encoder"]))
 
 
 class FolderWatcher:

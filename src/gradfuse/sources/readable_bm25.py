@@ -7,15 +7,15 @@ scored again here with the same formula (Robertson's BM25, k1 1.2, b 0.75, tanti
 phrase weighed by the sum of its words' idf) over the statistics of its readable passages alone: the number of
 them that hold each word (counted by tantivy inside the same filter), how many it may read, and their mean
 length per field (from the token counts a build keeps, LENGTHS_FILE). Its scores and their order then depend on
-nothing it may not read. Which passages enter the rescoring, when more than RESCORE_POOL of its own match, is chosen
-by tantivy with each word weighed by its idf among the caller's passages (pool_query): what still enters that choice
-from the whole index is tantivy's mean passage length and the rounding of its float scores (passages that tie here
-can be cut apart there), never a count of a word.
+nothing it may not read. When more than RESCORE_POOL of its own passages match, the ones rescored are those holding
+the query's rarest words among its own passages (pool_query: a constant per word, nothing of tantivy's statistics);
+among passages that tie there, tantivy's order of its documents decides.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -30,6 +30,7 @@ K1, B = 1.2, 0.75  # tantivy's
 # Passages rescored at the most (about 70 ms of tokenizing here at the most): every readable match up to it, else
 # the best of pool_query's ranking
 RESCORE_POOL = 1000
+MAX_PARTS = 64  # distinct words and phrases of a query scored at the most (its most repeated ones)
 
 # tantivy's "en_stem": the index's tokenizer, so that words and lengths are counted as the index counts them
 ANALYZER = (tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple()).filter(tantivy.Filter.remove_long(40))
@@ -42,56 +43,54 @@ def token_lengths(documents: Iterable[Document]) -> np.ndarray:
     return np.asarray(lengths, dtype=np.int32).reshape(-1, len(FIELDS))
 
 
-def query_parts(terms: list[str], phrases: list[list[str]]) -> list[tuple[str, ...]]:
-    """The query's words and phrases as the index holds them (stemmed): one tuple each, a word's of one."""
+def query_parts(terms: list[str], phrases: list[list[str]]) -> dict[tuple[str, ...], int]:
+    """The query's words and phrases as the index holds them (stemmed; a word's tuple of one), each with how often
+    the query holds it, at most MAX_PARTS of them (a pasted page asks no more)."""
     words = [tuple(ANALYZER.analyze(term)) for term in terms]
     joined = [tuple(token for word in phrase for token in ANALYZER.analyze(word)) for phrase in phrases]
-    return [part for part in words + joined if part]
+    counted = Counter(part for part in words + joined if part)
+    return dict(counted.most_common(MAX_PARTS))
 
 
-def readable_idf(parts: list[tuple[str, ...]], counts, readable: int) -> dict[tuple[str, tuple[str, ...]], float]:
+def readable_idf(parts, counts, readable: int) -> dict[tuple[str, tuple[str, ...]], float]:
     """Each (field, part)'s idf among the caller's passages: a phrase's is the sum of its words' (as tantivy's);
     `counts(field, word)`: how many readable passages hold a word in a field; `readable`: how many it may read."""
-    return {(field, part): sum(_idf(counts(field, word), readable) for word in part)
-            for field in FIELDS for part in set(parts)}
+    holding = {(field, word): counts(field, word) for field in FIELDS for part in parts for word in part}
+    return {(field, part): sum(_idf(holding[field, word], readable) for word in part)
+            for field in FIELDS for part in parts}
 
 
-def rescored(parts: list[tuple[str, ...]], texts: dict[int, tuple[str, str]], *, idf: dict,
+def rescored(parts: dict[tuple[str, ...], int], texts: dict[int, tuple[str, str]], *, idf: dict,
              mean_lengths: np.ndarray) -> dict[int, float]:
-    """Each row's BM25 over the caller's statistics (`idf` from readable_idf, `mean_lengths` per field): `texts`
-    (row: (title, body)) are the passages to score."""
+    """Each row's BM25 over the caller's statistics (`idf` from readable_idf, `mean_lengths` per field; a part the
+    query repeats counts as often as tantivy's query counts it): `texts` (row: (title, body)) are the passages."""
+    phrases = [part for part in parts if len(part) > 1]
     scores = {}
     for row, fields in texts.items():
         score = 0.0
         for index, (field, text) in enumerate(zip(FIELDS, fields)):
             tokens = ANALYZER.analyze(text)
+            counted = Counter(tokens)
+            found = {part: counted[part[0]] for part in parts if len(part) == 1 and part[0] in counted}
+            found.update({part: n for part in phrases if (n := _occurrences(tokens, part))})
             norm = K1 * (1 - B + B * len(tokens) / max(float(mean_lengths[index]), 1e-9))
-            for part in parts:
-                frequency = _occurrences(tokens, part)
-                if frequency:
-                    score += idf[field, part] * frequency * (K1 + 1) / (frequency + norm)
+            score += sum(parts[part] * idf[field, part] * frequency * (K1 + 1) / (frequency + norm)
+                         for part, frequency in found.items())
         scores[row] = score
     return scores
 
 
-def pool_query(schema: tantivy.Schema, parts: list[tuple[str, ...]], idf: dict, whole_idf) -> tantivy.Query:
-    """The query that picks the passages to rescore: each part in each field, weighed by its idf among the caller's
-    passages (tantivy's own weight, from the whole index, divided out: `whole_idf(field, part)`), so that which
-    passages enter the pool does not turn on how many passages the caller may not read hold a word."""
+def pool_query(schema: tantivy.Schema, parts, idf: dict) -> tantivy.Query:
+    """The query that picks the passages to rescore where more match than RESCORE_POOL: each part in each field
+    worth its idf among the caller's passages, whatever tantivy's statistics say (a constant score a clause), so
+    that which passages enter the pool turns on nothing the caller may not read."""
     clauses = []
     for (field, part), weight in idf.items():
-        whole = whole_idf(field, part)
-        if weight <= 0 or whole <= 0:
-            continue
-        matched = (tantivy.Query.term_query(schema, field, part[0], index_option="freq") if len(part) == 1
-                   else tantivy.Query.phrase_query(schema, field, list(part)))
-        clauses.append((tantivy.Occur.Should, tantivy.Query.boost_query(matched, weight / whole)))
+        if weight > 0:
+            matched = (tantivy.Query.term_query(schema, field, part[0]) if len(part) == 1
+                       else tantivy.Query.phrase_query(schema, field, list(part)))
+            clauses.append((tantivy.Occur.Should, tantivy.Query.const_score_query(matched, weight * parts[part])))
     return tantivy.Query.boolean_query(clauses) if clauses else tantivy.Query.empty_query()
-
-
-def whole_index_idf(searcher: tantivy.Searcher, field: str, part: tuple[str, ...]) -> float:
-    """A part's idf as tantivy weighs it over the whole index."""
-    return sum(_idf(searcher.doc_freq(field, word), searcher.num_docs) for word in part)
 
 
 def _idf(holding: int, total: int) -> float:
