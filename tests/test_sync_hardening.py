@@ -268,3 +268,18 @@ def test_the_library_builds_every_declared_source_then_raises_with_each_report(t
     with pytest.raises(BuildsFailed, match="duplicate document id") as raised:
         Workspace(load_config(tmp_path / "gradfuse.toml")).build_configured()
     assert [r.status for r in raised.value.reports] == ["failed", "unchanged"]
+
+
+def test_a_sync_that_read_the_old_encoder_does_not_write_over_a_build_with_a_new_one(tmp_path):
+    """A watcher's sync waiting for the lock while `gradfuse build` re-embeds with another encoder would have
+    written the source whole with the old one again (found by the review)."""
+    write_notes(tmp_path / "notes", NOTES)
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    spec = SourceSpec("notes", "files", str(tmp_path / "notes"))
+    ws.index(spec)
+    source_dir = tmp_path / "ws" / "sources" / "notes"
+    seen = options_published(source_dir)
+    ws.index(spec, encoder="all-MiniLM-L6-v2@bfloat16")
+    with pytest.raises(Exception, match="published with other options by another build"):
+        ws.index(spec, options_seen=seen)
+    assert read_manifest(current_version(source_dir))["encoder"] == "all-MiniLM-L6-v2@bfloat16"

@@ -24,6 +24,7 @@ import shutil
 import time
 from pathlib import Path
 
+from gradfuse.embedding.encoder_names import recorded_encoder
 from gradfuse.folders import private_folder
 from gradfuse.indexing.file_readers import FileReaders, readers_by_file
 from gradfuse.indexing.file_stamps import FileStamps
@@ -111,7 +112,7 @@ def sync_folder(workspace: Path, spec: SourceSpec, encoder: str, progress: bool,
     previous = current_version(source_dir)
     if options_seen is not None and previous is not None:
         now = published_with(previous)
-        if now != options_seen and now != built_with(spec):
+        if now != options_seen and now != built_with(spec, encoder):
             raise SourceError(f"source {spec.name!r} was published with other options by another build after "
                               "this one read them: not built (run it again to apply its own)")
     setting = _setting(spec, encoder)
@@ -154,9 +155,9 @@ def sync_folder(workspace: Path, spec: SourceSpec, encoder: str, progress: bool,
                        **report.details(), encoder=written.encoder, notes=notes, files=counts)
 
 
-def built_with(spec: SourceSpec) -> str:
-    """A folder source's folder and options, as compared with a published version's (`published_with`)."""
-    return json.dumps([str(Path(spec.path).resolve()), spec.options], sort_keys=True)
+def built_with(spec: SourceSpec, encoder: str) -> str:
+    """A folder source's folder, options and encoder, as compared with a published version's (`published_with`)."""
+    return json.dumps([str(Path(spec.path).resolve()), spec.options, encoder], sort_keys=True)
 
 
 def options_published(source_dir: Path) -> str:
@@ -167,7 +168,9 @@ def options_published(source_dir: Path) -> str:
 
 def published_with(version: Path) -> str:
     manifest = read_manifest(version)
-    return json.dumps([manifest.get("input"), manifest.get("options", {})], sort_keys=True)
+    encoder = manifest.get("encoder")
+    return json.dumps([manifest.get("input"), manifest.get("options", {}), encoder and recorded_encoder(encoder)],
+                      sort_keys=True)
 
 
 def _write(spec: SourceSpec, building: Path, base: Path | None, changes: _Changes, readers: FileReaders,

@@ -151,16 +151,14 @@ def update_embedded_index(previous: Path, version: Path, *, dropped_files: list[
                 os.link(part, version / "bm25" / part.name)
         _index_documents(tantivy.Index.open(str(version / "bm25")),
                          enumerate(documents, start=len(previous_vectors)), dropped_files=dropped_files)
-        if dropped_files or (previous / BM25_DELETED).is_file():
-            (version / BM25_DELETED).touch()
     matrix = np.concatenate([previous_vectors, vectors.astype(np.float32).reshape(-1, previous_vectors.shape[1])])
     holes = np.union1d(live_holes(previous), np.asarray(dropped_rows, dtype=np.int64))
     matrix[holes] = 0.0  # a dropped passage's vector does not stay behind
-    if read_manifest(previous).get("restricted") or any(d.readers for d in documents):
-        lengths = np.concatenate([load_lengths(previous, len(previous_vectors), stored_documents(
-            previous / "docs.sqlite")), token_lengths(documents)])
-        lengths[holes] = 0
-        np.save(version / LENGTHS_FILE, lengths)
+    # a synced version's limited callers are scored from its live passages (EmbeddedSource), which needs them
+    lengths = np.concatenate([load_lengths(previous, len(previous_vectors), stored_documents(
+        previous / "docs.sqlite")), token_lengths(documents)])
+    lengths[holes] = 0
+    np.save(version / LENGTHS_FILE, lengths)
     np.save(version / "embeddings.npy", matrix)
     if len(holes):
         np.save(version / HOLES_FILE, holes)
@@ -180,8 +178,6 @@ def update_embedded_index(previous: Path, version: Path, *, dropped_files: list[
 # passages took 1.2 s); above, it marks them deleted, and their words' counts stay in the whole index's statistics
 # (never in a limited key's: readable_bm25.py counts live passages) until holes write the source whole.
 REWRITE_BM25_ROWS = 50_000
-# Beside a BM25 index that holds passages only marked deleted: a limited caller is scored from live passages
-BM25_DELETED = "bm25.deleted"
 HOLES_FILE = "holes.npy"  # rows of the matrix whose passage was dropped by a sync (indexing/folder_sync.py)
 
 
@@ -229,8 +225,9 @@ class EmbeddedSource:
         # hole's zero vector above passages of negative cosine)
         self._live = None if live.all() else Readable(None, live, int(live.sum()), np.packbits(live, bitorder="little"))
         # Callers limited to some passages are scored from what they may read (readable_bm25.py): where passages
-        # name readers, and where deleted ones still count in tantivy's statistics
-        limited = self._manifest.get("restricted") or (version / BM25_DELETED).is_file()
+        # name readers, and where a sync dropped some (its BM25 may hold them only marked deleted, from this
+        # release or an older one, their counts still in tantivy's statistics)
+        limited = self._manifest.get("restricted") or not live.all()
         self._rows = RowReaders(self._docs, live) if limited else None
         self._lengths: np.ndarray | None = None  # read on a limited caller's first BM25 search
         self._lengths_lock = threading.Lock()
@@ -279,11 +276,11 @@ class EmbeddedSource:
         parts = query_parts(terms, [_TOKEN.findall(joined) for joined in _JOINED.findall(lowered)])
         idf = readable_idf(parts, lambda field, word: self._searcher.search(self._within(tantivy.Query.term_query(
             self._index.schema, field, word), allowed), 1, count=True).count, readable.count)
-        pool = pool_query(self._index.schema, parts, idf)
+        pool = pool_query(self._index.schema, idf)
         # every readable match up to RESCORE_POOL (then nothing else decides which are scored), else the pool's best
         hits = self._searcher.search(self._within(pool, allowed), max(k, RESCORE_POOL)).hits
         rows = [self._searcher.doc(address)["row"][0] for _, address in hits]
-        scores = rescored(parts, self._docs.texts(rows), idf=idf, mean_lengths=self._mean_lengths(readable))
+        scores = rescored(self._docs.texts(rows), idf=idf, mean_lengths=self._mean_lengths(readable))
         best = sorted(rows, key=lambda row: (-scores[row], row))[:k]
         return best, [scores[row] for row in best]
 

@@ -30,7 +30,8 @@ K1, B = 1.2, 0.75  # tantivy's
 # Passages rescored at the most (about 70 ms of tokenizing here at the most): every readable match up to it, else
 # the best of pool_query's ranking
 RESCORE_POOL = 1000
-MAX_PARTS = 64  # distinct words and phrases of a query scored at the most (its most repeated ones)
+MAX_PARTS = 64  # distinct words and phrases of a query scored at the most: the rarest among the caller's passages
+MAX_ASKED = 1024  # distinct words and phrases counted at the most (two count searches each, ~10 µs)
 
 # tantivy's "en_stem": the index's tokenizer, so that words and lengths are counted as the index counts them
 ANALYZER = (tantivy.TextAnalyzerBuilder(tantivy.Tokenizer.simple()).filter(tantivy.Filter.remove_long(40))
@@ -43,27 +44,29 @@ def token_lengths(documents: Iterable[Document]) -> np.ndarray:
     return np.asarray(lengths, dtype=np.int32).reshape(-1, len(FIELDS))
 
 
-def query_parts(terms: list[str], phrases: list[list[str]]) -> dict[tuple[str, ...], int]:
-    """The query's words and phrases as the index holds them (stemmed; a word's tuple of one), each with how often
-    the query holds it, at most MAX_PARTS of them (a pasted page asks no more)."""
+def query_parts(terms: list[str], phrases: list[list[str]]) -> list[tuple[str, ...]]:
+    """The query's distinct words and phrases as the index holds them (stemmed; a word's tuple of one), a repeated
+    one once (as tantivy's query parser counts it), at most MAX_ASKED of them."""
     words = [tuple(ANALYZER.analyze(term)) for term in terms]
     joined = [tuple(token for word in phrase for token in ANALYZER.analyze(word)) for phrase in phrases]
-    counted = Counter(part for part in words + joined if part)
-    return dict(counted.most_common(MAX_PARTS))
+    return list(dict.fromkeys(part for part in words + joined if part))[:MAX_ASKED]
 
 
-def readable_idf(parts, counts, readable: int) -> dict[tuple[str, tuple[str, ...]], float]:
-    """Each (field, part)'s idf among the caller's passages: a phrase's is the sum of its words' (as tantivy's);
+def readable_idf(parts: list[tuple[str, ...]], counts, readable: int) -> dict[tuple[str, tuple[str, ...]], float]:
+    """Each (field, part)'s idf among the caller's passages, for the MAX_PARTS parts rarest there (a pasted page is
+    scored by its telling words, not its commonest): a phrase's is the sum of its words' (as tantivy's);
     `counts(field, word)`: how many readable passages hold a word in a field; `readable`: how many it may read."""
     holding = {(field, word): counts(field, word) for field in FIELDS for part in parts for word in part}
-    return {(field, part): sum(_idf(holding[field, word], readable) for word in part)
-            for field in FIELDS for part in parts}
+    idf = {(field, part): sum(_idf(holding[field, word], readable) for word in part)
+           for field in FIELDS for part in parts}
+    kept = set(sorted(parts, key=lambda part: -max(idf[field, part] for field in FIELDS))[:MAX_PARTS])
+    return {key: value for key, value in idf.items() if key[1] in kept}
 
 
-def rescored(parts: dict[tuple[str, ...], int], texts: dict[int, tuple[str, str]], *, idf: dict,
-             mean_lengths: np.ndarray) -> dict[int, float]:
-    """Each row's BM25 over the caller's statistics (`idf` from readable_idf, `mean_lengths` per field; a part the
-    query repeats counts as often as tantivy's query counts it): `texts` (row: (title, body)) are the passages."""
+def rescored(texts: dict[int, tuple[str, str]], *, idf: dict, mean_lengths: np.ndarray) -> dict[int, float]:
+    """Each row's BM25 over the caller's statistics (`idf` from readable_idf: the parts scored, `mean_lengths` per
+    field): `texts` (row: (title, body)) are the passages."""
+    parts = sorted({part for _, part in idf})
     phrases = [part for part in parts if len(part) > 1]
     scores = {}
     for row, fields in texts.items():
@@ -74,13 +77,13 @@ def rescored(parts: dict[tuple[str, ...], int], texts: dict[int, tuple[str, str]
             found = {part: counted[part[0]] for part in parts if len(part) == 1 and part[0] in counted}
             found.update({part: n for part in phrases if (n := _occurrences(tokens, part))})
             norm = K1 * (1 - B + B * len(tokens) / max(float(mean_lengths[index]), 1e-9))
-            score += sum(parts[part] * idf[field, part] * frequency * (K1 + 1) / (frequency + norm)
+            score += sum(idf[field, part] * frequency * (K1 + 1) / (frequency + norm)
                          for part, frequency in found.items())
         scores[row] = score
     return scores
 
 
-def pool_query(schema: tantivy.Schema, parts, idf: dict) -> tantivy.Query:
+def pool_query(schema: tantivy.Schema, idf: dict) -> tantivy.Query:
     """The query that picks the passages to rescore where more match than RESCORE_POOL: each part in each field
     worth its idf among the caller's passages, whatever tantivy's statistics say (a constant score a clause), so
     that which passages enter the pool turns on nothing the caller may not read."""
@@ -89,7 +92,7 @@ def pool_query(schema: tantivy.Schema, parts, idf: dict) -> tantivy.Query:
         if weight > 0:
             matched = (tantivy.Query.term_query(schema, field, part[0]) if len(part) == 1
                        else tantivy.Query.phrase_query(schema, field, list(part)))
-            clauses.append((tantivy.Occur.Should, tantivy.Query.const_score_query(matched, weight * parts[part])))
+            clauses.append((tantivy.Occur.Should, tantivy.Query.const_score_query(matched, weight)))
     return tantivy.Query.boolean_query(clauses) if clauses else tantivy.Query.empty_query()
 
 
