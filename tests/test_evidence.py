@@ -174,6 +174,13 @@ def test_examples_synopses_and_headings_are_quoted_only_when_asked_for_or_when_n
         "Net Cash Used In Investing Activities [2] gzip [ -acdfhklLnNrtvV19 ] [-S suffix] [ name ... ] [1]")
     row = Evidence(1, "prices", "p", (0, 5), "a, b", 1.0, columns=("Date", "Close"))
     assert not reads_badly(row) and not reads_badly(evidence(1, "Version 4.19.0", 1.0))
+    for label in ("3.4.1 – Functions and Types", "2.3 Error Handling 12", "kill - send a signal to a process",
+                  "gzip, gunzip, zcat - compress or expand files and keep them in step with their originals"):
+        assert reads_badly(evidence(1, label, 1.0)), label  # labels what follows, whatever its numbers
+    for said in ("The default signal for kill is TERM.", "-s, --signal SIGNAL  send this signal",
+                 "3.5 seconds is the default timeout of a connect attempt", "2.3 Error Handling is described below.",
+                 "1.5 GB is the largest file it reads"):
+        assert not reads_badly(evidence(1, said, 1.0)), said
 
 
 def test_a_second_sentence_far_below_the_first_is_not_quoted():

@@ -219,6 +219,12 @@ def introduces(sentence: str) -> bool:
 _EXAMPLE = re.compile(r"\s*(>>>|\.\.\.[ \t]|\$[ \t]|%[ \t])")
 _SYNOPSIS = re.compile(r"\s*(usage:\s*)?[\w.+-]+(\s+\[[^\]]*\]){2,}|\s*usage:\s", re.IGNORECASE)
 _HEADING_END = re.compile(r"[.!?;)\]\"'’”]\s*$")
+# Lines that label what follows rather than say it, whatever their numbers (issue 70): a table of contents' or a
+# numbered section's title ("3.4.1 – Functions and Types", "2.3 Error Handling 12") and a man page's NAME line
+# ("kill - send a signal to a process").
+_SECTION_TITLE = re.compile(r"\s*\d+(\.\d+){2,}\.?\s+[A-Z]|\s*\d+(\.\d+)+\.?\s+[-–—]\s+[A-Z]"
+                            r"|\s*\d+(\.\d+)+\.?\s+[A-Z][^.!?]*\s\d+\s*$")  # 1.2.3 Title; 1.2 – Title; 1.2 Title 12
+_NAME_LINE = re.compile(r"\s*[\w.+-]+(\s*,\s*[\w.+-]+)*\s+[-–—]\s+\w")
 ASKS_FOR_EXAMPLES = re.compile(r"\b(examples?|usage|syntax|synopsis|samples?|invoc\w*|prompt)\b", re.IGNORECASE)
 
 
@@ -228,9 +234,10 @@ def reads_badly(sentence: Evidence, question: str = "") -> bool:
     if sentence.columns:  # a table row reads as its columns' names and values
         return False
     text = sentence.quoted()
-    heading = (len(text.split()) <= 8 and not _HEADING_END.search(text) and not _OPTION.match(text)
-               and not re.search(r"\d", text) and not introduces(sentence.text))
-    return heading or (not ASKS_FOR_EXAMPLES.search(question) and bool(_EXAMPLE.match(text) or _SYNOPSIS.match(text)))
+    unended = not _HEADING_END.search(text) and not introduces(sentence.text)
+    heading = (len(text.split()) <= 8 and unended and not _OPTION.match(text) and not re.search(r"\d", text))
+    label = unended and len(text.split()) <= 16 and bool(_SECTION_TITLE.match(text) or _NAME_LINE.match(text))
+    return heading or label or (not ASKS_FOR_EXAMPLES.search(question) and bool(_EXAMPLE.match(text) or _SYNOPSIS.match(text)))
 
 
 def quoted_first(evidence: list[Evidence], sentences: int = EXTRACTIVE_SENTENCES, within: float | None = None,
