@@ -111,7 +111,7 @@ def sync_folder(workspace: Path, spec: SourceSpec, encoder: str, progress: bool,
     folder, source_dir = Path(spec.path), workspace / "sources" / spec.name
     previous = current_version(source_dir)
     if options_seen is not None and previous is not None:
-        now = published_with(previous)
+        now = published_with(read_manifest(previous))
         if now != options_seen and now != built_with(spec, encoder):
             raise SourceError(f"source {spec.name!r} was published with other options by another build after "
                               "this one read them: not built (run it again to apply its own)")
@@ -163,11 +163,11 @@ def built_with(spec: SourceSpec, encoder: str) -> str:
 def options_published(source_dir: Path) -> str:
     """`published_with` of the source's current version, "" where none is published."""
     version = current_version(source_dir)
-    return published_with(version) if version is not None else ""
+    return published_with(read_manifest(version)) if version is not None else ""
 
 
-def published_with(version: Path) -> str:
-    manifest = read_manifest(version)
+def published_with(manifest: dict) -> str:
+    """A published version's folder, options and encoder (from its manifest), as `built_with` spells them."""
     encoder = manifest.get("encoder")
     return json.dumps([manifest.get("input"), manifest.get("options", {}), encoder and recorded_encoder(encoder)],
                       sort_keys=True)

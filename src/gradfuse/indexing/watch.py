@@ -76,7 +76,7 @@ class FollowedSpecs:
         if version is None:
             return self._watched[name], "", None
         manifest = read_manifest(version)
-        return (SourceSpec(name, "files", manifest["input"], manifest.get("options", {})), published_with(version),
+        return (SourceSpec(name, "files", manifest["input"], manifest.get("options", {})), published_with(manifest),
                 manifest.get("encoder") and recorded_encoder(manifest["encoder"]))
 
 

@@ -263,9 +263,10 @@ class EmbeddedSource:
         terms = _TOKEN.findall(lowered)
         if not terms:
             return [], []
+        phrases = [_TOKEN.findall(joined) for joined in _JOINED.findall(lowered)]
         if readable is None or readable.readers is None:
-            phrases = [f'"{" ".join(_TOKEN.findall(joined))}"' for joined in _JOINED.findall(lowered)]
-            parsed = self._index.parse_query(" ".join(terms + phrases), list(FIELDS))
+            quoted = [f'"{" ".join(phrase)}"' for phrase in phrases]
+            parsed = self._index.parse_query(" ".join(terms + quoted), list(FIELDS))
             hits = self._searcher.search(parsed, k).hits
             return [self._searcher.doc(address)["row"][0] for _, address in hits], [score for score, _ in hits]
         # Only what the caller may read is ranked, and scored from the statistics of what it may read alone
@@ -273,7 +274,7 @@ class EmbeddedSource:
         # each query): 30% faster.
         allowed = tantivy.Query.const_score_query(tantivy.Query.boolean_query([(tantivy.Occur.Should, tantivy.Query.
             term_query(self._index.schema, "readers", name)) for name in (OPEN, *sorted(readable.readers))]), 0.0)
-        parts = query_parts(terms, [_TOKEN.findall(joined) for joined in _JOINED.findall(lowered)])
+        parts = query_parts(terms, phrases)
         idf = readable_idf(parts, lambda field, word: self._searcher.search(self._within(tantivy.Query.term_query(
             self._index.schema, field, word), allowed), 1, count=True).count, readable.count)
         pool = pool_query(self._index.schema, idf)
