@@ -49,7 +49,7 @@ from gradfuse.config import Config
 from gradfuse.eval.qa import answer_in_context, checkable
 from gradfuse.reading.evidence import extractive_answer
 from gradfuse.reading import support
-from gradfuse.generate.prompt import PASSAGE_CHARS
+PASSAGE_CHARS = 600  # what the prompt showed of each passage before issue 70 (these rows measure that)
 from gradfuse.indexing.build import FILE_CHUNK_OVERLAP, FILE_CHUNK_WORDS
 from gradfuse.ingest.documents import IngestReport
 from gradfuse.ingest.files import read_files

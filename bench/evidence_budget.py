@@ -35,7 +35,7 @@ from gradfuse.config import Config
 from gradfuse.eval.qa import answer_in_context
 from gradfuse.reading.evidence import excerpts, extractive_answer
 from gradfuse.generate import build_messages, make_generator
-from gradfuse.generate.prompt import PASSAGE_CHARS
+PASSAGE_CHARS = 600  # what the prompt showed of each passage before issue 70 (these rows measure that)
 from gradfuse.rerank import load_scorer
 from gradfuse.embedding.encoder import load_encoder
 from gradfuse.eval.record import commit_id, machine_description
@@ -131,7 +131,7 @@ def measure(workspace, pools: Pools, query: dict, nll_lm, count, *, generator=No
         return row
     row["answer"] = {"extractive": answer_in_context(answers, [extractive_answer(evidence)])}
     row["generation_seconds"], row["prompt_tokens"] = {}, {}
-    for how, messages in (("generated over passages", build_messages(question, passages)),
+    for how, messages in (("generated over passages", build_messages(question, passages, max_chars=PASSAGE_CHARS)),
                           (f"generated over evidence@{budget}",
                            build_messages(question, passages, excerpts=kept[budget]))):
         started = time.perf_counter()

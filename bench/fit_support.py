@@ -20,7 +20,9 @@ A sentence holds the answer when the gold answer string stands in it; a pool hol
 does (pubmedqa: when it holds the question's abstract). Sentence weights: a conditional logit over each question's
 sentences, L2-regularised, each set weighing the same, over the signals chosen by greedy forward selection on
 leave-one-set-out: a signal is added while it raises the mean, over the held-out sets, of how often the two
-sentences an answer quotes hold the gold answer, by at least a point, and lowers none of the sets by more. "Not found": a logistic model, each set
+sentences an answer quotes hold the gold answer, by at least a point, and lowers none of the sets by more; the
+selection ships only where it beats plain overlap (the share of the question's words, nothing weighed) on every
+set left out, else plain overlap ships (issue 70). "Not found": a logistic model, each set
 weighing the same, over the features of `ANSWERED_SETS` whose leave-one-set-out rows gain most (no-answer pools
 declined less answerable ones declined, on the set left out, with the model and threshold fitted on the others);
 its threshold is the highest at which no set's answerable pools are declined more than 10% of the time. Writes src/gradfuse/reading/support.json and results/answers/fit.{md,json}.
@@ -297,6 +299,11 @@ def leave_one_set_out(pools: list[Pool], signals: tuple[str, ...]) -> dict[str, 
             for name in SENTENCE_SETS}
 
 
+def beats_plain(selected: dict[str, float], plain: dict[str, float]) -> bool:
+    """Whether the selected signals beat plain overlap on every set left out of their fit (else plain ships)."""
+    return all(selected[n] > plain[n] for n in SENTENCE_SETS)
+
+
 def choose_signals(pools: list[Pool]) -> tuple[tuple[str, ...], list[dict]]:
     """Greedy forward selection on the leave-one-set-out mean, from nothing, while a signal adds MIN_GAIN to the mean
     and takes no more than MIN_GAIN from any set; with every trial of every step (the one taken marked)."""
@@ -417,11 +424,12 @@ def main() -> None:
     pools = gathered()
     for pool in pools:
         pool.features = found(pool)
-    signals, steps = choose_signals(pools)
+    selected, steps = choose_signals(pools)
+    held_out = {"selected": leave_one_set_out(pools, selected), "plain overlap": leave_one_set_out(pools, ("plain",)),
+                "overlap (before)": {n: sentence_score(pools, SENTENCES_BEFORE, n) for n in SENTENCE_SETS},
+                "cosine": leave_one_set_out(pools, ("cosine",))}
+    signals = selected if beats_plain(held_out["selected"], held_out["plain overlap"]) else ("plain",)
     weights = fit_weights(pools, signals)
-    held_out = {"chosen": leave_one_set_out(pools, signals), "overlap (before)": {
-        n: sentence_score(pools, SENTENCES_BEFORE, n) for n in SENTENCE_SETS},
-        "cosine": leave_one_set_out(pools, ("cosine",))}
     within, gaps = choose_gap(pools, weights)
     names, transfers = choose_answered(pools, weights)
     coefficients = fit_answered(pools, weights, names)
@@ -434,7 +442,7 @@ def main() -> None:
     counts = {name: {"pools": sum(p.set == name for p in pools),
                      "sentence fit": sum(bool(p.set == name and p.fit_sentences and 0 < p.holds.sum() < len(p.holds))
                                          for p in pools)} for name in ANSWER_SETS}
-    stored = {"weights": weights, "answered": coefficients, "abstain_below": float(threshold), "second_within": within,
+    stored = {"weights": weights, "selected": list(selected), "answered": coefficients, "abstain_below": float(threshold), "second_within": within,
               "made_by": "python bench/fit_support.py", "date": date.today().isoformat(), "fitted_on": counts}
     support.MODEL_FILE.write_text(json.dumps(stored, indent=1) + "\n")
     summary = {**stored, "selection": steps, "held_out": held_out, "transfer": transfers,
@@ -461,7 +469,12 @@ def report(s: dict) -> str:
         mark = " (taken)" if trial["taken"] else "" if trial["harmless"] else " (lowers a set)"
         lines.append(f"| {trial['step']} | {' + '.join(trial['signals'])}{mark} | "
                      + " | ".join(f"{trial[n]:.3f}" for n in SENTENCE_SETS) + f" | {trial['mean']:.3f} |")
-    lines += ["", "Held out, against the sentence value shipped before (overlap alone) and cosine alone:", "",
+    shipped = " + ".join(s["weights"])
+    verdict = ("are plain overlap itself, and ship" if s["selected"] == ["plain"] else
+               "beat plain overlap on every set left out, and ship" if list(s["weights"]) == s["selected"] else
+               f"do not beat plain overlap on every set left out: **{shipped}** ships")
+    lines += ["", f"Held out: the signals selected ({' + '.join(s['selected'])}) {verdict}; beside them plain overlap, "
+              "the sentence value shipped before issue 57 (overlap alone) and cosine alone:", "",
               "| sentence value | " + " | ".join(SENTENCE_SETS) + " | mean |", "|---|" + "---:|" * (len(SENTENCE_SETS) + 1)]
     for name, scores in s["held_out"].items():
         lines.append(f"| {name} | " + " | ".join(f"{scores[n]:.3f}" for n in SENTENCE_SETS)

@@ -1,5 +1,7 @@
 """Prompt, citations and generators, with the real bundled SmolLM2 where a model is involved."""
 
+from dataclasses import replace
+
 import pytest
 from live_server import openai_endpoint
 
@@ -175,13 +177,18 @@ def test_an_answer_through_an_endpoint_reports_the_passages_its_window_could_not
     records = [{"id": f"p{i}", "title": f"Delta {i}", "text": f"The delta layer {i} is made of clay. " * 40}
                for i in range(8)]
     with openai_endpoint(smollm2) as (url, _):
-        ws = Workspace(Config(workspace=tmp_path / "ws", generator=url, context_tokens=1200))
+        ws = Workspace(Config(workspace=tmp_path / "ws", generator=url, context_tokens=1200, context="passages"))
         ws.index(SourceSpec("deltas", "jsonl", str(write_jsonl(tmp_path / "d.jsonl", records))))
         answer = ws.ask("What is the delta layer made of?", method="rrf", retrieval="bm25", context_k=8,
                         max_new_tokens=16)
+        ws.config = replace(ws.config, context="windows")
+        windowed = ws.ask("What is the delta layer made of?", method="rrf", retrieval="bm25", context_k=8,
+                          max_new_tokens=16)
     record = answer_record(answer)
-    assert record.dropped and len(record.passages) + len(record.dropped) == 8  # ~150 tokens each: not all fit
+    assert record.dropped and len(record.passages) + len(record.dropped) == 8  # ~600 tokens each: not all fit
     assert [p.doc_id for p in record.passages + record.dropped] == [c.doc_id for c in answer.search.candidates]
+    # Windows around the evidence are fitted to the room the question leaves: no passage is dropped.
+    assert not windowed.dropped and len(windowed.passages) == 8
 
 
 @pytest.mark.slow

@@ -19,11 +19,15 @@ Example (every key optional)::
     context_tokens = 8192            # an endpoint's window (a local model's is read from the model)
     api_key_env = ""                 # the variable holding an endpoint's key (e.g. "OPENAI_API_KEY"); none sent unless
                                      # named, and never over plain http to another machine
-    context = "passages"             # or "evidence": the generator reads only the passages' best sentences
-    evidence_tokens = 384            # their budget, with context = "evidence" (chosen on dev: results/evidence)
+    context = "windows"              # what the generator reads: the best sentences with their neighbours | "passages"
+                                     # (whole, the lowest-ranked dropped to fit) | "evidence" (best sentences alone)
+    window_tokens = 1024             # the windows' budget (about what 5 passages' first 600 characters took before)
+    evidence_tokens = 384            # the budget with context = "evidence" (chosen on dev: results/evidence)
     answer = "auto"                  # extractive (the best evidence sentences are the answer, nothing generated)
                                      # with the bundled generator, else generate; or "generate" | "extractive"
     cite_first = true                # local models must open by naming a passage (see generate/local.py)
+    unsupported = "mark"             # a written answer none of whose sentences the passages support: marked, or
+                                     # "not_found" (replaced by "Not found in these sources" and what came closest)
     [selection]                      # stage 1 (gradfuse.selection.SelectionSettings; defaults tuned on dev)
     redundancy_weight = 1.0          # lambda: how much a source that copies a chosen one gives way
     redundancy = "copies"            # how redundancy is measured: copies | similarity (topical, the method's)
@@ -169,7 +173,11 @@ class Config:
     context_k: int = 5
     context_tokens: int = 8192
     api_key_env: str = ""
-    context: str = "passages"  # what the generator reads: whole passages, or their evidence sentences
+    # What the generator reads (reading/context.py): windows around the evidence, whole passages, or the evidence
+    # sentences alone. Windows: their token budget is about what the prompt spent before issue 70 (five passages'
+    # first 600 characters), now spent where the evidence is.
+    context: str = "windows"
+    window_tokens: int = 1024
     # With context "evidence": the sentences' token budget. Chosen on the dev questions of HotpotQA and TAT-QA
     # (results/evidence/budget.md): no budget kept 95% of the passages' answer-in-context, the largest tried is kept.
     evidence_tokens: int = 384
@@ -178,6 +186,9 @@ class Config:
     # "extractive".
     answer: str = "auto"
     cite_first: bool = True
+    # A written answer whose sentences find no support in the passages (reading/attribution.py): "mark" (the JSON's,
+    # the page's and /v1's `unsupported`) or "not_found" (its text replaced as an abstained answer's).
+    unsupported: str = "mark"
     sources: dict[str, SourceSettings] = field(default_factory=dict)
     selection: SelectionSettings = field(default_factory=SelectionSettings)
     rerank: RerankSettings = field(default_factory=RerankSettings)
@@ -252,9 +263,11 @@ class _Generator(TypedDict, total=False):
     context_tokens: Count
     api_key_env: Text
     cite_first: Flag
-    context: Literal["passages", "evidence"]
+    context: Literal["windows", "passages", "evidence"]
+    window_tokens: Count
     evidence_tokens: Count
     answer: Literal["auto", "generate", "extractive"]
+    unsupported: Literal["mark", "not_found"]
 
 
 @with_config(FILE_SETTINGS)

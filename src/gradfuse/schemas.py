@@ -151,6 +151,13 @@ class EvidenceRecord(BaseModel):
     columns: list[str] = Field(default_factory=list, description="a table row's column names")
 
 
+class StatementRecord(BaseModel):
+    text: str = Field(description="a sentence of the written answer, with the markers it cites by")
+    cited: list[int] = Field(description="the passages its markers name")
+    supported: bool = Field(description="a sentence of the passages (or two in a row) holds what it says")
+    support: list[EvidenceRecord] = Field(default_factory=list, description="those sentences")
+
+
 class AnswerRecord(BaseModel):
     question: str
     answer: str
@@ -172,6 +179,9 @@ class AnswerRecord(BaseModel):
     support: float | None = Field(None, description="the chance that the passages hold the answer (0-1)")
     abstained: bool = Field(False, description="the evidence was too weak ([evidence] abstain_below): the answer "
                                                "says it was not found, and quotes what came closest")
+    unsupported: bool = Field(False, description="a written answer none of whose sentences the passages support")
+    statements: list[StatementRecord] = Field(default_factory=list, description="a written answer's sentences, "
+                                              "each with the passages' sentences that support it")
 
 
 class SourceRecord(BaseModel):
@@ -252,7 +262,9 @@ def answer_record(answer: Answer) -> AnswerRecord:
         method=answer.search.method, selection=_selection(answer.search), routing=_routing(answer.search),
         rerank=_rerank(answer.search),
         timings=answer.timings, evidence=[evidence_record(e) for e in answer.evidence], support=answer.support,
-        abstained=answer.abstained,
+        abstained=answer.abstained, unsupported=answer.unsupported,
+        statements=[StatementRecord(text=s.text, cited=list(s.cited), supported=s.supported,
+                                    support=[evidence_record(e) for e in s.support]) for s in answer.statements],
     )
 
 
@@ -275,10 +287,12 @@ def served_source_record(name: str, stats: SourceStats | None, error: str | None
 
 def answer_outcome(record: AnswerRecord) -> dict:
     """What an answer came to besides its text, citations and evidence (the OpenAI-compatible response's and the MCP
-    tool's): the question asked, the method, whether it abstained, its support, who wrote it, numbers cited that
-    match no passage, and the sources that failed."""
+    tool's): the question asked, the method, whether it abstained, whether a written answer found no support, the
+    answer as corrected (a stream sent it as written), its sentences' support, its support, who wrote it, numbers
+    cited that match no passage, and the sources that failed."""
     return {"question": record.question, "method": record.method, "abstained": record.abstained,
-            "support": record.support, "generator_note": record.generator_note,
+            "unsupported": record.unsupported, "answer": record.answer,
+            "statements": [s.model_dump(mode="json") for s in record.statements], "support": record.support, "generator_note": record.generator_note,
             "invalid_citations": record.invalid_citations,
             "failures": [f.model_dump(mode="json") for f in record.failures]}
 

@@ -183,6 +183,11 @@ def print_answer(answer: Answer) -> None:
         console.print(f"  cites \\[{c.number}] → [cyan]{escape(c.source)}[/]/{escape(c.doc_id)}{where}")
     if not answer.citations:
         console.print("  [yellow]the answer cites no passage[/]")
+    if answer.unsupported:
+        console.print("  [yellow]unsupported: no sentence of the passages holds what this answer says[/]")
+    elif unbacked := [s for s in answer.statements if not s.supported]:
+        console.print(f"  [yellow]{len(unbacked)} of {len(answer.statements)} sentences of the answer found no "
+                      "support in the passages[/]")
     if answer.invalid_citations:
         console.print(f"  [yellow]cited numbers with no passage: {answer.invalid_citations}[/]")
     if answer.dropped:

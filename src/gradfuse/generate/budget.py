@@ -1,5 +1,5 @@
 """Passages packed to the generator's context window: the prompt and the answer must fit, so the lowest-ranked
-passages are dropped first (and reported), and a question that does not fit on its own is refused.
+whole passages are dropped first (and reported), and a question that does not fit on its own is refused.
 
 An unbounded prompt is not only wrong (the model sees a truncated or overflowing window) but costly: 17,446 tokens
 into SmolLM2's 8,192 took 175 s for two tokens here.
@@ -18,16 +18,23 @@ class ContextTooLong(ValueError):
     """The question and the answer alone are larger than the generator's window."""
 
 
-def fit_to_window(question: str, passages: list[Candidate], generator, max_new_tokens: int,
-                  ) -> tuple[list[dict[str, str]], list[Candidate]]:
-    """(the messages, the passages dropped to make them fit): passages are kept best first, as many as fit
-    with room for `max_new_tokens` (and a few tokens of the cite-first prefix)."""
+def passage_room(question: str, generator, max_new_tokens: int) -> int:
+    """The tokens left for passages in `generator`'s window once the rules, the question, `max_new_tokens` of answer
+    and the cite-first prefix are counted; a question that leaves none is refused (`ContextTooLong`)."""
     room = generator.context_tokens - max_new_tokens - PREFIX_ROOM
     alone = generator.count_tokens(build_messages(question, []))
     if alone > room:
         raise ContextTooLong(f"the question takes {alone} tokens, and the generator {generator.name!r} has a window "
                              f"of {generator.context_tokens} tokens with {max_new_tokens} kept for the answer: "
                              "shorten the question or lower max_new_tokens")
+    return room - alone
+
+
+def fit_to_window(question: str, passages: list[Candidate], generator, max_new_tokens: int,
+                  ) -> tuple[list[dict[str, str]], list[Candidate]]:
+    """(the messages, the passages dropped to make them fit): whole passages are kept best first, as many as fit
+    with room for `max_new_tokens` (and a few tokens of the cite-first prefix)."""
+    room = passage_room(question, generator, max_new_tokens) + generator.count_tokens(build_messages(question, []))
     low, high = 0, len(passages)  # the most passages that fit: a binary search, each probe one tokenisation
     while low < high:
         middle = (low + high + 1) // 2
@@ -36,4 +43,3 @@ def fit_to_window(question: str, passages: list[Candidate], generator, max_new_t
         else:
             high = middle - 1
     return build_messages(question, passages[:low]), passages[low:]
-

@@ -35,13 +35,13 @@ def _fenced(text: str) -> str:
                             .replace("]", "⟧"), text)
 
 
-PASSAGE_CHARS = 600  # of each passage's text in the prompt (the bundled generator has a small window)
 EXTRACTIVE = "extractive"  # the "generator" of an answer made of the passages' own sentences
 
 
-def build_messages(question: str, passages: list[Candidate], *, max_chars: int = PASSAGE_CHARS,
+def build_messages(question: str, passages: list[Candidate], *, max_chars: int | None = None,
                    excerpts: dict[int, list[str]] | None = None) -> list[dict[str, str]]:
-    """Chat messages: fixed system rules, then the numbered passages and the question as the user turn. With
+    """Chat messages: fixed system rules, then the numbered passages (whole, or their first `max_chars`
+    characters) and the question as the user turn. With
     `excerpts` (passage number → its kept sentences, in document order) a passage shows only those, under its own
     number (so citations still map back), and a passage with none is left out."""
     blocks = []

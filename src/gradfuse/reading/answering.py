@@ -17,9 +17,11 @@ from gradfuse.candidate import Candidate
 from gradfuse.config import Config
 from gradfuse.reading.evidence import Evidence, excerpts, extractive_answer, not_found, passage_sentences
 from gradfuse.generate import BUNDLED_GENERATOR, Citation, fit_to_window, make_generator, parse_citations
-from gradfuse.lm.models import load_tokenizer
-from gradfuse.generate.prompt import EXTRACTIVE, PASSAGE_CHARS, build_messages
+from gradfuse.generate.budget import passage_room
+from gradfuse.generate.prompt import EXTRACTIVE, build_messages
 from gradfuse.query import QueryPipeline, SearchResult
+from gradfuse.reading.attribution import Statement, attribute, attributed_text, is_markers_only
+from gradfuse.reading.context import text_tokens, windows
 from gradfuse.reading.reader import read, read_every
 from gradfuse.reading import support
 from gradfuse.reading.scoring import EvidenceSettings, score_texts
@@ -60,6 +62,9 @@ class Answer:
     evidence: list[Evidence] = field(default_factory=list)  # the passages' sentences it quotes, best first
     support: float | None = None  # the chance that the passages hold the answer (`Workspace.support`)
     abstained: bool = False  # the evidence was too weak: "not found in these sources", with what came closest
+    # A written answer's sentences, each with the passages' sentences that support it (reading/attribution.py).
+    statements: list[Statement] = field(default_factory=list)
+    unsupported: bool = False  # written, and none of its sentences found support in the passages
 
     @property
     def passages(self) -> list[Candidate]:
@@ -158,33 +163,56 @@ class Answerer:
                                                        context_tokens=self.config.context_tokens,
                                                        api_key_env=self.config.api_key_env)
         max_new_tokens = max_new_tokens or self.config.max_new_tokens
-        if model is None:
+        windowed = model is not None and self.config.context != "passages" and self.config.evidence.scorer != "none"
+        if model is None or windowed:  # windows are fitted to the room the question leaves (below)
             messages, dropped = [], []
         else:
             messages, dropped = fit_to_window(question, result.candidates, model, max_new_tokens)
         shown = result.candidates[: len(result.candidates) - len(dropped)]
         started = time.perf_counter()
-        # A generator reads the start of each passage (PASSAGE_CHARS); a quoted answer can quote all of it.
-        evidence = self.evidence(question, shown, gold=search_options.get("gold"),
-                                 chars=None if model is None else PASSAGE_CHARS)
+        # On whole passages, generator or not: "not found" and the quotes do not depend on what a generator reads.
+        evidence = self.evidence(question, shown, gold=search_options.get("gold"))
         chance = self.support(question, evidence)
         result.timings["evidence"] = time.perf_counter() - started
         abstained = support.declines(question, evidence, chance, self.config.evidence.abstain_below)
         if abstained:  # nothing to answer from: no generator writes one
             model = None
-        if model is not None and self.config.context == "evidence" and evidence:
-            tokenizer = load_tokenizer(self.config.rerank.model)
-            kept = excerpts(evidence, lambda text: len(tokenizer.encode(text, add_special_tokens=False)),
-                            self.config.evidence_tokens)
-            messages = build_messages(question, shown, excerpts=kept)
+        if model is not None and windowed:
+            room = passage_room(question, model, max_new_tokens)
+            messages = build_messages(question, shown, excerpts=self._excerpts(evidence, shown, model, room))
         options = {"max_new_tokens": max_new_tokens, "passages": len(shown) if self.config.cite_first else 0}
         within = support.model().second_within if self.config.evidence.scorer == "support" else None
         return _Prepared(result, model, messages, dropped, evidence, options, chance, abstained, within)
+
+    def _excerpts(self, evidence: list[Evidence], shown: list[Candidate], model, room: int) -> dict[int, list[str]]:
+        """What the generator reads of each passage, within `room` tokens: windows around the evidence
+        (`[generator] window_tokens`), or the best sentences alone (context "evidence", `evidence_tokens`)."""
+        count = text_tokens(model)
+        # Each passage's fence and title cost tokens too: a tenth of the room is left for them.
+        if self.config.context == "evidence":
+            return excerpts(evidence, count, min(self.config.evidence_tokens, room * 9 // 10))
+        return windows(evidence, shown, count, min(self.config.window_tokens, room * 9 // 10))
 
     def _answer(self, question: str, text: str, prepared: _Prepared, seconds: float) -> Answer:
         result = prepared.result
         answer = Answer(question, text, [], [], prepared.model.name if prepared.model else EXTRACTIVE, result,
                         {**result.timings, "generation": seconds}, prepared.dropped,
                         prepared.evidence[: self.config.evidence.top], prepared.support, prepared.abstained)
-        answer.citations, answer.invalid_citations = parse_citations(text, answer.passages)
+        if prepared.model is not None:
+            started = time.perf_counter()
+            self._attribute(answer, prepared)
+            answer.timings["attribution"] = time.perf_counter() - started
+        answer.citations, answer.invalid_citations = parse_citations(answer.text, answer.passages)
         return answer
+
+    def _attribute(self, answer: Answer, prepared: _Prepared) -> None:
+        """A written answer cited by what supports each of its sentences; markers alone become the quoted
+        sentences, and an answer nothing supports is marked (or says "not found": `[generator] unsupported`)."""
+        if is_markers_only(answer.text):
+            answer.text = prepared.extract()
+            return
+        answer.statements = attribute(answer.text, answer.question, prepared.evidence, len(answer.passages))
+        answer.text = attributed_text(answer.statements) or answer.text
+        answer.unsupported = not any(s.supported for s in answer.statements)
+        if answer.unsupported and self.config.unsupported == "not_found":
+            answer.text = not_found(prepared.evidence, within=prepared.within, question=answer.question)

@@ -3,6 +3,8 @@ language model (an answer's evidence costs milliseconds instead of a pass of the
 that any of them does (below `[evidence] abstain_below` the answer says "not found in these sources").
 
 The signals of a sentence s for a question q (`SIGNALS`):
+- plain: the share of q's content words that s holds, nothing weighed (the plainest signal: a fitted combination
+  ships only where it beats it on every question set left out of its fit);
 - overlap: the share of q's content words that s holds, each weighted by its rarity among the passages' sentences
   (a word every sentence has says little; a word of q that no sentence has weighs most); before: the overlap of
   the sentence before s in its passage; passage: the overlap of s's whole passage;
@@ -35,7 +37,7 @@ import numpy as np
 
 from gradfuse.reading.evidence import introduces, quoted_first
 
-SIGNALS = ("overlap", "typed", "cosine", "words", "rank", "first", "label", "novel", "before", "passage", "exact",
+SIGNALS = ("plain", "overlap", "typed", "cosine", "words", "rank", "first", "label", "novel", "before", "passage", "exact",
            "reader")
 MODEL_FILE = Path(__file__).with_name("support.json")
 
@@ -144,6 +146,7 @@ def signals(question: str, sentences: list[str], cosines: np.ndarray, passages: 
 
     kind = asks_for(question)
     made = {
+        "plain": lambda: np.array([len(asked & h) / max(1, len(asked)) for h in held]),
         "overlap": lambda: overlap,
         "typed": lambda: np.array([float(holds_asked(kind, s, question)) for s in sentences]),
         "cosine": lambda: np.asarray(cosines, dtype=float),

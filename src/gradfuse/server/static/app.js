@@ -166,7 +166,7 @@ function showAnswer(answer) {
   showPassages(answer.passages, answer.citations.map((c) => c.number));
   showTimings(answer.timings);
   $("answer").innerHTML = linkCitations(answer.answer, answer.passages.length);
-  $("answer").classList.toggle("not-found", answer.abstained);
+  $("answer").classList.toggle("not-found", answer.abstained || answer.unsupported);
   $("answer-section").hidden = false;
   const notes = [];
   if (answer.support !== null && answer.support !== undefined) {
@@ -174,6 +174,9 @@ function showAnswer(answer) {
                                 : `Support ${fmt(answer.support, 2)}: the chance that these passages hold the answer.`);
   }
   if (!answer.citations.length && !answer.abstained) notes.push("The answer cites no passage.");
+  const unbacked = answer.statements.filter((s) => !s.supported).length;
+  if (answer.unsupported) notes.push("Unsupported: no sentence of the passages holds what this answer says.");
+  else if (unbacked) notes.push(`${unbacked} of ${answer.statements.length} sentences of the answer found no support in the passages.`);
   if (answer.invalid_citations.length) notes.push(`Cited numbers with no passage: ${answer.invalid_citations.join(", ")}.`);
   if (answer.dropped && answer.dropped.length) notes.push(`${answer.dropped.length} lower-ranked passage(s) left out to fit the generator's context window.`);
   notes.push(`Written by ${answer.generator_note}; ranking: ${answer.method}.`);

@@ -1,0 +1,74 @@
+"""What a generator reads of the passages (`[generator] context`): windows around the evidence by default.
+
+The prompt used to show each passage's first 600 characters, so a fact later in a passage never reached the LLM
+(issue 70: inside what it read for 34 of 47 questions whose passages held it for 43). A window is a sentence the
+evidence step ranked high with its neighbours in its passage, in the passage's own words; windows are taken best
+first until the token budget is spent, and a passage shows its windows in document order under its own number
+(so citations still map back). The evidence itself is decided on whole passages, generator or not.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from gradfuse.candidate import Candidate
+from gradfuse.reading.evidence import Evidence
+
+NEIGHBOURS = 1  # sentences either side of a chosen one: the sentence that names what a chosen one's "it" means
+_SPACES = re.compile(r"[ \t]+")
+_LINE_BREAKS = re.compile(r"[ \t]*\n\s*")  # with the indent after it and any blank lines
+
+
+def windows(evidence: list[Evidence], passages: list[Candidate], count_tokens: Callable[[str], int], budget: int,
+            neighbours: int = NEIGHBOURS) -> dict[int, list[str]]:
+    """Passage number → its windows' text in document order: the best sentences (`evidence`, best first, every
+    sentence of the passages) each with `neighbours` sentences either side, added while they fit `budget` tokens
+    (the best sentence always). Consecutive sentences are one window, quoted from the passage as written (white
+    space folded)."""
+    order: dict[int, list[Evidence]] = {}
+    for sentence in evidence:
+        order.setdefault(sentence.passage, []).append(sentence)
+    for sentences in order.values():
+        sentences.sort(key=lambda e: e.span)
+    position = {(e.passage, e.span): i for sentences in order.values() for i, e in enumerate(sentences)}
+    kept: dict[int, set[int]] = {}
+    used = 0
+    for sentence in evidence:  # best first
+        index = position[(sentence.passage, sentence.span)]
+        around = range(max(0, index - neighbours), min(len(order[sentence.passage]), index + neighbours + 1))
+        new = [i for i in around if i not in kept.get(sentence.passage, set())]
+        if not new:
+            continue
+        alone = [index] if index in new else []
+        for choice in (new, alone):  # with its neighbours, else alone; the best sentence in any case
+            cost = sum(count_tokens(order[sentence.passage][i].text) for i in choice)
+            if choice and (used + cost <= budget or (not kept and choice is alone)):
+                kept.setdefault(sentence.passage, set()).update(choice)
+                used += cost
+                break
+    return {number: _runs(passages[number - 1].text, order[number], sorted(indices))
+            for number, indices in sorted(kept.items())}
+
+
+def _runs(text: str, sentences: list[Evidence], indices: list[int]) -> list[str]:
+    """The text of each run of consecutive sentences, from the first one's start to the last one's end."""
+    runs: list[list[int]] = []
+    for index in indices:
+        if runs and runs[-1][-1] == index - 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return [_folded(text[sentences[run[0]].span[0]:sentences[run[-1]].span[1]]) for run in runs]
+
+
+def _folded(text: str) -> str:
+    """Runs of spaces as one, indents and blank lines left out (lines stay lines: a table's rows): a man page's or a
+    PDF's layout costs tokens."""
+    return _SPACES.sub(" ", _LINE_BREAKS.sub("\n", text)).strip()
+
+
+def text_tokens(generator) -> Callable[[str], int]:
+    """A text's length in `generator`'s tokens as its prompt counts them (an endpoint's count is an estimate)."""
+    empty = generator.count_tokens([{"role": "user", "content": ""}])
+    return lambda text: max(1, generator.count_tokens([{"role": "user", "content": text}]) - empty)

@@ -1,0 +1,80 @@
+"""Written answers cited by what supports them (issue 70, item 4)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from conftest import write_jsonl
+from gradfuse import SourceSpec, Workspace
+from gradfuse.candidate import Candidate
+from gradfuse.config import Config
+from gradfuse.reading.attribution import attribute, attributed_text, is_markers_only, statements
+from gradfuse.reading.evidence import Evidence, passage_sentences
+
+PASSAGES = [
+    "tmux is a terminal multiplexer. The prefix key is C-b by default. It is changed with the prefix option.",
+    "The status line shows the session name on the left. Its colour is set with the status-style option.",
+    "Windows are numbered from 0. The base-index option makes them start at another number.",
+]
+QUESTION = "What is the default prefix key of tmux?"
+
+
+def _evidence() -> list[Evidence]:
+    passages = [Candidate("manual", f"tmux.{i}", text, 1.0, i) for i, text in enumerate(PASSAGES, start=1)]
+    return [Evidence.of(number, p, span, 0.0) for number, p in enumerate(passages, start=1)
+            for span in passage_sentences(p, p.text)]
+
+
+def test_an_answers_sentences_keep_the_markers_written_after_them():
+    assert statements("The prefix is C-b [1]. Windows start at 0. [3] Done") == [
+        "The prefix is C-b [1].", "Windows start at 0. [3]", "Done"]
+    assert is_markers_only("[2] [3]") and is_markers_only("[1, 2].") and not is_markers_only("C-b [1]")
+
+
+def test_a_marker_is_added_where_none_was_written_and_corrected_where_it_names_the_wrong_passage():
+    found = attribute("The default prefix key is C-b. Windows are numbered from 0 [2].", QUESTION, _evidence(), 3)
+    assert [s.text for s in found] == ["The default prefix key is C-b. [1]", "Windows are numbered from 0 [3]."]
+    assert [s.cited for s in found] == [(1,), (3,)] and found[1].written == (2,)
+    assert found[0].support[0].text == "The prefix key is C-b by default."
+    assert attributed_text(found) == "The default prefix key is C-b. [1] Windows are numbered from 0 [3]."
+
+
+def test_a_marker_naming_a_supporting_passage_is_kept_and_one_beside_it_naming_another_is_left_out():
+    kept = attribute("The prefix key is C-b [1].", QUESTION, _evidence(), 3)[0]
+    assert kept.text == "The prefix key is C-b [1]." and kept.cited == (1,)
+    mixed = attribute("The prefix key is C-b [1, 2].", QUESTION, _evidence(), 3)[0]
+    assert mixed.text == "The prefix key is C-b [1]." and mixed.cited == (1,)
+
+
+def test_a_sentence_joining_two_sentences_of_a_passage_is_supported_by_both():
+    found = attribute("The status line shows the session name, coloured by status-style.", QUESTION, _evidence(), 3)
+    assert [e.text[:15] for e in found[0].support] == ["The status line", "Its colour is s"]
+
+
+def test_a_sentence_nothing_supports_is_left_as_written_and_marked():
+    found = attribute("The prefix key is Ctrl-a, set in ~/.screenrc [1].", QUESTION, _evidence(), 3)
+    assert not found[0].supported and found[0].text == "The prefix key is Ctrl-a, set in ~/.screenrc [1]."
+    assert found[0].cited == (1,)  # what was written, for the reader to weigh
+
+
+@pytest.mark.slow
+def test_a_written_answer_cites_what_supports_it_in_the_library_and_the_json(tmp_path):
+    from gradfuse.schemas import answer_record
+
+    rows = [{"id": f"tmux{i}", "title": "tmux", "text": text} for i, text in enumerate(PASSAGES)]
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    ws.index(SourceSpec("manual", "jsonl", str(write_jsonl(tmp_path / "m.jsonl", rows))))
+    ws.config = replace(ws.config, answer="generate")
+    answer = ws.ask(QUESTION, method="rrf", context_k=3, max_new_tokens=40)  # the bundled SmolLM2 writes it
+    assert answer.statements and answer.generator == "smollm2"
+    for statement in answer.statements:
+        if statement.supported:  # every marker of a supported sentence names a passage that supports it
+            assert set(statement.cited) <= {e.passage for e in statement.support} | set(
+                n for n in statement.cited if any(e.passage == n for e in answer.evidence))
+            assert statement.support[0].passage in statement.cited or statement.written
+    record = answer_record(answer)
+    assert record.unsupported == answer.unsupported == (not any(s.supported for s in answer.statements))
+    assert [s.text for s in record.statements] == [s.text for s in answer.statements]
+    assert record.answer == " ".join(s.text for s in answer.statements)
