@@ -10,7 +10,7 @@ from conftest import write_jsonl
 from gradfuse import SourceSpec, Workspace
 from gradfuse.candidate import Candidate
 from gradfuse.config import Config
-from gradfuse.reading.attribution import attribute, attributed_text, is_markers_only, statements
+from gradfuse.reading.attribution import attribute, attributed_text, says_nothing, statements
 from gradfuse.reading.evidence import Evidence, passage_sentences
 
 PASSAGES = [
@@ -30,7 +30,9 @@ def _evidence() -> list[Evidence]:
 def test_an_answers_sentences_keep_the_markers_written_after_them():
     assert statements("The prefix is C-b [1]. Windows start at 0. [3] Done") == [
         "The prefix is C-b [1].", "Windows start at 0. [3]", "Done"]
-    assert is_markers_only("[2] [3]") and is_markers_only("[1, 2].") and not is_markers_only("C-b [1]")
+    assert says_nothing("[2] [3]", QUESTION) and says_nothing("[1, 2].", QUESTION)
+    assert says_nothing("[2] tmux[1]", QUESTION)  # the question's own word: nothing it did not know
+    assert not says_nothing("C-b [1]", QUESTION) and not says_nothing("Yes, tmux has a prefix key.", QUESTION)
 
 
 def test_a_marker_is_added_where_none_was_written_and_corrected_where_it_names_the_wrong_passage():
@@ -78,3 +80,26 @@ def test_a_written_answer_cites_what_supports_it_in_the_library_and_the_json(tmp
     assert record.unsupported == answer.unsupported == (not any(s.supported for s in answer.statements))
     assert [s.text for s in record.statements] == [s.text for s in answer.statements]
     assert record.answer == " ".join(s.text for s in answer.statements)
+
+
+@pytest.mark.slow
+def test_markers_alone_become_the_quotes_and_an_unsupported_answer_says_not_found_where_set(tmp_path):
+    from gradfuse.reading.answering import Answer
+    from gradfuse.reading.evidence import NOT_FOUND
+
+    rows = [{"id": f"tmux{i}", "title": "tmux", "text": text} for i, text in enumerate(PASSAGES)]
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    ws.index(SourceSpec("manual", "jsonl", str(write_jsonl(tmp_path / "m.jsonl", rows))))
+    prepared = ws.answers._prepare(QUESTION, None, 3, None, {})  # the passages and evidence a writer would get
+
+    def written(text: str) -> Answer:  # what an LLM might write, checked as _answer checks it
+        answer = Answer(QUESTION, text, [], [], "an LLM", prepared.result)
+        ws.answers._attribute(answer, prepared)
+        return answer
+
+    assert written("[2] [3]").text == prepared.extract() == written("[1] tmux [2]").text
+    wrong = written("It is Ctrl-a, as in GNU screen.")
+    assert wrong.unsupported and wrong.text == "It is Ctrl-a, as in GNU screen."  # marked, left as written
+    ws.config = replace(ws.config, unsupported="not_found")
+    assert written("It is Ctrl-a, as in GNU screen.").text.startswith(NOT_FOUND)
+    assert not written("The prefix key is C-b.").unsupported

@@ -20,7 +20,7 @@ from gradfuse.generate import BUNDLED_GENERATOR, Citation, fit_to_window, make_g
 from gradfuse.generate.budget import passage_room
 from gradfuse.generate.prompt import EXTRACTIVE, build_messages
 from gradfuse.query import QueryPipeline, SearchResult
-from gradfuse.reading.attribution import Statement, attribute, attributed_text, is_markers_only
+from gradfuse.reading.attribution import Statement, attribute, attributed_text, says_nothing
 from gradfuse.reading.context import text_tokens, windows
 from gradfuse.reading.reader import read, read_every
 from gradfuse.reading import support
@@ -206,9 +206,9 @@ class Answerer:
         return answer
 
     def _attribute(self, answer: Answer, prepared: _Prepared) -> None:
-        """A written answer cited by what supports each of its sentences; markers alone become the quoted
-        sentences, and an answer nothing supports is marked (or says "not found": `[generator] unsupported`)."""
-        if is_markers_only(answer.text):
+        """A written answer cited by what supports each of its sentences; markers alone (`says_nothing`) become the
+        quoted sentences, and an answer nothing supports is marked (or says "not found": `[generator] unsupported`)."""
+        if says_nothing(answer.text, answer.question):
             answer.text = prepared.extract()
             return
         answer.statements = attribute(answer.text, answer.question, prepared.evidence, len(answer.passages))

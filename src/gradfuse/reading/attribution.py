@@ -46,9 +46,11 @@ def statements(answer: str) -> list[str]:
     return [p for p in (*pieces, answer[start:].strip()) if p]
 
 
-def is_markers_only(answer: str) -> bool:
-    """Whether an answer is citation markers and nothing to read ("[2] [3]")."""
-    return bool(_MARKERS.search(answer)) and not _MARKERS.sub("", answer).strip(" .,;:")
+def says_nothing(answer: str, question: str) -> bool:
+    """Whether an answer is citation markers with at most a few of the question's own words ("[2] [3]", "[2]
+    sqlite[1]"): nothing to read, nothing to check."""
+    text = _MARKERS.sub(" ", answer)
+    return len(text.split()) < 4 and not set(content_words(text)) - set(content_words(question))
 
 
 def attribute(answer: str, question: str, evidence: list[Evidence], passages: int) -> list[Statement]:
