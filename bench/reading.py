@@ -12,7 +12,8 @@ for a terminal of 80 columns), built in one workspace; every question is asked o
 - declined: "not found" for a question without an answer; declined wrongly: for one with an answer;
 - then each sentence scorer on the same five passages, quoted by the same rules (the best two sentences): the shipped
   one (`support`), and beside it the plainest signals: plain overlap (the share of the question's content words a
-  sentence holds, nothing weighed), the encoder's cosine, BM25 over the passages' sentences.
+  sentence holds, nothing weighed), rarity-weighted overlap (`support`'s signal before issue 70), the encoder's
+  cosine, BM25 over the passages' sentences.
 - what an LLM reads of the five passages (`[generator] context`, by an endpoint's count of tokens): the fact inside
   the windows around the evidence (the default), and inside each passage's first 600 characters (the prompt before
   issue 70), measured with no LLM;
@@ -52,6 +53,7 @@ from llm_server import GGUFS, LICENCE, served
 from gradfuse import SourceSpec, Workspace
 from gradfuse.config import Config
 from gradfuse.eval.record import ResultsFile
+from gradfuse.generate import parse_citations
 from gradfuse.generate.openai_http import CHARS_PER_TOKEN
 from gradfuse.reading import support
 from gradfuse.reading.context import windows
@@ -68,7 +70,7 @@ SQLITE = Path("/usr/share/doc/sqlite3")
 SQLITE_PAGES = ("lang_*.html", "pragma.html", "limits.html", "datatype3.html", "foreignkeys.html", "json1.html")
 FAMILIES = {"sqlite": "sqlite3-doc", "lua": "lua5.2-doc", "gnuplot": "gnuplot-doc", "jq": "jq", "tmux": "tmux",
             "curl": "curl"}
-SCORERS = ("support", "plain overlap", "cosine", "bm25")
+SCORERS = ("support", "plain overlap", "rarity overlap", "cosine", "bm25")
 BEFORE_CHARS = 600  # what the prompt showed of each passage before issue 70
 LLM_ROWS = ("written holds", "declined", "declined wrongly", "cites as written", "cites", "cited holds",
             "unsupported")
@@ -150,7 +152,9 @@ def scorer_answers(ws: Workspace, question: str, passages) -> dict[str, str]:
     cosine = ws.evidence(question, passages, settings=replace(ws.config.evidence, scorer="cosine"))
     answers["cosine"] = extractive_answer(cosine, question=question)
     texts = [e.quoted() for e in shipped]
-    for name, values in (("plain overlap", plain_overlap(question, texts)), ("bm25", sentence_bm25(question, texts))):
+    rarity = support.signals(question, texts, np.zeros(len(texts)), [e.passage for e in shipped], only=("overlap",))
+    for name, values in (("plain overlap", plain_overlap(question, texts)), ("rarity overlap", rarity["overlap"]),
+                         ("bm25", sentence_bm25(question, texts))):
         rescored = sorted((replace(e, score=float(v)) for e, v in zip(shipped, values)),
                           key=lambda e: (-e.score, e.passage, e.span))
         answers[name] = extractive_answer(rescored, question=question)
@@ -169,12 +173,13 @@ def read_by_llm(ws: Workspace, question: str, passages) -> dict[str, str]:
 def written(ws: Workspace, question: dict, generator: str, quoted_declined: bool) -> dict:
     """The rows of the answer `generator` writes (see the module's text)."""
     answer = ws.ask(question["question"], context_k=K, generator=generator)
-    markers = [s for s in answer.statements if s.written]
+    markers = parse_citations(answer.written or "", answer.passages)[0]  # as the LLM wrote them
     row = {"llm answer": answer.text, "llm declined": answer.abstained, "same decline": answer.abstained ==
            quoted_declined, "llm seconds": answer.timings.get("generation"),
            "llm unsupported": float(answer.unsupported) if not answer.abstained else None,
            "llm cites as written": float(bool(markers)) if not answer.abstained else None,
-           "llm cites": float(bool(answer.citations)) if not answer.abstained else None}
+           "llm cites": float(bool(answer.citations) and not answer.unsupported) if not answer.abstained else None,
+           "llm replaced": float(not answer.statements) if not answer.abstained else None}
     if question["kind"] == "answerable":
         row["llm holds"] = float(not answer.abstained and holds(question, answer.text))
         cited = [answer.passages[c.number - 1] for c in answer.citations]
@@ -230,6 +235,7 @@ def summarise(rows: list[dict]) -> dict:
             "same decline as quoted": share(r["same decline"] for r in rows),
             "cites as written": share(r["llm cites as written"] for r in written_rows),
             "cites": share(r["llm cites"] for r in written_rows),
+            "replaced by quotes": share(r["llm replaced"] for r in written_rows),
             "cited holds": share(r["llm cited holds"] for r in answerable if r["llm cited holds"] is not None),
             "unsupported": share(r["llm unsupported"] for r in written_rows),
             "generation seconds p50": round(float(np.median([r["llm seconds"] for r in written_rows])), 2)
@@ -265,11 +271,13 @@ def markdown(results: ResultsFile, versions: dict[str, str], generator: str | No
         lines += ["", f"Written by {results.header.get('llm')} behind llama.cpp's server: the written answer "
                   "holds the fact (answerable); \"not found\" (no answer; answerable: wrongly), the same decision as "
                   "the quoted answer's; of the answers written (not declined): a citation as the LLM wrote it, a "
-                  "citation after attribution, marked unsupported; of the right ones, a cited passage holds the fact.",
+                  "citation after attribution on a sentence the passages support, replaced by the quoted sentences "
+                  "(markers alone), marked unsupported; of the right ones, a cited passage holds the fact.",
                   "", *_table(results, [("written holds", "written holds"), ("declined", "declined"),
                                         ("declined wrongly", "declined wrongly"),
                                         ("same decline as quoted", "same decline as quoted"),
-                                        ("cites as written", "cites as written"), ("cites", "cites"),
+                                        ("cites as written", "cites as written"), ("cites support", "cites"),
+                                        ("replaced by quotes", "replaced by quotes"),
                                         ("cited holds", "cited holds"), ("unsupported", "unsupported"),
                                         ("generation s p50", "generation seconds p50")])]
     return "\n".join(lines)

@@ -429,7 +429,9 @@ def test_ask_streams_search_then_tokens_then_the_answer(workspace):
     search, answer = events[0][1], events[-1][1]
     assert search["selection"]["chosen"] and "rerank:reader_gate" in search["candidates"][0]["scores"]
     assert search["rerank"]["score_key"] == "rerank:reader_gate" and search["rerank"]["scorer"] == "gradient"
-    assert "".join(data["text"] for name, data in events if name == "token").strip() == answer["answer"]
+    # The tokens as the model wrote them; the answer event's text with its citations corrected.
+    assert "".join(data["text"] for name, data in events if name == "token").strip() == answer["written"]
+    assert answer["statements"] and answer["answer"] == " ".join(s["text"] for s in answer["statements"])
     assert answer["answer"] == plain["answer"]  # greedy decoding: streamed or not, the same answer
     assert answer["citations"] and {"retrieval", "selection", "lm_pass", "generation"} <= set(answer["timings"])
 

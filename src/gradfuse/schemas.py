@@ -180,6 +180,8 @@ class AnswerRecord(BaseModel):
     abstained: bool = Field(False, description="the evidence was too weak ([evidence] abstain_below): the answer "
                                                "says it was not found, and quotes what came closest")
     unsupported: bool = Field(False, description="a written answer none of whose sentences the passages support")
+    written: str | None = Field(None, description="a generator's own text (what a stream sent), before its "
+                                "citations were corrected")
     statements: list[StatementRecord] = Field(default_factory=list, description="a written answer's sentences, "
                                               "each with the passages' sentences that support it")
 
@@ -262,7 +264,7 @@ def answer_record(answer: Answer) -> AnswerRecord:
         method=answer.search.method, selection=_selection(answer.search), routing=_routing(answer.search),
         rerank=_rerank(answer.search),
         timings=answer.timings, evidence=[evidence_record(e) for e in answer.evidence], support=answer.support,
-        abstained=answer.abstained, unsupported=answer.unsupported,
+        abstained=answer.abstained, unsupported=answer.unsupported, written=answer.written,
         statements=[StatementRecord(text=s.text, cited=list(s.cited), supported=s.supported,
                                     support=[evidence_record(e) for e in s.support]) for s in answer.statements],
     )

@@ -65,6 +65,7 @@ class Answer:
     # A written answer's sentences, each with the passages' sentences that support it (reading/attribution.py).
     statements: list[Statement] = field(default_factory=list)
     unsupported: bool = False  # written, and none of its sentences found support in the passages
+    written: str | None = None  # the generator's own text (what a stream sent), before its citations were corrected
 
     @property
     def passages(self) -> list[Candidate]:
@@ -208,6 +209,7 @@ class Answerer:
     def _attribute(self, answer: Answer, prepared: _Prepared) -> None:
         """A written answer cited by what supports each of its sentences; markers alone (`says_nothing`) become the
         quoted sentences, and an answer nothing supports is marked (or says "not found": `[generator] unsupported`)."""
+        answer.written = answer.text
         if says_nothing(answer.text, answer.question):
             answer.text = prepared.extract()
             return
