@@ -289,7 +289,7 @@ def main() -> int:
     parser.add_argument("--llm", choices=sorted(GGUFS), help="an LLM served by llama.cpp writes answers too")
     args = parser.parse_args()
     with served(args.llm) if args.llm else nullcontext() as generator:
-        return run(args.out, args.llm, generator)
+        return run(args.out.resolve(), args.llm, generator)
 
 
 def run(out: Path, llm: str | None, generator: str | None) -> int:
@@ -304,11 +304,12 @@ def run(out: Path, llm: str | None, generator: str | None) -> int:
         prepare(family, WORK / "inputs" / family)
         print(ws.index(SourceSpec(family, "files", str(WORK / "inputs" / family)), progress=True).status, family,
               flush=True)
-    command = " ".join(["python bench/reading.py", *([f"--llm {llm}"] if llm else []),
+    capability = os.environ.get("ATEN_CPU_CAPABILITY")
+    command = " ".join([*([f"ATEN_CPU_CAPABILITY={capability}"] if capability else []), "python bench/reading.py", *([f"--llm {llm}"] if llm else []),
                         *([f"--out {out.relative_to(ROOT)}"] if out != OUT else [])])
     results = ResultsFile.start(out, command, questions=len(questions), k=K, packages=versions,
                                 evaluation_only=True, window_tokens=ws.config.window_tokens,
-                                cpu_capability=os.environ.get("ATEN_CPU_CAPABILITY", "native"),
+                                cpu_capability=capability or "native",
                                 **({"llm": f"{GGUFS[llm][0]}, {LICENCE}"} if llm else {}))
     rows = []
     for n, question in enumerate(questions, start=1):
