@@ -51,8 +51,8 @@ clean:
 # Benchmarks report numbers into committed files under results/; they are not tests. Each benchmark file in
 # benchmarks/ also has a small --quick variant whose expected scores sit next to it (checked by the tests).
 BENCHMARKS := federated qa dl19
-.PHONY: bench bench-sync bench-ray-build bench-access bench-chaos bench-overlap bench-selection-default bench-soft-selection bench-skeleton bench-serve bench-postgres bench-engines bench-conversation bench-stage2 bench-defaults bench-conditional bench-scale bench-evidence bench-documents bench-answers bench-reading bench-reading-llm bench-fusion bench-default bench-latency bench-indexing bench-precision bench-many-sources bench-few-sources $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
-bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-defaults bench-stage2 bench-conditional bench-serve bench-postgres bench-engines bench-conversation bench-scale bench-evidence bench-documents bench-answers bench-reading bench-reading-llm bench-fusion bench-default bench-latency bench-indexing bench-precision bench-chaos bench-overlap bench-selection-default bench-soft-selection bench-many-sources bench-few-sources bench-access bench-sync bench-ray-build
+.PHONY: bench bench-sync bench-ray-build bench-access bench-chaos bench-overlap bench-selection-default bench-soft-selection bench-skeleton bench-serve bench-postgres bench-engines bench-conversation bench-stage2 bench-defaults bench-conditional bench-scale bench-evidence bench-documents bench-answers bench-reading bench-reading-llm bench-reading-llamaindex bench-fusion bench-default bench-latency bench-indexing bench-precision bench-many-sources bench-few-sources $(addprefix bench-,$(BENCHMARKS)) $(addsuffix -quick,$(addprefix bench-,$(BENCHMARKS)))
+bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-defaults bench-stage2 bench-conditional bench-serve bench-postgres bench-engines bench-conversation bench-scale bench-evidence bench-documents bench-answers bench-reading bench-reading-llm bench-reading-llamaindex bench-fusion bench-default bench-latency bench-indexing bench-precision bench-chaos bench-overlap bench-selection-default bench-soft-selection bench-many-sources bench-few-sources bench-access bench-sync bench-ray-build
 
 # What permissions cost a question: p50 with and without them over the federated benchmark's nine sources, by the
 # library and over HTTP (results/access/; about 15 min, most of it embedding three corpora once).
@@ -149,6 +149,10 @@ bench-reading: install
 
 bench-reading-llm: install
 	$(BIN)/python bench/reading.py --llm qwen0.5b --out results/reading/llm-qwen0.5b
+
+# LlamaIndex's default query engine with the same LLM and passages, beside it (results/reading/llamaindex/).
+bench-reading-llamaindex: bench-reading
+	$(BIN)/python bench/reading_llamaindex.py
 
 # Answers over real documents, a third of the questions with no answer anywhere: the evidence scorer and the
 # "not found" threshold fitted on the dev questions, then every method on the test questions (results/answers/).
