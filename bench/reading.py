@@ -174,7 +174,7 @@ def written(ws: Workspace, question: dict, generator: str, quoted_declined: bool
     """The rows of the answer `generator` writes (see the module's text)."""
     answer = ws.ask(question["question"], context_k=K, generator=generator)
     markers = parse_citations(answer.written or "", answer.passages)[0]  # as the LLM wrote them
-    row = {"llm answer": answer.text, "llm declined": answer.abstained, "same decline": answer.abstained ==
+    row = {"llm answer": answer.text, "llm written": answer.written, "llm declined": answer.abstained, "same decline": answer.abstained ==
            quoted_declined, "llm seconds": answer.timings.get("generation"),
            "llm unsupported": float(answer.unsupported) if not answer.abstained else None,
            "llm cites as written": float(bool(markers)) if not answer.abstained else None,

@@ -10,7 +10,7 @@ from conftest import write_jsonl
 from gradfuse import SourceSpec, Workspace
 from gradfuse.candidate import Candidate
 from gradfuse.config import Config
-from gradfuse.reading.attribution import attribute, attributed_text, says_nothing, statements
+from gradfuse.reading.attribution import attribute, attributed_text, says_nothing, statement_spans, unsupported
 from gradfuse.reading.evidence import Evidence, passage_sentences
 
 PASSAGES = [
@@ -27,12 +27,20 @@ def _evidence() -> list[Evidence]:
             for span in passage_sentences(p, p.text)]
 
 
+def _sentences(answer: str) -> list[str]:
+    return [answer[a:b] for a, b in statement_spans(answer)]
+
+
 def test_an_answers_sentences_keep_the_markers_written_after_them():
-    assert statements("The prefix is C-b [1]. Windows start at 0. [3] Done") == [
+    assert _sentences("The prefix is C-b [1]. Windows start at 0. [3] Done") == [
         "The prefix is C-b [1].", "Windows start at 0. [3]", "Done"]
+    assert _sentences("Use a prefix, e.g. C-b. It is set by Mr. T. Smith [1].") == [
+        "Use a prefix, e.g. C-b.", "It is set by Mr. T. Smith [1]."]  # abbreviations and initials end nothing
     assert says_nothing("[2] [3]", QUESTION) and says_nothing("[1, 2].", QUESTION)
     assert says_nothing("[2] tmux[1]", QUESTION)  # the question's own word: nothing it did not know
     assert not says_nothing("C-b [1]", QUESTION) and not says_nothing("Yes, tmux has a prefix key.", QUESTION)
+    assert says_nothing("According to passage [2", QUESTION)  # a local model's cite-first frame, and no more
+    assert not says_nothing("No [1].", QUESTION)  # an answer, if a short one
 
 
 def test_a_marker_is_added_where_none_was_written_and_corrected_where_it_names_the_wrong_passage():
@@ -40,7 +48,9 @@ def test_a_marker_is_added_where_none_was_written_and_corrected_where_it_names_t
     assert [s.text for s in found] == ["The default prefix key is C-b. [1]", "Windows are numbered from 0 [3]."]
     assert [s.cited for s in found] == [(1,), (3,)] and found[1].written == (2,)
     assert found[0].support[0].text == "The prefix key is C-b by default."
-    assert attributed_text(found) == "The default prefix key is C-b. [1] Windows are numbered from 0 [3]."
+    written = "The default prefix key is C-b.\nWindows are numbered from 0 [2]."
+    assert attributed_text(written, attribute(written, QUESTION, _evidence(), 3)) == \
+        "The default prefix key is C-b. [1]\nWindows are numbered from 0 [3]."  # its line breaks kept
 
 
 def test_a_marker_naming_a_supporting_passage_is_kept_and_one_beside_it_naming_another_is_left_out():
@@ -48,6 +58,25 @@ def test_a_marker_naming_a_supporting_passage_is_kept_and_one_beside_it_naming_a
     assert kept.text == "The prefix key is C-b [1]." and kept.cited == (1,)
     mixed = attribute("The prefix key is C-b [1, 2].", QUESTION, _evidence(), 3)[0]
     assert mixed.text == "The prefix key is C-b [1]." and mixed.cited == (1,)
+
+
+def test_code_indices_are_no_markers_and_the_cite_first_frame_is_no_claim():
+    from gradfuse.generate import parse_citations
+
+    shown = [Candidate("manual", f"tmux.{i}", text, 1.0, i) for i, text in enumerate(PASSAGES, start=1)]
+    cited, invalid = parse_citations("jq's .[0], f(x)[2], a[1][2] and `t[3]` are code [1].", shown)
+    assert [c.number for c in cited] == [1] and not invalid
+    found = attribute("The prefix key is `C-b` by default [3].", QUESTION, _evidence(), 3)
+    assert found[0].text == "The prefix key is `C-b` by default [1]."
+    framed = attribute("According to passage [1], the prefix key is C-b.", QUESTION, _evidence(), 3)[0]
+    assert framed.supported and framed.cited == (1,)
+
+
+def test_a_sentence_with_nothing_to_check_is_left_and_counts_for_nothing():
+    found = attribute("No [2]. The prefix key is C-b [1].", QUESTION, _evidence(), 3)
+    assert not found[0].checked and found[0].text == "No [2]." and not unsupported(found)
+    assert not unsupported(attribute("Yes.", QUESTION, _evidence(), 3))  # nothing said, nothing unsupported
+    assert unsupported(attribute("No. It is Ctrl-a in ~/.screenrc.", QUESTION, _evidence(), 3))
 
 
 def test_a_sentence_joining_two_sentences_of_a_passage_is_supported_by_both():

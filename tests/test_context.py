@@ -9,9 +9,9 @@ import pytest
 
 from conftest import write_jsonl
 from gradfuse import SourceSpec, Workspace
-from gradfuse.candidate import Candidate
+from gradfuse.candidate import Candidate, Location
 from gradfuse.config import Config
-from gradfuse.reading.context import windows
+from gradfuse.reading.context import every_sentence, windows
 from gradfuse.reading.evidence import Evidence, passage_sentences
 
 FILLER = [f"The {word} section of the manual describes how the {word} layout is drawn on a terminal screen."
@@ -60,6 +60,19 @@ def test_a_window_keeps_lines_as_lines_and_folds_a_man_pages_spacing():
     text = windows(evidence, passages, _words, budget=100)[1]
     assert text == ["When a pseudo-terminal has been requested, ssh supports a number of functions.\n"
                     "The escape character must always follow a newline to be interpreted."]
+
+
+def test_text_between_two_sentences_that_was_not_counted_splits_their_window_and_a_table_keeps_its_header():
+    code = "\n".join(f"    x{i} = f(x{i - 1})" for i in range(200))  # no sentence: not counted by the budget
+    text = f"{FACT}\n\n{code}\n\n{AFTER}"
+    passages = [Candidate("manual", "ssh.1", text, 1.0, 1)]
+    kept = windows(_evidence(passages, {FACT: 2.0}), passages, _words, budget=30)
+    assert kept[1] == [FACT, AFTER]  # two windows, the code between them left out
+    table = Candidate("sheet", "costs.csv#0", "Year | Revenue\n2019 | 4.5\n2020 | 5.1", 1.0, 1,
+                      location=Location("costs.csv", rows=(1, 2)))
+    rows = every_sentence([], [table])  # nothing valued: every row, in order
+    assert windows(rows, [table], _words, budget=100)[1] == ["Year | Revenue\n2019 | 4.5\n2020 | 5.1"]
+    assert windows(rows[1:], [table], _words, budget=3)[1] == ["Year | Revenue\n2020 | 5.1"]
 
 
 @pytest.mark.slow

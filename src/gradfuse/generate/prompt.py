@@ -25,7 +25,9 @@ _FENCE = re.compile(r"<\s*/?\s*passage\b[^>]*>", flags=re.IGNORECASE)
 # Chat-template markers (<|im_start|>, <|eot_id|>, </s>, [INST]): a local model's tokenizer reads passage text
 # with special tokens off (generate/local.py), but an endpoint renders and tokenises the prompt itself.
 _TURN_MARKER = re.compile(r"<\|[^|<>\s]{1,40}\|>|</?s>|\[/?INST\]", flags=re.IGNORECASE)
-_CITATION = re.compile(r"\[(\d+(?:\s*,\s*\d+)*)\]")
+# A citation marker: [2] or [1, 3], but not a code span's brackets (`t[1]`) nor an index after a dot, a bracket or
+# a parenthesis (jq's .[0], a[1][2], f(x)[1]): group 1 is a code span (left alone), group 2 a marker's numbers.
+CITATION_MARKER = re.compile(r"(`[^`\n]*`)|(?<![.\])_])\[(\d+(?:\s*,\s*\d+)*)\]")
 
 
 def _fenced(text: str) -> str:
@@ -70,8 +72,10 @@ def parse_citations(answer: str, passages: list[Candidate]) -> tuple[list[Citati
     """Citations in order of first mention, mapped to source/doc id; numbers with no passage are returned apart."""
     cited: dict[int, Citation] = {}
     invalid: list[int] = []
-    for match in _CITATION.finditer(answer):
-        for number in (int(n) for n in match.group(1).split(",")):
+    for match in CITATION_MARKER.finditer(answer):
+        if match.group(1):
+            continue
+        for number in (int(n) for n in match.group(2).split(",")):
             if 1 <= number <= len(passages):
                 p = passages[number - 1]
                 cited.setdefault(number, Citation(number, p.source, p.doc_id, p.title, p.location))

@@ -20,8 +20,8 @@ from gradfuse.generate import BUNDLED_GENERATOR, Citation, fit_to_window, make_g
 from gradfuse.generate.budget import passage_room
 from gradfuse.generate.prompt import EXTRACTIVE, build_messages
 from gradfuse.query import QueryPipeline, SearchResult
-from gradfuse.reading.attribution import Statement, attribute, attributed_text, says_nothing
-from gradfuse.reading.context import text_tokens, windows
+from gradfuse.reading.attribution import Statement, attribute, attributed_text, says_nothing, unsupported
+from gradfuse.reading.context import every_sentence, text_tokens, windows
 from gradfuse.reading.reader import read, read_every
 from gradfuse.reading import support
 from gradfuse.reading.scoring import EvidenceSettings, score_texts
@@ -179,20 +179,33 @@ class Answerer:
         if abstained:  # nothing to answer from: no generator writes one
             model = None
         if model is not None and windowed:
-            room = passage_room(question, model, max_new_tokens)
-            messages = build_messages(question, shown, excerpts=self._excerpts(evidence, shown, model, room))
+            messages = self._windowed(question, evidence, shown, model, max_new_tokens)
+            if not messages:  # no sentence to build windows from (code, lists): whole passages, as many as fit
+                messages, dropped = fit_to_window(question, result.candidates, model, max_new_tokens)
+                shown = result.candidates[: len(result.candidates) - len(dropped)]
         options = {"max_new_tokens": max_new_tokens, "passages": len(shown) if self.config.cite_first else 0}
         within = support.model().second_within if self.config.evidence.scorer == "support" else None
         return _Prepared(result, model, messages, dropped, evidence, options, chance, abstained, within)
 
-    def _excerpts(self, evidence: list[Evidence], shown: list[Candidate], model, room: int) -> dict[int, list[str]]:
-        """What the generator reads of each passage, within `room` tokens: windows around the evidence
-        (`[generator] window_tokens`), or the best sentences alone (context "evidence", `evidence_tokens`)."""
+    def _windowed(self, question: str, evidence: list[Evidence], shown: list[Candidate], model,
+                  max_new_tokens: int) -> list[dict[str, str]]:
+        """The prompt from what the generator reads of each passage: windows around the evidence (`[generator]
+        window_tokens`), or the best sentences alone (context "evidence", `evidence_tokens`), within the room the
+        question leaves (fences and titles counted: the budget shrinks until the whole prompt fits); [] where
+        there is nothing to read."""
+        room = passage_room(question, model, max_new_tokens)
+        fits = room + model.count_tokens(build_messages(question, []))
         count = text_tokens(model)
-        # Each passage's fence and title cost tokens too: a tenth of the room is left for them.
-        if self.config.context == "evidence":
-            return excerpts(evidence, count, min(self.config.evidence_tokens, room * 9 // 10))
-        return windows(evidence, shown, count, min(self.config.window_tokens, room * 9 // 10))
+        budget = min(self.config.evidence_tokens if self.config.context == "evidence" else self.config.window_tokens,
+                     room)
+        sentences = every_sentence(evidence, shown)
+        while True:
+            kept = (excerpts(sentences, count, budget) if self.config.context == "evidence"
+                    else windows(sentences, shown, count, budget))
+            messages = build_messages(question, shown, excerpts=kept) if kept else []
+            if not messages or model.count_tokens(messages) <= fits or budget <= 1:
+                return messages
+            budget = budget * 3 // 4
 
     def _answer(self, question: str, text: str, prepared: _Prepared, seconds: float) -> Answer:
         result = prepared.result
@@ -213,8 +226,9 @@ class Answerer:
         if says_nothing(answer.text, answer.question):
             answer.text = prepared.extract()
             return
-        answer.statements = attribute(answer.text, answer.question, prepared.evidence, len(answer.passages))
-        answer.text = attributed_text(answer.statements) or answer.text
-        answer.unsupported = not any(s.supported for s in answer.statements)
+        sentences = every_sentence(prepared.evidence, answer.passages)  # LM scorers value the first passages only
+        answer.statements = attribute(answer.text, answer.question, sentences, len(answer.passages))
+        answer.text = attributed_text(answer.text, answer.statements)
+        answer.unsupported = unsupported(answer.statements)
         if answer.unsupported and self.config.unsupported == "not_found":
             answer.text = not_found(prepared.evidence, within=prepared.within, question=answer.question)

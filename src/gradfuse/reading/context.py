@@ -13,9 +13,10 @@ import re
 from collections.abc import Callable
 
 from gradfuse.candidate import Candidate
-from gradfuse.reading.evidence import Evidence
+from gradfuse.reading.evidence import Evidence, is_table, passage_sentences
 
 NEIGHBOURS = 1  # sentences either side of a chosen one: the sentence that names what a chosen one's "it" means
+JOINED_GAP = 40  # characters between two sentences a window shows as one run (more: a code block, a table)
 _SPACES = re.compile(r"[ \t]+")
 _LINE_BREAKS = re.compile(r"[ \t]*\n\s*")  # with the indent after it and any blank lines
 
@@ -47,25 +48,39 @@ def windows(evidence: list[Evidence], passages: list[Candidate], count_tokens: C
                 kept.setdefault(sentence.passage, set()).update(choice)
                 used += cost
                 break
-    return {number: _runs(passages[number - 1].text, order[number], sorted(indices))
+    return {number: _runs(passages[number - 1], order[number], sorted(indices))
             for number, indices in sorted(kept.items())}
 
 
-def _runs(text: str, sentences: list[Evidence], indices: list[int]) -> list[str]:
-    """The text of each run of consecutive sentences, from the first one's start to the last one's end."""
+def _runs(passage: Candidate, sentences: list[Evidence], indices: list[int]) -> list[str]:
+    """The text of each run of consecutive sentences, from the first one's start to the last one's end (two
+    sentences with more than `JOINED_GAP` characters between them, which were not counted, are two runs); a table's
+    header row opens its first run (a row's values alone say nothing)."""
     runs: list[list[int]] = []
     for index in indices:
-        if runs and runs[-1][-1] == index - 1:
+        if runs and runs[-1][-1] == index - 1 and \
+                sentences[index].span[0] - sentences[index - 1].span[1] <= JOINED_GAP:
             runs[-1].append(index)
         else:
             runs.append([index])
-    return [_folded(text[sentences[run[0]].span[0]:sentences[run[-1]].span[1]]) for run in runs]
+    shown = [_folded(passage.text[sentences[run[0]].span[0]:sentences[run[-1]].span[1]]) for run in runs]
+    if is_table(passage) and shown:
+        shown[0] = f"{passage.text.split(chr(10), 1)[0]}\n{shown[0]}"
+    return shown
 
 
 def _folded(text: str) -> str:
     """Runs of spaces as one, indents and blank lines left out (lines stay lines: a table's rows): a man page's or a
     PDF's layout costs tokens."""
     return _SPACES.sub(" ", _LINE_BREAKS.sub("\n", text)).strip()
+
+
+def every_sentence(evidence: list[Evidence], passages: list[Candidate]) -> list[Evidence]:
+    """`evidence` (best first), then every sentence of a passage it did not value (an LM scorer values the first
+    passages only), in passage order: what windows are built from and an answer is checked against."""
+    valued = {e.passage for e in evidence}
+    return evidence + [Evidence.of(number, p, span, float("-inf")) for number, p in enumerate(passages, start=1)
+                       if number not in valued for span in passage_sentences(p, p.text)]
 
 
 def text_tokens(generator) -> Callable[[str], int]:

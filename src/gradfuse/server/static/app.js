@@ -185,7 +185,9 @@ function showAnswer(answer) {
 }
 
 function linkCitations(text, count) {
-  return escapeHtml(text).replace(/\[(\d+(?:\s*,\s*\d+)*)\]/g, (whole, numbers) => {
+  // As generate/prompt.py's CITATION_MARKER: a code span, or an index after . ] ) _, is no citation.
+  return escapeHtml(text).replace(/(`[^`\n]*`)|(?<![.\])_])\[(\d+(?:\s*,\s*\d+)*)\]/g, (whole, code, numbers) => {
+    if (code) return whole;
     const links = numbers.split(",").map((n) => {
       const number = Number(n.trim());
       if (number < 1 || number > count) return String(number);
