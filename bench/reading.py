@@ -127,11 +127,6 @@ def holds(question: dict, text: str) -> bool:
     return len(wanted & set(support.content_words(text))) >= 0.5 * len(wanted)
 
 
-def plain_overlap(question: str, sentences: list[str]) -> np.ndarray:
-    asked = set(support.content_words(question))
-    return np.array([len(asked & set(support.content_words(s))) / max(1, len(asked)) for s in sentences])
-
-
 def sentence_bm25(question: str, sentences: list[str], k1: float = 1.2, b: float = 0.75) -> np.ndarray:
     words = [support.content_words(s) for s in sentences]
     mean = sum(map(len, words)) / max(1, len(words))
@@ -152,8 +147,9 @@ def scorer_answers(ws: Workspace, question: str, passages) -> dict[str, str]:
     cosine = ws.evidence(question, passages, settings=replace(ws.config.evidence, scorer="cosine"))
     answers["cosine"] = extractive_answer(cosine, question=question)
     texts = [e.quoted() for e in shipped]
-    rarity = support.signals(question, texts, np.zeros(len(texts)), [e.passage for e in shipped], only=("overlap",))
-    for name, values in (("plain overlap", plain_overlap(question, texts)), ("rarity overlap", rarity["overlap"]),
+    overlaps = support.signals(question, texts, np.zeros(len(texts)), [e.passage for e in shipped],
+                               only=("plain", "overlap"))
+    for name, values in (("plain overlap", overlaps["plain"]), ("rarity overlap", overlaps["overlap"]),
                          ("bm25", sentence_bm25(question, texts))):
         rescored = sorted((replace(e, score=float(v)) for e, v in zip(shipped, values)),
                           key=lambda e: (-e.score, e.passage, e.span))

@@ -18,23 +18,24 @@ class ContextTooLong(ValueError):
     """The question and the answer alone are larger than the generator's window."""
 
 
-def passage_room(question: str, generator, max_new_tokens: int) -> int:
-    """The tokens left for passages in `generator`'s window once the rules, the question, `max_new_tokens` of answer
-    and the cite-first prefix are counted; a question that leaves none is refused (`ContextTooLong`)."""
+def prompt_room(question: str, generator, max_new_tokens: int) -> tuple[int, int]:
+    """(the most tokens the whole prompt may take, those it leaves for passages) in `generator`'s window once
+    `max_new_tokens` of answer and the cite-first prefix are kept, the rules and the question counted; a question
+    that leaves none is refused (`ContextTooLong`)."""
     room = generator.context_tokens - max_new_tokens - PREFIX_ROOM
     alone = generator.count_tokens(build_messages(question, []))
     if alone > room:
         raise ContextTooLong(f"the question takes {alone} tokens, and the generator {generator.name!r} has a window "
                              f"of {generator.context_tokens} tokens with {max_new_tokens} kept for the answer: "
                              "shorten the question or lower max_new_tokens")
-    return room - alone
+    return room, room - alone
 
 
 def fit_to_window(question: str, passages: list[Candidate], generator, max_new_tokens: int,
                   ) -> tuple[list[dict[str, str]], list[Candidate]]:
     """(the messages, the passages dropped to make them fit): whole passages are kept best first, as many as fit
     with room for `max_new_tokens` (and a few tokens of the cite-first prefix)."""
-    room = passage_room(question, generator, max_new_tokens) + generator.count_tokens(build_messages(question, []))
+    room, _ = prompt_room(question, generator, max_new_tokens)
     low, high = 0, len(passages)  # the most passages that fit: a binary search, each probe one tokenisation
     while low < high:
         middle = (low + high + 1) // 2

@@ -17,7 +17,7 @@ from gradfuse.candidate import Candidate
 from gradfuse.config import Config
 from gradfuse.reading.evidence import Evidence, excerpts, extractive_answer, not_found, passage_sentences
 from gradfuse.generate import BUNDLED_GENERATOR, Citation, fit_to_window, make_generator, parse_citations
-from gradfuse.generate.budget import passage_room
+from gradfuse.generate.budget import prompt_room
 from gradfuse.generate.prompt import EXTRACTIVE, build_messages
 from gradfuse.query import QueryPipeline, SearchResult
 from gradfuse.reading.attribution import Statement, attribute, attributed_text, says_nothing, unsupported
@@ -193,8 +193,7 @@ class Answerer:
         window_tokens`), or the best sentences alone (context "evidence", `evidence_tokens`), within the room the
         question leaves (fences and titles counted: the budget shrinks until the whole prompt fits); [] where
         there is nothing to read."""
-        room = passage_room(question, model, max_new_tokens)
-        fits = room + model.count_tokens(build_messages(question, []))
+        fits, room = prompt_room(question, model, max_new_tokens)
         count = text_tokens(model)
         budget = min(self.config.evidence_tokens if self.config.context == "evidence" else self.config.window_tokens,
                      room)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from functools import cache
 
 from gradfuse.candidate import Candidate
 from gradfuse.reading.evidence import Evidence, is_table, passage_sentences
@@ -84,6 +85,8 @@ def every_sentence(evidence: list[Evidence], passages: list[Candidate]) -> list[
 
 
 def text_tokens(generator) -> Callable[[str], int]:
-    """A text's length in `generator`'s tokens as its prompt counts them (an endpoint's count is an estimate)."""
+    """A text's length in `generator`'s tokens as its prompt counts them (an endpoint's count is an estimate), each
+    text counted once however often windows weigh it (a sentence is its neighbours' neighbour; a budget that shrinks
+    weighs them all again)."""
     empty = generator.count_tokens([{"role": "user", "content": ""}])
-    return lambda text: max(1, generator.count_tokens([{"role": "user", "content": text}]) - empty)
+    return cache(lambda text: max(1, generator.count_tokens([{"role": "user", "content": text}]) - empty))
