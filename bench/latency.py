@@ -1,7 +1,8 @@
-"""How long a user waits, before and after issue 38 (passages in float32 by the ONNX copy), on this machine.
+"""How long a user waits, before and after this round's work on it (issue 70: the evidence step; issue 71: what a
+command imports), on this machine.
 
-Each step runs twice: with the code of BASELINE (main before issue 38: passages embedded by torch in bf16 on every
-CPU) and with the code checked out now, each over a workspace of the demo's four sources that it built itself.
+Each step runs twice: with the code of BASELINE (main before that work) and with the code checked out now, each
+over a workspace of the demo's four sources that it built itself.
 `--kernels avx2` runs every process with an AVX2-only machine's kernels (gradfuse.hardware.AVX2_ONLY); each class
 keeps its own section of the results. Measured:
 
@@ -9,6 +10,9 @@ keeps its own section of the results. Measured:
 - `gradfuse serve` (without --preload-lm) until /healthz answers;
 - a warm server (--preload-lm): /search and /ask for rrf, select, gro (UPR, its default signal) and gro with the
   gradient, on questions it has not seen (the warm-up question aside), and a repeated question;
+- the same server over documents nobody here wrote (bench-reading's workspace of six Debian documentation families,
+  one built by today's code for both: the index did not change): /search and /ask with the defaults, REAL questions
+  of the reading benchmark that it has not seen (the evidence step was 177 ms of a 198 ms /ask there);
 - how far the change moves what is ranked (now against the baseline), and the query vector of the ONNX copy
   against sentence-transformers'.
 
@@ -38,13 +42,17 @@ import httpx
 import numpy as np
 from scipy.stats import spearmanr
 
+from gradfuse.config import Config
 from gradfuse.eval.record import commit_id, machine_description
 from gradfuse.hardware import AVX2_ONLY
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import reading  # noqa: E402  (bench/reading.py: its documents and questions)
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "latency"
 WORKSPACES = ROOT / ".gradfuse" / "bench" / "latency"  # one workspace per code, each built by that code
-BASELINE = "a67476e"  # main before issue 38 (the encoder in bf16 on every CPU)
+BASELINE = "360c39f"  # main before issue 70's evidence step and issue 71's imports
 GRADFUSE = Path(sys.executable).with_name("gradfuse")
 WARM_UP = "What does the json module do?"
 QUESTIONS = [  # questions the demo's sources answer, none asked twice (each embeds and ranks from scratch)
@@ -57,6 +65,7 @@ QUESTIONS = [  # questions the demo's sources answer, none asked twice (each emb
     "How do I compute the median of a list of numbers?",
     "What happens in gradfuse when one source times out?",
 ]
+REAL = 20  # reading-benchmark questions asked of the server over its documents
 METHODS = {"rrf": {"method": "rrf"}, "select": {"method": "select"}, "gro": {"method": "gro"},
            "gro (gradient)": {"method": "gro", "scorer": "gradient"}}
 
@@ -192,6 +201,30 @@ def warm_server(env: dict, questions: list[str]) -> tuple[dict, dict]:
     return rows, rankings
 
 
+def reading_questions() -> tuple[str, list[str]]:
+    """A warm-up question and REAL others of the reading benchmark, spread over its families."""
+    asked = [json.loads(line)["question"] for line in (ROOT / "benchmarks" / "reading" / "questions.jsonl")
+             .read_text().splitlines() if line.strip()]
+    step = len(asked) // (REAL + 1)
+    return asked[0], asked[step::step][:REAL]
+
+
+def real_documents(env: dict) -> dict:
+    """Rows of warm /search and /ask over the reading benchmark's workspace, questions it has not seen."""
+    warm_up, questions = reading_questions()
+    rows = {}
+    with server({**env, "BENCH_WORKSPACE": str(reading.WORKSPACE)}, "--preload-lm") as (url, process, _):
+        for path in ("/search", "/ask"):
+            request(url, process.pid, path, {"query": warm_up})
+            runs = [request(url, process.pid, path, {"query": q}) for q in questions]
+            name = f"{path} real documents"
+            rows[name] = {"wall": percentiles([r[0] for r in runs]), "cpu": percentiles([r[1] for r in runs])}
+            if path == "/ask":
+                rows[name]["evidence"] = percentiles([r[2]["timings"].get("evidence", 0.0) for r in runs])
+            print(path, "real documents", rows[name]["wall"], flush=True)
+    return rows
+
+
 def agreement(before: list[list], after: list[list]) -> dict:
     """How the order of gro's candidates moved: Spearman over the candidates both returned, same first."""
     rhos, firsts = [], []
@@ -250,10 +283,12 @@ def main() -> None:
     commit = commit_id()
     results = {"machine": machine_description(), "baseline": BASELINE, "commit": commit, "codes": {}}
     rankings = {}
+    reading.built(Config(workspace=reading.WORKSPACE))
     for label, code in (("before", BASELINE), ("after", None)):
         with code_of(code) as env:
             build_workspace(env)
             warm, rankings[label] = warm_server(env, questions)
+            warm.update(real_documents(env))
             results["codes"][label] = {"cold": cold_cli(env, args.repeats),
                                        "server_start": server_start(env, max(3, args.repeats // 2)), "warm": warm}
     results["questions"] = len(questions)
@@ -276,13 +311,13 @@ KERNELS = {"native": "the CPU's own kernels", "avx2": "an AVX2-only machine's ke
 
 def report(by_kernels: dict) -> str:
     lines = [
-        "# Latency on two cores: before and after issue 38, on both CPU classes",
+        "# Latency on two cores: before and after issues 70 and 71, on both CPU classes",
         "",
         "Wall seconds p50 / p90 · CPU-seconds p50 of the process that did the work. Cold: a new process per "
         "command, over the demo's four sources (each code over a workspace it built itself). Warm: a server "
-        "started with --preload-lm, each method first asked once, then questions it has not seen. *before*: main "
-        "before issue 38 (passages embedded by torch in bf16 on every CPU); *after*: today's defaults (passages "
-        "by the encoder's ONNX copy in float32).",
+        "started with --preload-lm, each method first asked once, then questions it has not seen; *real "
+        f"documents*: the defaults over bench-reading's six Debian documentation families, {REAL} of its "
+        "questions. *before*: main before issue 70's evidence step and issue 71's imports; *after*: today's code.",
         "",
     ]
     for kernels in ("native", "avx2"):
@@ -324,7 +359,8 @@ def section(results: dict, kernels: str) -> list[str]:
         "",
         "Evidence (what /ask adds over /search, the extractive answer's quoting), p50 seconds: "
         + ", ".join(f"{name} {before['warm'][f'/ask {name}']['evidence']['p50']:.3f} → "
-                    f"{after['warm'][f'/ask {name}']['evidence']['p50']:.3f}" for name in METHODS) + ".",
+                    f"{after['warm'][f'/ask {name}']['evidence']['p50']:.3f}"
+                    for name in [*METHODS, "real documents"] if f"/ask {name}" in before["warm"]) + ".",
         "",
         "| ranking | questions | Spearman mean · min | same first |",
         "|---|---:|---|---:|",

@@ -62,6 +62,7 @@ from gradfuse.reading.evidence import extractive_answer
 ROOT = Path(__file__).resolve().parents[1]
 QUESTIONS = ROOT / "benchmarks" / "reading" / "questions.jsonl"
 WORK = ROOT / ".gradfuse" / "bench" / "reading"
+WORKSPACE = WORK / "ws"
 OUT = ROOT / "results" / "reading"
 K = 5
 SQLITE = Path("/usr/share/doc/sqlite3")
@@ -110,6 +111,16 @@ def prepare(family: str, folder: Path) -> None:
                                env={**os.environ, "MANWIDTH": "80"}, check=True).stdout
         text = subprocess.run(["col", "-bx"], input=shown, capture_output=True, text=True, check=True).stdout
         (folder / f"{family}.txt").write_text(text, encoding="utf-8")
+
+
+def built(config: Config) -> Workspace:
+    """The six families' workspace (WORKSPACE), each family a folder source, brought up to date."""
+    ws = Workspace(config)
+    for family in FAMILIES:
+        prepare(family, WORK / "inputs" / family)
+        print(ws.index(SourceSpec(family, "files", str(WORK / "inputs" / family)), progress=True).status, family,
+              flush=True)
+    return ws
 
 
 def _plain(text: str) -> str:
@@ -295,11 +306,7 @@ def run(out: Path, llm: str | None, generator: str | None) -> int:
         if versions[q["package"]] != q["version"]:
             print(f"note: {q['package']} is {versions[q['package']]} here, the questions were checked on "
                   f"{q['version']}", file=sys.stderr)
-    ws = Workspace(Config(workspace=WORK / "ws", api_key_env="LLM_KEY" if generator else ""))
-    for family in FAMILIES:
-        prepare(family, WORK / "inputs" / family)
-        print(ws.index(SourceSpec(family, "files", str(WORK / "inputs" / family)), progress=True).status, family,
-              flush=True)
+    ws = built(Config(workspace=WORKSPACE, api_key_env="LLM_KEY" if generator else ""))
     capability = os.environ.get("ATEN_CPU_CAPABILITY")
     command = " ".join([*([f"ATEN_CPU_CAPABILITY={capability}"] if capability else []), "python bench/reading.py", *([f"--llm {llm}"] if llm else []),
                         *([f"--out {out.relative_to(ROOT)}"] if out != OUT else [])])

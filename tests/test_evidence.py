@@ -4,6 +4,7 @@ scoring LM (or by the baselines), and the answer quoting its evidence in the lib
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -265,10 +266,72 @@ def test_a_long_passage_goes_to_pysbd_in_windows_and_gets_pysbds_own_sentences(m
         assert evidence.PYSBD_WINDOW - 300 < text.find("Dr.") < evidence.PYSBD_WINDOW
     with monkeypatch.context() as whole_text:
         whole_text.setattr(evidence, "PYSBD_WINDOW", len(text))
-        whole = sentence_spans(text)
+        whole = evidence.split_sentences(text)
     segmenter, given = evidence._segmenter(), []
-    real_segment = segmenter.segment
-    monkeypatch.setattr(segmenter, "segment", lambda piece: given.append(len(piece)) or real_segment(piece))
-    spans = sentence_spans(text)
+    real_processor = segmenter.processor
+    monkeypatch.setattr(segmenter, "processor", lambda piece: given.append(len(piece)) or real_processor(piece))
+    spans = evidence.split_sentences(text)
     assert len(given) >= 2 and max(given) <= evidence.PYSBD_WINDOW and sum(given) < 2 * len(text)
     assert spans == whole and len(spans) >= len(text) // 300
+
+
+def test_pysbd_is_asked_only_where_a_piece_may_hold_two_sentences_and_its_spans_are_its_own(monkeypatch):
+    """Two shortcuts of the evidence step (issue 70: it was most of an answer's time) change no sentence: a piece
+    with nothing that may end a sentence before its last character is one sentence without asking pysbd, and
+    pysbd's sentences are placed by str.find where its char_span mode compiled each into a pattern."""
+    import pysbd
+
+    from gradfuse.reading import evidence
+
+    text = _python_manual_page()
+    own = pysbd.Segmenter(language="en", clean=False, char_span=True)
+    asked: list[str] = []
+    real = evidence._pysbd_segments
+    monkeypatch.setattr(evidence, "_pysbd_segments", lambda piece: asked.append(piece) or real(piece))
+    spans = evidence.split_sentences(text)
+    shortened = len(asked)
+    monkeypatch.setattr(evidence, "_MAY_CUT", re.compile(r"(?s)."))  # every piece to pysbd, as before
+    assert evidence.split_sentences(text) == spans
+    assert 0 < shortened < len(asked) - shortened  # fewer pieces were asked
+    for piece in asked:  # placed as pysbd places them
+        assert [(a, b) for a, b in evidence._located(own.processor(piece).process(), piece)] == \
+            [(s.start, s.end) for s in own.segment(piece)]
+
+
+def test_sentence_spans_are_kept_by_a_digest_of_the_text_not_the_text(monkeypatch):
+    from gradfuse.reading import evidence
+
+    text = "Mars has two moons. Phobos is the larger one of the two. Deimos is small and far out."
+    first = sentence_spans(text)
+    monkeypatch.setattr(evidence, "split_sentences", lambda _: pytest.fail("split again"))
+    assert sentence_spans(text) == first and len(first) == 3
+    assert all(isinstance(key, bytes) and text not in repr(key) for key in evidence._spans)
+
+
+def test_not_found_is_decided_on_the_best_sentences_where_the_rest_cannot_change_it(tmp_path):
+    """The chance that the passages answer rises with the best cosine: where the best sentences already clear the
+    threshold, the others are not encoded (issue 70: encoding them was most of an answer's time); the decision is
+    the one every sentence gives, the chance a lower bound of it. Below the threshold every sentence is read."""
+    from gradfuse.reading import support
+
+    ws = Workspace(Config(workspace=tmp_path / "ws"))
+    threshold = ws.config.evidence.abstain_below
+    passages = [Candidate("notes", f"n{i}", text, 1.0, i + 1) for i, text in enumerate([
+        "Mars is the fourth planet from the Sun. It has two small moons, Phobos and Deimos. Its surface is covered "
+        "in iron oxide dust, which gives it a red colour. Olympus Mons is its highest volcano.",
+        "Jupiter is the largest planet. It has dozens of moons, the four largest found by Galileo in 1610. Its "
+        "Great Red Spot is a storm larger than the Earth.",
+        "Bread rises because yeast makes carbon dioxide. The dough is kneaded, left to rise and baked in a hot oven."])]
+    encoder = ws.query.encoder()
+    assert support.decides_early(support.model())
+    for question, answered in (("What are the names of the moons of Mars?", True),
+                               ("At what temperature does tungsten melt?", False)):
+        evidence = ws.evidence(question, passages)
+        encoder.clear_query_cache()
+        encoder.encode_query(question)
+        early = ws.support(question, evidence, decide_at=threshold)
+        encoded_early = len(encoder._short) - 1
+        whole = ws.support(question, evidence)
+        assert (early >= threshold) == (whole >= threshold) == answered
+        assert early <= whole + 1e-6
+        assert encoded_early == (support.FIRST_ENCODED if answered else len(evidence))

@@ -177,7 +177,8 @@ class Workspace:
         "none"."""
         return self.answers.evidence(question, passages, settings=settings, gold=gold, chars=chars)
 
-    def support(self, question: str, evidence: list[Evidence]) -> float | None:
+    def support(self, question: str, evidence: list[Evidence], decide_at: float | None = None) -> float | None:
         """The chance that `evidence` (every sentence of an answer's passages) holds the answer to `question`
-        (reading/support.py); None without sentences scored."""
-        return self.answers.support(question, evidence)
+        (reading/support.py); None without sentences scored. `decide_at`: a threshold the chance is compared with,
+        where a lower bound that clears it will do (`support.chance`: fewer sentences encoded)."""
+        return self.answers.support(question, evidence, decide_at)

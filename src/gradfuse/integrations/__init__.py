@@ -70,8 +70,9 @@ def evidence_by_document(workspace: Workspace, query: str, candidates: list[Cand
     within one query only); `support` and `abstained`, the same for every document (see the module's text)."""
     count = workspace.config.context_k if evidence_k is None else evidence_k
     evidence = workspace.evidence(query, candidates[:count])
-    chance = workspace.support(query, evidence)
-    abstained = declines(query, evidence, chance, workspace.config.evidence.abstain_below)
+    threshold = workspace.config.evidence.abstain_below
+    chance = workspace.support(query, evidence, decide_at=threshold)
+    abstained = declines(query, evidence, chance, threshold)
     verdict = {"support": chance, "abstained": abstained}
     by_document: list[dict] = [{"evidence": [], **verdict} for _ in candidates]
     for sentence in evidence[: workspace.config.evidence.top]:

@@ -152,10 +152,8 @@ class Answerer:
         return sorted((replace(e, score=float(value), reading=None if np.isnan(reading) else float(reading))
                        for e, value, reading in zip(scored, values, readings, strict=True)), key=lambda e: -e.score)
 
-    def support(self, question: str, evidence: list[Evidence]) -> float | None:
-        if not evidence:
-            return None
-        return support.answered(support.quoted_signals(question, evidence, self.query.encoder()), support.model())
+    def support(self, question: str, evidence: list[Evidence], decide_at: float | None = None) -> float | None:
+        return support.chance(question, evidence, self.query.encoder(), decide_at)
 
     def _prepare(self, question, generator, context_k, max_new_tokens, search_options) -> _Prepared:
         result = self.query.search(question, k=context_k or self.config.context_k, **search_options)
@@ -173,9 +171,10 @@ class Answerer:
         started = time.perf_counter()
         # On whole passages, generator or not: "not found" and the quotes do not depend on what a generator reads.
         evidence = self.evidence(question, shown, gold=search_options.get("gold"))
-        chance = self.support(question, evidence)
+        threshold = self.config.evidence.abstain_below
+        chance = self.support(question, evidence, decide_at=threshold)
         result.timings["evidence"] = time.perf_counter() - started
-        abstained = support.declines(question, evidence, chance, self.config.evidence.abstain_below)
+        abstained = support.declines(question, evidence, chance, threshold)
         if abstained:  # nothing to answer from: no generator writes one
             model = None
         if model is not None and windowed:

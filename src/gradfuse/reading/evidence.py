@@ -7,8 +7,10 @@ is a chunk of one: a person can check every quoted sentence against its source.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -104,7 +106,27 @@ _OPTION = re.compile(r"[ \t]*-{1,2}[A-Za-z0-9]")
 _ENDS = re.compile(r"[.!?:;][\"')\]’”]*[ \t]*$")
 
 
+_SPANS_KEPT = 2048  # passages whose spans are kept, by a digest of their text (never the text)
+_spans: OrderedDict[bytes, tuple[tuple[int, int], ...]] = OrderedDict()
+_SPANS_LOCK = threading.Lock()
+
+
 def sentence_spans(text: str) -> list[tuple[int, int]]:
+    """`split_sentences(text)`, kept for the passages of the last answers (a passage often answers again)."""
+    key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    with _SPANS_LOCK:
+        if (kept := _spans.get(key)) is not None:
+            _spans.move_to_end(key)
+            return list(kept)
+    spans = split_sentences(text)
+    with _SPANS_LOCK:
+        _spans[key] = tuple(spans)
+        while len(_spans) > _SPANS_KEPT:
+            _spans.popitem(last=False)
+    return spans
+
+
+def split_sentences(text: str) -> list[tuple[int, int]]:
     """Character spans of the sentences of `text` (pysbd, rule-based: abbreviations, decimals, quotes), without
     the white space around them. Headings and rules are not sentences, and no sentence runs across a blank line.
     A single line break ends a sentence only where the layout says so (see `_line_cuts`); elsewhere it is a space
@@ -156,7 +178,8 @@ def _pysbd_segments(text: str) -> list[tuple[int, int]]:
     while start < len(text):
         end = min(len(text), start + PYSBD_WINDOW)
         with _SPLITTING:
-            found = [(start + s.start, start + s.end) for s in _segmenter().segment(text[start:end])]
+            sentences = _segmenter().processor(text[start:end]).process()
+        found = [(start + a, start + b) for a, b in _located(sentences, text[start:end])]
         if end == len(text) or len(found) < 2:  # the last window, or one sentence longer than a window: kept as cut
             segments += found
             start = end
@@ -166,12 +189,39 @@ def _pysbd_segments(text: str) -> list[tuple[int, int]]:
     return segments
 
 
+def _located(sentences: list[str], text: str) -> list[tuple[int, int]]:
+    """Where pysbd's sentences stand in `text`, as its char_span mode finds them (each one's first occurrence, with
+    the white space after it, that ends after the one before), by str.find: that mode compiles every sentence into a
+    pattern, which crowded the patterns pysbd reuses out of Python's cache of them (half the time it took)."""
+    spans, prior = [], 0
+    for sentence in sentences:
+        scan = 0
+        while sentence and (at := text.find(sentence, scan)) >= 0:
+            end = at + len(sentence)
+            while end < len(text) and text[end].isspace():
+                end += 1
+            if end > prior:
+                spans.append((at, end))
+                prior = end
+                break
+            scan = end
+    return spans
+
+
+# What may end a sentence, or lead pysbd to cut, before a piece's last character: a stop, a list's "1)" or "a)",
+# a bullet, a quotation mark, an asterisk, a carriage return. A piece without any is one sentence, and pysbd (most
+# of an answer's evidence time) is not asked: on 53,329 pieces of 17,761 passages it gave the same spans for all.
+_MAY_CUT = re.compile(r"[.!?…\"\r*•·◦▪]|\w\)")
+
+
 def _pysbd_sentences(piece: str) -> list[tuple[int, int]]:
     if not piece.strip():
         return []
     hidden = _INNER_DOT.sub("_", piece.replace("\n", " "))
+    stripped = hidden.strip()
+    whole = not _MAY_CUT.search(stripped[:-1])
     spans = []
-    for start, end in _pysbd_segments(hidden):
+    for start, end in [(0, len(piece))] if whole else _pysbd_segments(hidden):
         while start < end and piece[start].isspace():
             start += 1
         while end > start and piece[end - 1].isspace():

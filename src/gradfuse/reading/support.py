@@ -30,7 +30,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -69,6 +69,12 @@ _NAME = re.compile(r"\b[A-Z][a-z]+(?:\s+(?:[A-Z][a-z]+|of|the|de|van|von))*")
 def content_words(text: str) -> list[str]:
     """Lower-cased words less the common ones, their endings folded ("closing", "closed", "close" → "clos")."""
     return [_stem(word) for word in _WORD.findall(text.lower()) if word not in _STOP]
+
+
+@lru_cache(maxsize=16384)  # an answer's ~50 sentences are read by its value and again by its "not found" model
+def word_set(text: str) -> frozenset[str]:
+    """`content_words` of `text`, each once."""
+    return frozenset(content_words(text))
 
 
 def _stem(word: str) -> str:
@@ -131,8 +137,8 @@ def signals(question: str, sentences: list[str], cosines: np.ndarray, passages: 
     if "reader" in only and reader is None:
         raise ValueError("the reader signal needs the reader's logits of the sentences (reading/reader.py)")
     passages = list(range(1, len(sentences) + 1)) if passages is None else list(passages)
-    asked = set(content_words(question))
-    held = [set(content_words(s)) for s in sentences]
+    asked = word_set(question)
+    held = [word_set(s) for s in sentences]
     weight = {w: math.log((len(sentences) + 1) / (sum(w in h for h in held) + 0.5)) for w in asked}
     total = sum(weight.values()) or 1.0
     overlap = np.array([sum(weight[w] for w in weight if w in h) / total for h in held])
@@ -182,21 +188,53 @@ def exact_share(question: str, sentences: list[str]) -> np.ndarray:
     return np.array([sum(t in s for t in tokens) / len(tokens) for s in sentences])
 
 
-def quoted_signals(question: str, evidence, encoder) -> dict[str, np.ndarray]:
+def quoted_signals(question: str, evidence, encoder, encoded: int | None = None) -> dict[str, np.ndarray]:
     """The signals of an answer's scored sentences (`Evidence` records) as the answer quotes them: a table row with
     its column names ("Date: 2003-09-19, Close: 29.96"), which a row's bare values lack. Read in the passages'
-    order, returned in the evidence's. Every sentence is encoded for its cosine: the eight best by value alone
-    missed the sentence that answers a question in other words than its own (the demo's "with" and JSON
-    questions, declined with them)."""
+    order, returned in the evidence's. Every sentence is encoded for its cosine (`encoded`: only the first that many
+    of `evidence`, the others' cosine counted as -1, the lowest there is): the eight best by value alone missed the
+    sentence that answers a question in other words than its own (the demo's "with" and JSON questions, declined
+    with them), so a shorter list only decides where it cannot change the decision (`chance`)."""
     order = sorted(range(len(evidence)), key=lambda i: (evidence[i].passage, evidence[i].span))
     texts = [evidence[i].quoted() for i in order]
     read = read_by(model())
-    found = signals(question, texts, encoder.encode_short(texts) @ encoder.encode_query(question),
-                    [evidence[i].passage for i in order], only=read,
+    cosines = np.full(len(texts), -1.0)
+    kept = [position for position, i in enumerate(order) if encoded is None or i < encoded]
+    if kept:
+        cosines[kept] = encoder.encode_short([texts[p] for p in kept]) @ encoder.encode_query(question)
+    found = signals(question, texts, cosines, [evidence[i].passage for i in order], only=read,
                     reader=np.array([np.nan if evidence[i].reading is None else evidence[i].reading for i in order])
                     if "reader" in read else None)
     back = np.argsort(order)
     return {name: values[back] for name, values in found.items()}
+
+
+FIRST_ENCODED = 2  # sentences whose cosine may decide an answer alone (`chance`)
+
+
+def chance(question: str, evidence, encoder, decide_at: float | None = None) -> float | None:
+    """The chance that `evidence` (every sentence of an answer's passages, best first) holds the answer (`answered`);
+    None without sentences. With `decide_at` (`[evidence] abstain_below`), no more sentences are encoded than the
+    decision needs: where the model's chance only rises with the best cosine (a positive weight, and no sentence
+    value that reads cosines), the best FIRST_ENCODED sentences that already clear `decide_at` keep it cleared
+    whatever the others' cosines, and those are not encoded. The chance is then a lower bound of the whole one,
+    and the decision the whole one's; below it, every sentence is encoded (encoding ~50 sentences was most of an
+    answer's time)."""
+    if not evidence:
+        return None
+    fitted = model()
+    if decide_at is not None and decides_early(fitted):
+        early = answered(quoted_signals(question, evidence, encoder, encoded=FIRST_ENCODED), fitted)
+        if early >= decide_at:
+            return early
+    return answered(quoted_signals(question, evidence, encoder), fitted)
+
+
+def decides_early(fitted: SupportModel) -> bool:
+    """Whether fewer sentences' cosines can decide "not found" (`chance`): the chance rises with the best cosine
+    and reads it nowhere else."""
+    return (fitted.answered.get("cosine", 0.0) >= 0 and "cosine" not in fitted.weights
+            and "reader" not in read_by(fitted))
 
 
 def sentence_values(found: dict[str, np.ndarray], weights: dict[str, float]) -> np.ndarray:
