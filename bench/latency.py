@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -336,8 +335,8 @@ def section(results: dict, kernels: str) -> list[str]:
         f"## {kernels[0].upper() + kernels[1:]}",
         "",
         f"Command: `{results.get('command', 'python bench/latency.py')}` (make bench-latency) · baseline "
-        f"{results['baseline']} · code {results['commit']} · {results['machine']} · Python "
-        f"{platform.python_version()} · {results['questions']} warm questions.",
+        f"{results['baseline']} · code {results['commit']} · {results['machine']} · {results['questions']} warm "
+        "questions.",
         "",
         "| step | before | after |",
         "|---|---|---|",
