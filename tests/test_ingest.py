@@ -403,3 +403,79 @@ def test_a_disk_that_fills_while_the_embedding_matrix_is_written_says_so_in_one_
         assert not list((small_disk / "ws" / "sources" / "tides").glob("build-*"))
     finally:
         ws.close()
+
+
+def _indexed_files(ws, source: str) -> set[str]:
+    return {hit.doc_id.split("#")[0] for hit in ws.source(source, "bm25").search("the", 1000)}
+
+
+def test_text_files_without_a_known_suffix_are_read_and_every_skipped_file_is_named(ws, tmp_path):
+    """README, INSTALL and NEWS are what a user wants most (issue 71): a file whose name says no format is read
+    as text where its bytes are text (UTF-8, or the encoding its first lines declare), and skipped by name and
+    reason where they are not."""
+    folder = tmp_path / "package"
+    folder.mkdir()
+    (folder / "README").write_text("The README explains how the lighthouse lamp is installed.\n")
+    (folder / "INSTALL").write_text("To install the lamp, run the setup script as the keeper.\n")
+    (folder / "NEWS").write_text("Version 2.1 of the lamp brightens the beam by ten percent.\n")
+    (folder / "README.Debian").write_text("On Debian the lamp service starts at boot by default.\n")
+    (folder / "notes.md").write_text("# Notes\n\nThe keeper checks the lamp every evening.\n")
+    (folder / "legacy").write_bytes("# -*- coding: latin-1 -*-\nThe café by the lighthouse serves the keeper.\n"
+                                    .encode("latin-1"))
+    (folder / "lamp-daemon").write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) * 8)  # a program
+    (folder / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(64))
+    report = ws.index(SourceSpec("package", "files", str(folder)))
+    assert _indexed_files(ws, "package") == {"README", "INSTALL", "NEWS", "README.Debian", "notes.md", "legacy"}
+    assert report.formats == {"text": 5, "markdown": 1}
+    assert {(name, reason) for name, reason, _ in report.skipped} == {("lamp-daemon", "not text"),
+                                                                      ("logo.png", "not text")}
+    assert "café" in ws.source("package", "bm25").search("cafe keeper café", 1)[0].text
+    assert not report.ingest["read_by_content"]  # text by its bytes is no surprise to report
+
+
+def test_hidden_folders_tool_folders_and_gitignored_files_are_skipped_unless_asked(ws, tmp_path):
+    folder = tmp_path / "repo"
+    for path, text in {".git/config": "[core]\n\trepositoryformatversion = 0\n", ".git/description": "Unnamed",
+                       ".venv/lib/site.txt": "site packages", ".env": "API_KEY=s3cret-value",
+                       "node_modules/left-pad/README.md": "left pad", "notes.txt": "Our notes.",
+                       ".gitignore": "build/\n*.log\n!keep.log\n", "build/out.txt": "built output",
+                       "app.log": "a log line", "keep.log": "a log we keep", "sub/.gitignore": "draft.md\n",
+                       "sub/draft.md": "a draft", "sub/final.md": "final text"}.items():
+        (folder / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / path).write_text(f"{text}\nthe end\n")  # "the" finds every file (_indexed_files)
+    report = ws.index(SourceSpec("repo", "files", str(folder)))
+    assert _indexed_files(ws, "repo") == {"notes.txt", "keep.log", "sub/final.md"}
+    assert {(name, reason) for name, reason, _ in report.skipped} == {
+        (".git/", "hidden"), (".venv/", "hidden"), ("node_modules/", "hidden"), (".env", "hidden"),
+        (".gitignore", "hidden"), ("sub/.gitignore", "hidden"), ("build/", "ignored"), ("app.log", "ignored"),
+        ("sub/draft.md", "ignored")}
+    assert not [hit for hit in ws.source("repo", "bm25").search("API_KEY s3cret", 10) if "s3cret" in hit.text]
+    ws.index(SourceSpec("everything", "files", str(folder), {"hidden": True, "gitignore": False}))
+    assert _indexed_files(ws, "everything") == {".git/config", ".git/description", ".venv/lib/site.txt", ".env",
+                                                 "node_modules/left-pad/README.md", "notes.txt", ".gitignore",
+                                                 "build/out.txt", "app.log", "keep.log", "sub/.gitignore",
+                                                 "sub/draft.md", "sub/final.md"}
+
+
+def test_a_source_built_before_picks_up_text_files_and_drops_hidden_ones_at_its_next_sync(ws, tmp_path, monkeypatch):
+    """What an upgrade changes reaches a source at its next sync, file by file: suffix-less text files are added,
+    a hidden folder's files removed (the source is built here as an earlier version listed folders: hidden ones
+    too, suffix-less files not)."""
+    from gradfuse.indexing import folder_sync
+    from gradfuse.ingest import files
+
+    folder = tmp_path / "notes"
+    (folder / ".hidden").mkdir(parents=True)
+    (folder / ".hidden" / "secret.txt").write_text("the hidden plan")
+    (folder / "plan.txt").write_text("the open plan")
+    (folder / "TODO").write_text("the plan to do next")
+    with monkeypatch.context() as earlier:
+        earlier.setattr(folder_sync, "listing_options", lambda options: {"hidden": True, "gitignore": False})
+        listed = files.list_files
+        earlier.setattr(folder_sync, "list_files", lambda folder, report, **options: [
+            f for f in listed(folder, report, **options) if "." in f.relative])
+        ws.index(SourceSpec("notes", "files", str(folder)))
+    assert _indexed_files(ws, "notes") == {".hidden/secret.txt", "plan.txt"}
+    report = ws.index(SourceSpec("notes", "files", str(folder)))
+    assert _indexed_files(ws, "notes") == {"TODO", "plan.txt"}
+    assert (report.files["added"], report.files["deleted"], report.files["unchanged"]) == (1, 1, 1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
@@ -15,10 +15,10 @@ from gradfuse.cli.common import (
     ConfigOpt, Estimator, Explain, Gold, Method, Pool, PoolOrder, Retrieval, Signal, Sources, Target, Timeout,
     WorkspaceOpt, _run_guarded, _workspace, app, console, escape,
 )
-from gradfuse.generate import describe_generator
-from gradfuse.schemas import answer_record, search_record
-from gradfuse.federation.federated import SourceFailure
-from gradfuse.workspace import Answer, SearchResult, Workspace
+
+if TYPE_CHECKING:
+    from gradfuse.federation.federated import SourceFailure
+    from gradfuse.workspace import Answer, SearchResult
 
 
 def _rerank_options(target, estimator, n, pool, scorer) -> dict:
@@ -51,6 +51,8 @@ def search(
     result = _run_guarded(lambda: ws.search(query, method=method, k=k, sources=source, retrieval=retrieval,
                                             timeout_s=timeout, gold=gold, **options))
     if as_json:
+        from gradfuse.schemas import search_record
+
         print(search_record(result).model_dump_json(indent=2))
         return
     if explain:
@@ -154,6 +156,8 @@ def ask(
                                          max_new_tokens=max_new_tokens, gold=gold,
                                          **_rerank_options(target, estimator, n, pool, scorer)))
     if as_json:
+        from gradfuse.schemas import answer_record
+
         print(answer_record(answer).model_dump_json(indent=2))
         return
     if explain:
@@ -162,6 +166,8 @@ def ask(
 
 
 def print_answer(answer: Answer) -> None:
+    from gradfuse.generate import describe_generator
+
     console.rule(f"[bold]{escape(answer.question)}")
     for number, p in enumerate(answer.passages, start=1):
         where = p.location.describe() if p.location else (p.title or " ".join(p.text.split()))[:70]
@@ -203,7 +209,9 @@ def demo(workspace: Annotated[Path, typer.Option("--workspace", "-w")] = Path(".
     ask questions that need different sources and one that none of them answers, each answered by its evidence (or
     by the configured generator, where it is not the bundled one)."""
     from gradfuse.demo import QUESTIONS, demo_specs
+    from gradfuse.generate import describe_generator
     from gradfuse.rerank import load_scorer
+    from gradfuse.workspace import Workspace
 
     ws = Workspace.open(None, workspace=workspace)
     # The scoring LM loads (and on first use converts its GGUF, about 20 s) while the sources build and the first

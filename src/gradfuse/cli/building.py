@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.table import Table
@@ -13,16 +13,19 @@ from gradfuse.cli.common import (
     ConfigOpt, Into, Language, RayBuild, SkipMalformed, SourceName, TableName, Wait, WorkspaceOpt, _fail,
     _run_guarded, _workspace, app, console, escape, index_app,
 )
-from gradfuse.embedding.ray_batches import BuildSettings
-from gradfuse.redact import redact
-from gradfuse.schemas import source_record
-from gradfuse.indexing import BuildReport
-from gradfuse.indexing.report import BuildsFailed
-from gradfuse.sources import IngestError, SourceError, SourceSpec
 from gradfuse.ingest.readers import LIMIT_OPTIONS, ReaderLimits
+
+if TYPE_CHECKING:
+    from gradfuse.indexing import BuildReport
+    from gradfuse.sources import SourceSpec
+
+
+SKIPPED_SHOWN = 20  # files named per reason skipped; the rest counted
 
 
 def _print_build(report: BuildReport) -> None:
+    from gradfuse.redact import redact
+
     if report.status == "failed":
         console.print(f"[red]{report.name}[/]: failed: {escape(redact(report.error))}")
         return
@@ -52,16 +55,30 @@ def _print_build(report: BuildReport) -> None:
     if report.skipped:
         console.print(f"  [yellow]skipped {len(report.skipped)} file(s)[/]: "
                       + ", ".join(f"{count} {reason}" for reason, count in report.skipped_by_reason.items()))
-        for name, reason, detail in report.skipped:
-            console.print(f"    {escape(name)}: {reason} ({escape(detail)})")
+        shown: dict[str, int] = {}
+        for name, reason, detail in report.skipped:  # a folder of 2,000 images or .pyc files: the first of each
+            shown[reason] = shown.get(reason, 0) + 1
+            if shown[reason] <= SKIPPED_SHOWN:
+                console.print(f"    {escape(name)}: {reason} ({escape(detail)})")
+        for reason, count in shown.items():
+            if count > SKIPPED_SHOWN:
+                console.print(f"    … and {count - SKIPPED_SHOWN} more: {reason}")
     if report.cut:
         console.print("  [yellow]read in part, to a limit:[/]")
         for cut in report.cut:
             console.print(f"    {escape(cut)}")
 
 
+def _spec(name: str, kind: str, path: str, options: dict) -> SourceSpec:
+    from gradfuse.sources import SourceSpec
+
+    return SourceSpec(name, kind, path, options)
+
+
 def _index(config, workspace, spec: SourceSpec, into=None, table=None, language=None, wait=False,
            ray=None) -> None:
+    from gradfuse.embedding.ray_batches import BuildSettings
+
     ws = _workspace(config, workspace)
     if ray:
         ws.config.build = BuildSettings(ray_address=ray)
@@ -102,7 +119,7 @@ def index_beir(folder: Path, source: SourceName, skip_malformed: SkipMalformed =
                table: TableName = None, language: Language = None, config: ConfigOpt = None,
                workspace: WorkspaceOpt = None, wait: Wait = False, ray: RayBuild = None):
     """A BEIR-style folder (corpus.jsonl with id/title/text)."""
-    _index(config, workspace, SourceSpec(source, "beir", str(folder), {"skip_malformed": skip_malformed}), into,
+    _index(config, workspace, _spec(source, "beir", str(folder), {"skip_malformed": skip_malformed}), into,
            table, language, wait, ray)
 
 
@@ -128,7 +145,7 @@ def index_jsonl(
                "skip_malformed": skip_malformed}
     if chunk_words:
         options["chunk_words"] = chunk_words
-    _index(config, workspace, SourceSpec(source, "jsonl", str(file), options), into, table, language, wait, ray)
+    _index(config, workspace, _spec(source, "jsonl", str(file), options), into, table, language, wait, ray)
 
 
 @index_app.command("each")
@@ -153,10 +170,12 @@ def index_each(
     specs, problems = [], []
     for entry in entries:  # every name checked before anything is built
         try:
-            specs.append(SourceSpec(entry.stem if kind == "jsonl" else entry.name, kind, str(entry),
-                                    {"skip_malformed": skip_malformed} if kind != "files" else {}))
+            specs.append(_spec(entry.stem if kind == "jsonl" else entry.name, kind, str(entry),
+                               {"skip_malformed": skip_malformed} if kind != "files" else {}))
         except ValueError as error:
             problems.append(f"{entry.name}: {error}")
+    from gradfuse.sources import IngestError, SourceError
+
     ws = _workspace(config, workspace)
     built = unchanged = 0
     for spec in specs:
@@ -188,6 +207,9 @@ def index_files(
     chunk_overlap: int = 40,
     links_outside: Annotated[bool, typer.Option(help="Also index files behind links that lead out of the folder "
                                                      "(skipped and reported by default)")] = False,
+    hidden: Annotated[bool, typer.Option(help="Also index hidden files and folders (.git, .venv, .env) and "
+                                              "node_modules (skipped and reported by default)")] = False,
+    gitignore: Annotated[bool, typer.Option(help="Skip what the folder's .gitignore files exclude")] = True,
     max_file_mb: Annotated[int, typer.Option(help="Skip a larger file")] = ReaderLimits.max_file_mb,
     max_pages: Annotated[int, typer.Option(help="Skip a PDF or deck with more pages or slides")] = ReaderLimits.max_pages,
     max_rows: Annotated[int, typer.Option(help="Skip a spreadsheet with more rows")] = ReaderLimits.max_rows,
@@ -227,8 +249,9 @@ def index_files(
     limits = {name: given[name] for name in LIMIT_OPTIONS}
     options = {"chunk_words": chunk_words, "chunk_overlap": chunk_overlap,
                **{k: v for k, v in limits.items() if v != getattr(ReaderLimits, k)},
-               **({"links_outside": True} if links_outside else {})}
-    _index(config, workspace, SourceSpec(source, "files", str(folder), options), into, table, language, wait, ray)
+               **({"links_outside": True} if links_outside else {}), **({"hidden": True} if hidden else {}),
+               **({} if gitignore else {"gitignore": False})}
+    _index(config, workspace, _spec(source, "files", str(folder), options), into, table, language, wait, ray)
 
 
 @index_app.command("run")
@@ -245,12 +268,16 @@ def index_run(
     options = {"corpus": str(corpus.resolve())}
     if queries:
         options["queries"] = str(queries.resolve())
-    _index(config, workspace, SourceSpec(source, "run", str(run), options), wait=wait)
+    _index(config, workspace, _spec(source, "run", str(run), options), wait=wait)
 
 
 @app.command()
 def build(config: ConfigOpt = None, workspace: WorkspaceOpt = None, ray: RayBuild = None):
     """Build every source declared in the config file (unchanged ones are skipped)."""
+    from gradfuse.embedding.ray_batches import BuildSettings
+    from gradfuse.indexing.report import BuildsFailed
+    from gradfuse.redact import redact
+
     ws = _workspace(config, workspace)
     if ray:
         ws.config.build = BuildSettings(ray_address=ray)
@@ -297,6 +324,8 @@ def summarize(
 def sources(config: ConfigOpt = None, workspace: WorkspaceOpt = None,
             as_json: Annotated[bool, typer.Option("--json")] = False):
     """Each built source: kind, documents, index size, encoder, when it was built (or why it cannot be read)."""
+    from gradfuse.schemas import source_record
+
     ws = _workspace(config, workspace)
     health = _run_guarded(ws.source_health)
     if as_json:

@@ -4,22 +4,20 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape as escape_markup
 
-from gradfuse.config import ConfigError
-from gradfuse.execute import RayUnavailable
-from gradfuse.fusion import UnknownMethod
-from gradfuse.generate.openai_http import EndpointError
 from gradfuse.methods import METHOD_CHOICES
 from gradfuse.rerank.base import SIGNALS
-from gradfuse.redact import redact
-from gradfuse.sources import IngestError, SourceError, check_source_name
-from gradfuse.federation.federated import AllSourcesFailed
-from gradfuse.workspace import Workspace
+
+if TYPE_CHECKING:
+    from gradfuse.workspace import Workspace
+
+# The pipeline is imported by the commands that run it, not by the app: `gradfuse --help` and a command's usage
+# error need none of it (issue 71).
 
 # Help texts are printed as written: with Rich markup on, "[server]" in a help string vanished.
 app = typer.Typer(help="Retrieval-augmented generation over many sources at once.", no_args_is_help=True,
@@ -45,6 +43,8 @@ ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="Works
 WorkspaceOpt = Annotated[Optional[Path], typer.Option("--workspace", "-w", help="Index folder (overrides the config)")]
 def _source_name(value):
     """A usage error (exit 2) for a bad name, before anything runs."""
+    from gradfuse.checked import check_source_name
+
     try:
         return [check_source_name(v) for v in value] if isinstance(value, list) else (
             check_source_name(value) if value is not None else None)
@@ -66,6 +66,9 @@ Language = Annotated[Optional[str], typer.Option(help="Text search configuration
 
 
 def _workspace(config: Path | None, workspace: Path | None) -> Workspace:
+    from gradfuse.config import ConfigError
+    from gradfuse.workspace import Workspace
+
     try:
         return Workspace.open(config, workspace=workspace)
     except ConfigError as error:
@@ -73,12 +76,21 @@ def _workspace(config: Path | None, workspace: Path | None) -> Workspace:
 
 
 def _fail(message: str) -> None:
+    from gradfuse.redact import redact
+
     console.print(f"[bold red]error:[/] {escape(redact(message))}")
     raise typer.Exit(2)
 
 
 def _run_guarded(action):
     """Turn the library's specific errors into one clear line and exit code 2, instead of a traceback."""
+    from gradfuse.config import ConfigError
+    from gradfuse.execute import RayUnavailable
+    from gradfuse.federation.federated import AllSourcesFailed
+    from gradfuse.fusion import UnknownMethod
+    from gradfuse.generate.openai_http import EndpointError
+    from gradfuse.sources import IngestError, SourceError
+
     try:
         return action()
     except (SourceError, IngestError, UnknownMethod, AllSourcesFailed, ConfigError, RayUnavailable, EndpointError,

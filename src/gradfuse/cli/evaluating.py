@@ -10,7 +10,6 @@ from typing import Annotated, Optional
 import typer
 
 from gradfuse.cli.common import ConfigOpt, WorkspaceOpt, _run_guarded, _workspace, app, console, escape
-from gradfuse.config import load_config
 
 
 @app.command()
@@ -45,6 +44,8 @@ def tune(
     held = [value for value in values if value.lm_setting and not write_lm_settings]
     if not target.exists():  # a new file must say which workspace it tunes
         target.write_text(f"workspace = {json.dumps(os.path.relpath(ws.root, target.resolve().parent))}\n")
+    from gradfuse.config import load_config
+
     # what is written must read back as a valid configuration before it replaces the file
     _run_guarded(lambda: write_tuned(target, [value for value in values if value not in held],
                                      lambda written: load_config(written, workspace=workspace)))

@@ -6,7 +6,6 @@ from typing import Annotated, Optional
 
 import typer
 
-from gradfuse.access.keys import keys_required
 from gradfuse.cli.common import ConfigOpt, WorkspaceOpt, _fail, _run_guarded, _workspace, app, console
 from gradfuse.cli.watching import print_synced, print_watching, workspace_watcher
 
@@ -29,6 +28,7 @@ def serve(
 
     from gradfuse.server.app import serve as run_server
 
+    from gradfuse.access.keys import keys_required
     from gradfuse.execute import make_executor
 
     ws = _workspace(config, workspace)

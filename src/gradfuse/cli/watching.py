@@ -4,24 +4,31 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Annotated, Callable
+from typing import TYPE_CHECKING, Annotated, Callable, Optional
 
 import typer
 
 from gradfuse.cli.common import ConfigOpt, WorkspaceOpt, _fail, _workspace, app, console, escape
-from gradfuse.indexing import BuildReport
-from gradfuse.indexing.watch import DEBOUNCE_S, RESCAN_S, FolderWatcher, FollowedSpecs, Synced, folder_specs
-from gradfuse.sources import SourceSpec
-from gradfuse.workspace import Workspace
 
-Debounce = Annotated[float, typer.Option(help="Seconds a folder stays quiet before its changes are published")]
-Rescan = Annotated[float, typer.Option(help="Seconds between syncs without a file event (the fallback where "
-                                            "none come: network filesystems)")]
+if TYPE_CHECKING:
+    from gradfuse.indexing import BuildReport
+    from gradfuse.indexing.watch import FolderWatcher, Synced
+    from gradfuse.sources import SourceSpec
+    from gradfuse.workspace import Workspace
+
+# Defaults None: indexing.watch's DEBOUNCE_S and RESCAN_S, read when the command runs (--help imports no watcher).
+Debounce = Annotated[Optional[float], typer.Option(help="Seconds a folder stays quiet before its changes are "
+                                                        "published (default 0.5)", show_default=False)]
+Rescan = Annotated[Optional[float], typer.Option(help="Seconds between syncs without a file event (the fallback "
+                                                      "where none come: network filesystems; default 60)",
+                                                 show_default=False)]
 
 
-def workspace_watcher(ws: Workspace, done: Callable[[Synced], None], *, debounce_s: float = DEBOUNCE_S,
-                      rescan_s: float = RESCAN_S) -> FolderWatcher | None:
+def workspace_watcher(ws: Workspace, done: Callable[[Synced], None], *, debounce_s: float | None = None,
+                      rescan_s: float | None = None) -> FolderWatcher | None:
     """A watcher of the workspace's folder sources (not started), or None where it has none."""
+    from gradfuse.indexing.watch import DEBOUNCE_S, RESCAN_S, FolderWatcher, FollowedSpecs, folder_specs
+
     specs = folder_specs(ws.root, [s.spec for s in ws.config.sources.values() if s.spec is not None])
     if not specs:
         return None
@@ -31,12 +38,15 @@ def workspace_watcher(ws: Workspace, done: Callable[[Synced], None], *, debounce
         published, seen, encoder = followed.now(spec.name)
         return ws.index(published, wait=True, options_seen=seen, encoder=encoder)
 
-    return FolderWatcher(specs, sync, done=done, ignore=[ws.root], debounce_s=debounce_s, rescan_s=rescan_s)
+    return FolderWatcher(specs, sync, done=done, ignore=[ws.root],
+                         debounce_s=DEBOUNCE_S if debounce_s is None else debounce_s,
+                         rescan_s=RESCAN_S if rescan_s is None else rescan_s)
 
 
-def print_watching(watcher: FolderWatcher, rescan_s: float = RESCAN_S) -> None:
+def print_watching(watcher: FolderWatcher) -> None:
     for name, why in watcher.unwatched.items():
-        console.print(f"[yellow]{escape(name)}[/]: no file events ({escape(why)}); rescanned every {rescan_s:g} s")
+        console.print(f"[yellow]{escape(name)}[/]: no file events ({escape(why)}); rescanned every "
+                      f"{watcher.rescan_s:g} s")
     console.print(f"watching {len(watcher.sources)} folder source(s): {', '.join(watcher.sources)}")
 
 
@@ -53,7 +63,7 @@ def print_synced(synced: Synced) -> None:
 
 
 @app.command()
-def watch(debounce: Debounce = DEBOUNCE_S, rescan: Rescan = RESCAN_S, config: ConfigOpt = None,
+def watch(debounce: Debounce = None, rescan: Rescan = None, config: ConfigOpt = None,
           workspace: WorkspaceOpt = None):
     """Keep the folder sources current: each burst of changes (edits, new, renamed and deleted files) is read and
     published as the source's new version, the rest of the folder untouched. Watches the folder sources the config
@@ -66,7 +76,7 @@ def watch(debounce: Debounce = DEBOUNCE_S, rescan: Rescan = RESCAN_S, config: Co
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with watcher:
-        print_watching(watcher, rescan)
+        print_watching(watcher)
         console.print("Ctrl-C stops")
         try:
             while not stop.wait(1.0):

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from gradfuse.embedding.encoder_names import encoder_name
 from gradfuse.indexing.file_readers import with_file_readers
-from gradfuse.indexing.folder_sync import FILE_CHUNK_OVERLAP, FILE_CHUNK_WORDS, file_options, sync_folder
+from gradfuse.indexing.folder_sync import (FILE_CHUNK_OVERLAP, FILE_CHUNK_WORDS, file_options, listing_options,
+                                           sync_folder)
 from gradfuse.indexing.lock import source_lock
 from gradfuse.indexing.report import BuildReport
 from gradfuse.indexing.versions import (
@@ -54,7 +55,7 @@ def read_documents(spec: SourceSpec, report: IngestReport, cache: Path | None = 
         fields = {k: options[k] for k in ("id_field", "text_field", "title_field") if k in options}
         documents = read_jsonl(path, report, skip_malformed=skip, readers_field=readers_field, **fields)
     elif spec.kind == "files":
-        files = read_files(path, report, **file_options(options), cache=cache)
+        files = read_files(path, report, **file_options(options), **listing_options(options), cache=cache)
         return list(with_file_readers(files, options.get("readers", {}), report, path))
     else:
         # A run source keeps only the corpus documents its run ranks: the rest could never be returned.

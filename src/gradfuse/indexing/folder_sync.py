@@ -67,6 +67,11 @@ def file_options(options: dict) -> dict:
             "links_outside": bool(options.get("links_outside", False))}
 
 
+def listing_options(options: dict) -> dict:
+    """Which files of the folder a files source lists (ingest/files.py: list_files)."""
+    return {"hidden": bool(options.get("hidden", False)), "gitignore": bool(options.get("gitignore", True))}
+
+
 @dataclasses.dataclass
 class _Changes:
     kept: dict[str, FileRecord]  # files as they were
@@ -120,7 +125,7 @@ def sync_folder(workspace: Path, spec: SourceSpec, encoder: str, progress: bool,
     known = read_files_table(base / "docs.sqlite") if base is not None else {}
     report = IngestReport()
     listed_at = time.time_ns()
-    listed = list_files(folder, report)
+    listed = list_files(folder, report, **listing_options(spec.options))
     readers = readers_by_file(spec.options.get("readers", {}), folder, [f.relative for f in listed])
     report.unmatched_readers.extend(readers.unmatched)
     notes = unmatched_readers_notes(report)

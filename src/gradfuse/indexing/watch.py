@@ -101,6 +101,11 @@ class FolderWatcher:
         self.unwatched: dict[str, str] = {}  # sources without file events (why): the rescan keeps them current
 
     @property
+    def rescan_s(self) -> float:
+        """Seconds between syncs of a source without a file event."""
+        return self._rescan_s
+
+    @property
     def sources(self) -> list[str]:
         return list(self._specs)
 

@@ -36,7 +36,7 @@ from gradfuse.ingest.readers import (
     check_size,
 )
 from gradfuse.ingest.readers.isolation import ParserWorker, kept_parser
-from gradfuse.ingest.readers.plain import BOMS
+from gradfuse.ingest.readers.plain import BOMS, looks_like_text
 
 # Bump when a reader's output or the cutting of files into chunks changes: cached parses are not reused, and folder
 # sources are written whole again (indexing/folder_sync.py)
@@ -71,19 +71,23 @@ class FileRead:
     retry: bool = False  # it could not be opened now (or changed while it was): read it again next time
 
 
-def list_files(folder: Path, report: IngestReport) -> list[ListedFile]:
-    """Every file under `folder` of a format gradfuse reads, in path order, with its stat (followed through a
-    link); a folder that cannot be listed is reported and left out."""
+def list_files(folder: Path, report: IngestReport, *, hidden: bool = False,
+               gitignore: bool = True) -> list[ListedFile]:
+    """Every file under `folder`, in path order, with its stat (followed through a link); a folder that cannot be
+    listed is reported and left out. Skipped and reported unless `hidden`: files and folders whose names start
+    with a dot (.git, .venv, .env) and tool folders (`TOOL_FOLDERS`); unless not `gitignore`: what the folder's
+    .gitignore files exclude."""
     if not folder.is_dir():
         raise IngestError(f"{folder} is not a folder")
     listed = []
-    for relative, found in _walk(folder, report):
+    for relative, found in _walk(folder, report, hidden, gitignore):
         listed.append(ListedFile(relative, found.st_size, found.st_mtime_ns, found.st_ctime_ns, found.st_ino))
     return listed
 
 
 def read_files(folder: Path, report: IngestReport, *, words: int, overlap: int, links_outside: bool = False,
-               limits: ReaderLimits | None = None, cache: Path | None = None) -> Iterator[Document]:
+               limits: ReaderLimits | None = None, cache: Path | None = None, hidden: bool = False,
+               gitignore: bool = True) -> Iterator[Document]:
     """The chunks of every readable file under `folder`, in path order, each named `<relative path>#<n>`. A file
     that cannot be read is skipped and reported with its reason; `cache`: the source's folder for parsed files
     (entries this read did not use are removed once every file was read)."""
@@ -91,7 +95,7 @@ def read_files(folder: Path, report: IngestReport, *, words: int, overlap: int, 
     used = set()
     with FileReader(folder, words=words, overlap=overlap, limits=limits, links_outside=links_outside,
                     cache=cache) as reader:
-        for listed in list_files(folder, report):
+        for listed in list_files(folder, report, hidden=hidden, gitignore=gitignore):
             read = reader.read(listed.relative)
             report.merge(read.report)
             used.add(read.parse_entry)
@@ -183,8 +187,13 @@ def _read_bytes(path: Path, relative: str, root: Path, report: IngestReport, lim
         if inode is not None and os.fstat(handle.fileno()).st_ino != inode:
             raise OSError(errno.ESTALE, "it changed while the folder was read")
         head = handle.read(8192)
-        if path.suffix.lower() in TEXT_FORMATS and _binary(head):  # known before the rest is read (1 GB of zeros)
+        suffix = path.suffix.lower()
+        if suffix in TEXT_FORMATS and _binary(head):  # known before the rest is read (1 GB of zeros)
             report.skipped_binary.append(relative)
+            return None
+        if suffix not in SUFFIXES and not head.startswith((b"%PDF-", b"PK\x03\x04")) and not looks_like_text(head):
+            report.skipped_unreadable.append((relative, "not text", f"its name{f' ({suffix})' if suffix else ''} "
+                                              "says no format gradfuse reads, and its bytes are not text"))
             return None
         try:
             check_size(os.fstat(handle.fileno()).st_size, limits)
@@ -202,7 +211,8 @@ def _parse(data: bytes, relative: str, report: IngestReport, parser, limits: Rea
     except Unreadable as error:
         report.skipped_unreadable.append((relative, error.reason, str(error)))
         return None
-    if kind != (TEXT_FORMATS.get(suffix) or suffix.lstrip(".")) and kind not in ("binary", "zip"):
+    expected = TEXT_FORMATS.get(suffix) or PARSED_FORMATS.get(suffix) or "text"  # a name it does not know: text
+    if kind != expected and kind not in ("binary", "zip"):
         report.read_by_content.append(f"{relative} (read as {kind})")
     if parsed is None:
         report.skipped_binary.append(relative)
@@ -298,13 +308,20 @@ def _chunks(relative: str, title: str, parsed: Parsed, words: int, overlap: int)
             number += 1
 
 
-def _walk(folder: Path, report: IngestReport) -> list[tuple[str, os.stat_result]]:
-    """(path in the folder, stat) of the readable files under `folder`, in path order, without recursion (a
-    folder 1,200 levels deep is fine) and without entering linked folders (as Path.rglob); a folder that cannot be
-    listed is reported and left out. Plain strings, not Paths: a sync lists every file of the folder each time."""
-    found, pending = [], [""]
+# Folders of a tool's own files, skipped as hidden ones are: a package manager's and Python's byte code.
+TOOL_FOLDERS = frozenset({"node_modules", "__pycache__"})
+_GITIGNORE_BYTES = 1024 * 1024  # a .gitignore larger than this is not read (its folder is listed whole)
+
+
+def _walk(folder: Path, report: IngestReport, hidden: bool = False,
+          gitignore: bool = True) -> list[tuple[str, os.stat_result]]:
+    """(path in the folder, stat) of the files under `folder` (see `list_files`), in path order, without recursion
+    (a folder 1,200 levels deep is fine) and without entering linked folders (as Path.rglob); a folder that cannot
+    be listed is reported and left out. Plain strings, not Paths: a sync lists every file of the folder each time."""
+    found: list[tuple[str, os.stat_result]] = []
+    pending: list[tuple[str, tuple[_Rules, ...]]] = [("", ())]
     while pending:
-        listed = pending.pop()
+        listed, rules = pending.pop()
         try:
             entries = list(os.scandir(os.path.join(folder, listed)))
         except OSError as error:
@@ -312,11 +329,21 @@ def _walk(folder: Path, report: IngestReport) -> list[tuple[str, os.stat_result]
                 raise IngestError(f"{folder} cannot be read ({error.strerror})") from None
             report.skipped_unreadable.append((f"{listed}/", "unreadable", error.strerror or type(error).__name__))
             continue
+        if gitignore and (ignore_file := next((e for e in entries if e.name == ".gitignore"), None)):
+            rules = (*rules, *_gitignore_rules(ignore_file, listed, report))
         for entry in entries:
             relative = f"{listed}/{entry.name}" if listed else entry.name
-            if entry.is_dir(follow_symlinks=False):
-                pending.append(relative)
-            elif os.path.splitext(entry.name)[1].lower() in SUFFIXES:
+            is_folder = entry.is_dir(follow_symlinks=False)
+            shown = f"{relative}/" if is_folder else relative
+            if not hidden and (entry.name.startswith(".") or (is_folder and entry.name in TOOL_FOLDERS)):
+                report.skipped_unreadable.append((shown, "hidden", "a hidden file or a tool's folder (the source's "
+                                                                   "hidden option reads them)"))
+            elif rules and _ignored(rules, relative, is_folder):
+                report.skipped_unreadable.append((shown, "ignored", "a .gitignore of the folder excludes it (the "
+                                                                    "source's gitignore option can be turned off)"))
+            elif is_folder:
+                pending.append((relative, rules))
+            else:
                 try:  # follows a link: one that loops (ELOOP) is named in the report, never fatal
                     if entry.is_file():
                         found.append((relative, entry.stat()))
@@ -327,6 +354,39 @@ def _walk(folder: Path, report: IngestReport) -> list[tuple[str, os.stat_result]
                 except OSError as error:
                     report.skipped_unreadable.append((relative, "unreadable", error.strerror or type(error).__name__))
     return sorted(found, key=lambda item: item[0].split("/"))
+
+
+@dataclass(frozen=True)
+class _Rules:
+    """One .gitignore's patterns and the folder (in the indexed one) whose paths they match."""
+
+    base: str
+    spec: object  # pathspec.GitIgnoreSpec
+
+
+def _gitignore_rules(entry: os.DirEntry, listed: str, report: IngestReport) -> list[_Rules]:
+    import pathspec
+
+    try:
+        if not entry.is_file() or entry.stat().st_size > _GITIGNORE_BYTES:
+            return []
+        with open(entry.path, encoding="utf-8", errors="replace") as handle:
+            return [_Rules(listed, pathspec.GitIgnoreSpec.from_lines(handle.read().splitlines()))]
+    except OSError as error:
+        report.skipped_unreadable.append((f"{listed}/.gitignore" if listed else ".gitignore", "unreadable",
+                                          error.strerror or type(error).__name__))
+        return []
+
+
+def _ignored(rules: tuple[_Rules, ...], relative: str, is_folder: bool) -> bool:
+    """As git decides: the deepest .gitignore with a pattern that matches the path (a folder's with its "/")
+    says whether it is excluded ("!" patterns re-include)."""
+    for rule in reversed(rules):
+        path = relative[len(rule.base) + 1:] if rule.base else relative
+        decided = rule.spec.check_file(f"{path}/" if is_folder else path).include
+        if decided is not None:
+            return decided
+    return False
 
 
 @contextmanager

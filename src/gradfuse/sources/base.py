@@ -23,7 +23,7 @@ _RECORDS = ("skip_malformed", "readers_field", "id_prefix", *_CHUNKING)
 # than ignored (a misspelt `readers` would leave every file open to every reader).
 BUILD_OPTIONS: dict[str, tuple[str, ...]] = {
     "beir": _RECORDS, "jsonl": (*_RECORDS, "id_field", "text_field", "title_field"),
-    "files": (*_CHUNKING, "links_outside", "readers", *LIMIT_OPTIONS),
+    "files": (*_CHUNKING, "links_outside", "hidden", "gitignore", "readers", *LIMIT_OPTIONS),
     "run": ("corpus", "queries", "skip_malformed", "readers_field"),
 }
 FORMAT_VERSION = 3  # bump when the on-disk layout changes, so old builds are rebuilt rather than misread

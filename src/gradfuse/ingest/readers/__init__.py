@@ -164,14 +164,19 @@ _OFFICE_PARTS = (("word/", "docx"), ("ppt/", "pptx"), ("xl/", "xlsx"))
 
 def format_of(suffix: str, data: bytes, limits: ReaderLimits) -> str:
     """The format a file's content says (a PDF or an Office zip behind any extension), else its extension's
-    (`suffix`, lower case). A zip's directory is checked here, before any part is read."""
+    (`suffix`, lower case), else text where its bytes are text. A zip's directory is checked here, before any part
+    is read."""
     if data.startswith(b"%PDF-"):
         return "pdf"
     if data.startswith(b"PK\x03\x04"):
         return _zip_format(suffix, data, limits)
     if suffix in (".pdf", ".docx", ".pptx", ".xlsx"):
         return "text" if b"\x00" not in data[:8192] else "binary"  # a text file named .pdf is read as text
-    return TEXT_FORMATS.get(suffix) or PARSED_FORMATS.get(suffix) or "binary"
+    if suffix in TEXT_FORMATS or suffix in PARSED_FORMATS:
+        return TEXT_FORMATS.get(suffix) or PARSED_FORMATS[suffix]
+    from gradfuse.ingest.readers.plain import looks_like_text
+
+    return "text" if looks_like_text(data[:8192]) else "binary"  # README, NEWS, notes.rst: text by their bytes
 
 
 _OFFICE = ("docx", "pptx", "xlsx")

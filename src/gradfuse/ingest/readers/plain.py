@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import re
 
 from gradfuse.candidate import Location
 from gradfuse.ingest.readers import Parsed, Reading
@@ -24,6 +25,31 @@ def decode(raw: bytes) -> tuple[str, bool]:
             return raw.decode("cp1252"), True
         except UnicodeDecodeError:
             return raw.decode("latin-1"), True
+
+
+# An encoding a file declares in its first lines: "-*- coding: latin-1 -*-" (Python, Emacs), "vim: set
+# fileencoding=...", <meta charset="..."> or <?xml ... encoding="..."?>.
+_DECLARED = re.compile(rb"(?:coding[:=]|charset=|encoding=)\s*[\"']?([-\w.]+)", re.IGNORECASE)
+
+
+def looks_like_text(head: bytes) -> bool:
+    """Whether a file's first bytes (of a name gradfuse reads by no suffix) are text: a BOM; or no NUL byte and
+    UTF-8 (a character cut by the end of `head` allowed) or the encoding the first two lines declare."""
+    if any(head.startswith(bom) for bom, _ in BOMS):
+        return True
+    if b"\x00" in head:
+        return False
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+        return True
+    except UnicodeDecodeError:
+        pass
+    declared = _DECLARED.search(b"\n".join(head.split(b"\n", 2)[:2]))
+    try:
+        codecs.getincrementaldecoder(declared.group(1).decode("ascii"))().decode(head, final=False)
+        return True
+    except (AttributeError, LookupError, UnicodeDecodeError):  # none declared, an unknown codec, not in it
+        return False
 
 
 def read_text(text: str, name: str, reading: Reading) -> Parsed:
