@@ -4,7 +4,9 @@ kernels): the page's files and the demo's inputs are inside it."""
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import subprocess
 import sys
 import sysconfig
@@ -67,6 +69,17 @@ def test_the_wheel_installs_into_a_fresh_venv_and_runs_the_demo(tmp_path):
     assert demo.stdout.count("Evidence") >= len(QUESTIONS)
     first_quote = demo.stdout.split("Evidence", 1)[1].splitlines()[1]
     assert "python-reference/with#" in first_quote, first_quote
+    # What the demo answered is what `gradfuse ask` answers afterwards, asked as the demo prints (issue 71), with
+    # this CPU's own kernels.
+    printed = "".join(demo.stdout.split())
+    for question in QUESTIONS:
+        asked = subprocess.run([str(venv / "bin" / "gradfuse"), "ask", question.text, *question.flags(), "--json",
+                                "--workspace", ".gradfuse/demo"],
+                               cwd=run_in, capture_output=True, text=True, timeout=600,
+                               env={**os.environ, "HF_HUB_OFFLINE": "1"}, check=True)
+        answer = json.loads(asked.stdout)["answer"]
+        assert "".join(answer.split()) in printed, (question.text, answer)
+        assert "".join(f"gradfuse ask {shlex.quote(question.text)} {' '.join(question.flags())}".split()) in printed
 
 
 def _best_evidence(workspace, question):

@@ -25,8 +25,13 @@ STDLIB_MODULES = (
 @dataclass(frozen=True)
 class DemoQuestion:
     text: str
-    search: dict  # Workspace.search options; k: the passages the answer reads
+    search: dict  # Workspace.search options; k: the passages the answer reads (`gradfuse ask --k`)
     how: str  # what the demo says about the retrieval it uses
+
+    def flags(self) -> list[str]:
+        """The options of `gradfuse ask` that ask as the demo does (the demo prints them): a user who types them
+        gets its answer (issue 71: without --k 3 the "with" question quotes another sentence)."""
+        return [part for key, value in self.search.items() for part in (f"--{key}", str(value))]
 
 
 DEFAULT = {"k": 3}

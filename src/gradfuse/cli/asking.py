@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import threading
 import time
 from pathlib import Path
@@ -223,11 +224,13 @@ def demo(workspace: Annotated[Path, typer.Option("--workspace", "-w")] = Path(".
         _print_build(ws.index(spec, progress=True))
     sources(None, workspace)
     for question in QUESTIONS:
-        search = {key: value for key, value in question.search.items() if key != "k"}
-        if search.get("method") == "gro":
+        if question.search.get("method") == "gro":
             preload.join()
         console.print(f"\n[dim]{escape(question.how)}[/]")
+        command = " ".join(["gradfuse ask", shlex.quote(question.text), *question.flags(), f"--workspace {workspace}"])
+        console.print(f"[dim]{escape(command)}[/]")
         started = time.perf_counter()
+        search = {key: value for key, value in question.search.items() if key != "k"}
         print_answer(ws.ask(question.text, context_k=question.search["k"], **search))
         console.print(f"[dim]({time.perf_counter() - started:.1f} s from question to answer)[/]")
     writer = ("the passages' own sentences, quoted: the bundled 135M generator's own answers held the right answer "
