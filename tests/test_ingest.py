@@ -424,11 +424,18 @@ def test_text_files_without_a_known_suffix_are_read_and_every_skipped_file_is_na
                                     .encode("latin-1"))
     (folder / "lamp-daemon").write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) * 8)  # a program
     (folder / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(64))
+    (folder / "hexed").write_bytes(b"# coding: hex\n\xff\xfe the lamp")  # a codec of bytes, not of text
+    (folder / "lamp.key").write_text("-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA\n")
+    (folder / "deploy").write_text("the lamp's key\n-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXkt\n")
+    for name in ("prod.env", "credentials.json", "terraform.tfstate", "id_ed25519"):
+        (folder / name).write_text("the lamp token is s3cret\n")
     report = ws.index(SourceSpec("package", "files", str(folder)))
     assert _indexed_files(ws, "package") == {"README", "INSTALL", "NEWS", "README.Debian", "notes.md", "legacy"}
     assert report.formats == {"text": 5, "markdown": 1}
-    assert {(name, reason) for name, reason, _ in report.skipped} == {("lamp-daemon", "not text"),
-                                                                      ("logo.png", "not text")}
+    assert {(name, reason) for name, reason, _ in report.skipped} == {
+        ("lamp-daemon", "not text"), ("logo.png", "not text"), ("hexed", "not text"), ("lamp.key", "secret"),
+        ("deploy", "secret"), ("prod.env", "secret"), ("credentials.json", "secret"), ("terraform.tfstate", "secret"),
+        ("id_ed25519", "secret")}
     assert "café" in ws.source("package", "bm25").search("cafe keeper café", 1)[0].text
     assert not report.ingest["read_by_content"]  # text by its bytes is no surprise to report
 
@@ -450,11 +457,18 @@ def test_hidden_folders_tool_folders_and_gitignored_files_are_skipped_unless_ask
         (".gitignore", "hidden"), ("sub/.gitignore", "hidden"), ("build/", "ignored"), ("app.log", "ignored"),
         ("sub/draft.md", "ignored")}
     assert not [hit for hit in ws.source("repo", "bm25").search("API_KEY s3cret", 10) if "s3cret" in hit.text]
+    (folder / "docs" / "keep" / "deep").mkdir(parents=True)  # git's "keep only Markdown" idiom, and a bad line
+    (folder / "docs" / ".gitignore").write_text("*\n!*/\n!*.md\n[z-a]\n# the end\n")
+    (folder / "docs" / "keep" / "deep" / "page.md").write_text("a page\nthe end\n")
+    (folder / "docs" / "keep" / "deep" / "draft.txt").write_text("a draft\nthe end\n")
+    ws.index(SourceSpec("repo", "files", str(folder)))
+    assert _indexed_files(ws, "repo") == {"notes.txt", "keep.log", "sub/final.md", "docs/keep/deep/page.md"}
     ws.index(SourceSpec("everything", "files", str(folder), {"hidden": True, "gitignore": False}))
-    assert _indexed_files(ws, "everything") == {".git/config", ".git/description", ".venv/lib/site.txt", ".env",
+    assert _indexed_files(ws, "everything") == {".git/config", ".git/description", ".venv/lib/site.txt",
                                                  "node_modules/left-pad/README.md", "notes.txt", ".gitignore",
                                                  "build/out.txt", "app.log", "keep.log", "sub/.gitignore",
-                                                 "sub/draft.md", "sub/final.md"}
+                                                 "sub/draft.md", "sub/final.md", "docs/.gitignore",
+                                                 "docs/keep/deep/page.md", "docs/keep/deep/draft.txt"}
 
 
 def test_a_source_built_before_picks_up_text_files_and_drops_hidden_ones_at_its_next_sync(ws, tmp_path, monkeypatch):

@@ -14,6 +14,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import stat
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -191,10 +192,15 @@ def _read_bytes(path: Path, relative: str, root: Path, report: IngestReport, lim
         if suffix in TEXT_FORMATS and _binary(head):  # known before the rest is read (1 GB of zeros)
             report.skipped_binary.append(relative)
             return None
-        if suffix not in SUFFIXES and not head.startswith((b"%PDF-", b"PK\x03\x04")) and not looks_like_text(head):
-            report.skipped_unreadable.append((relative, "not text", f"its name{f' ({suffix})' if suffix else ''} "
-                                              "says no format gradfuse reads, and its bytes are not text"))
-            return None
+        if suffix not in SUFFIXES and not head.startswith((b"%PDF-", b"PK\x03\x04")):
+            if not looks_like_text(head):
+                report.skipped_unreadable.append((relative, "not text", f"its name{f' ({suffix})' if suffix else ''}"
+                                                  " says no format gradfuse reads, and its bytes are not text"))
+                return None
+            if _SECRET_NAME.search(path.name) or _PRIVATE_KEY.search(head):
+                report.skipped_unreadable.append((relative, "secret", "its name or first lines say a key or "
+                                                  "credentials: a file read by its content never indexes one"))
+                return None
         try:
             check_size(os.fstat(handle.fileno()).st_size, limits)
         except Unreadable as error:
@@ -310,7 +316,7 @@ def _chunks(relative: str, title: str, parsed: Parsed, words: int, overlap: int)
 
 # Folders of a tool's own files, skipped as hidden ones are: a package manager's and Python's byte code.
 TOOL_FOLDERS = frozenset({"node_modules", "__pycache__"})
-_GITIGNORE_BYTES = 1024 * 1024  # a .gitignore larger than this is not read (its folder is listed whole)
+_GITIGNORE_BYTES = 64 * 1024  # a .gitignore larger than this is not applied (reported; its folder listed whole)
 
 
 def _walk(folder: Path, report: IngestReport, hidden: bool = False,
@@ -358,24 +364,42 @@ def _walk(folder: Path, report: IngestReport, hidden: bool = False,
 
 @dataclass(frozen=True)
 class _Rules:
-    """One .gitignore's patterns and the folder (in the indexed one) whose paths they match."""
+    """One .gitignore's patterns and the folder (in the indexed one) whose paths they match: files by git's rules
+    (a file in an excluded folder stays excluded), folders by the last pattern that matches ("*" then "!*/" keeps
+    every folder open, as in git)."""
 
     base: str
-    spec: object  # pathspec.GitIgnoreSpec
+    files: object  # pathspec.GitIgnoreSpec
+    folders: object  # pathspec.PathSpec
 
 
 def _gitignore_rules(entry: os.DirEntry, listed: str, report: IngestReport) -> list[_Rules]:
+    """The rules of one .gitignore (read inside the folder only, up to _GITIGNORE_BYTES); lines that are no
+    pattern are left out, as git leaves them."""
     import pathspec
 
+    where = f"{listed}/.gitignore" if listed else ".gitignore"
     try:
-        if not entry.is_file() or entry.stat().st_size > _GITIGNORE_BYTES:
+        if not entry.is_file(follow_symlinks=False):
             return []
-        with open(entry.path, encoding="utf-8", errors="replace") as handle:
-            return [_Rules(listed, pathspec.GitIgnoreSpec.from_lines(handle.read().splitlines()))]
+        with open(entry.path, "rb") as handle:
+            raw = handle.read(_GITIGNORE_BYTES + 1)
     except OSError as error:
-        report.skipped_unreadable.append((f"{listed}/.gitignore" if listed else ".gitignore", "unreadable",
-                                          error.strerror or type(error).__name__))
+        report.skipped_unreadable.append((where, "unreadable", error.strerror or type(error).__name__))
         return []
+    if len(raw) > _GITIGNORE_BYTES:
+        report.skipped_unreadable.append((where, "too large", f"over {_GITIGNORE_BYTES // 1024} KiB: its patterns "
+                                                              "are not applied"))
+        return []
+    lines = []
+    for line in raw.decode("utf-8-sig", errors="replace").splitlines():
+        try:
+            pathspec.GitIgnoreSpec.from_lines([line])
+            lines.append(line)
+        except Exception:  # noqa: BLE001 - pathspec refuses what git ignores ("!", "[z-a]")
+            continue
+    return [_Rules(listed, pathspec.GitIgnoreSpec.from_lines(lines), pathspec.PathSpec.from_lines("gitignore",
+                                                                                                  lines))]
 
 
 def _ignored(rules: tuple[_Rules, ...], relative: str, is_folder: bool) -> bool:
@@ -383,7 +407,8 @@ def _ignored(rules: tuple[_Rules, ...], relative: str, is_folder: bool) -> bool:
     says whether it is excluded ("!" patterns re-include)."""
     for rule in reversed(rules):
         path = relative[len(rule.base) + 1:] if rule.base else relative
-        decided = rule.spec.check_file(f"{path}/" if is_folder else path).include
+        spec = rule.folders if is_folder else rule.files
+        decided = spec.check_file(f"{path}/" if is_folder else path).include
         if decided is not None:
             return decided
     return False
@@ -401,6 +426,14 @@ def _opened(path: Path, root: Path, links_outside: bool):
         yield (handle if stat.S_ISREG(os.fstat(descriptor).st_mode) else None), outside
     finally:
         handle.close()
+
+
+# Files read by their content (no known suffix) that hold keys or credentials, by name: SSH and TLS keys,
+# keystores, password databases, Terraform state and variables, "secrets", "credentials", "passwords", env files;
+# and by content: a PEM private key.
+_SECRET_NAME = re.compile(r"^id_(rsa|dsa|ecdsa|ed25519)$|\.(pem|key|p12|pfx|jks|keystore|kdbx|tfstate|tfvars|env)$"
+                          r"|(^|[._-])(secrets?|credentials?|passwords?|env)([._-]|$)", re.IGNORECASE)
+_PRIVATE_KEY = re.compile(rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
 
 
 def _binary(head: bytes) -> bool:

@@ -208,10 +208,10 @@ def _located(sentences: list[str], text: str) -> list[tuple[int, int]]:
     return spans
 
 
-# What may end a sentence, or lead pysbd to cut, before a piece's last character: a stop, a list's "1)" or "a)",
-# a bullet, a quotation mark, an asterisk, a carriage return. A piece without any is one sentence, and pysbd (most
+# What may end a sentence, or lead pysbd to cut, before a piece's last character: a stop (full-width ones too), a
+# list's "1)" or "a)", a bullet, a quotation mark, an asterisk, a carriage return. A piece without any is one sentence, and pysbd (most
 # of an answer's evidence time) is not asked: on 53,329 pieces of 17,761 passages it gave the same spans for all.
-_MAY_CUT = re.compile(r"[.!?…\"\r*•·◦▪]|\w\)")
+_MAY_CUT = re.compile(r"[.!?…\"\r*•·◦▪。．！？]|\w[)）]")
 
 
 def _pysbd_sentences(piece: str) -> list[tuple[int, int]]:

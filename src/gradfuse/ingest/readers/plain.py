@@ -46,9 +46,12 @@ def looks_like_text(head: bytes) -> bool:
         pass
     declared = _DECLARED.search(b"\n".join(head.split(b"\n", 2)[:2]))
     try:
-        codecs.getincrementaldecoder(declared.group(1).decode("ascii"))().decode(head, final=False)
+        codec = codecs.lookup(declared.group(1).decode("ascii"))
+        if not codec._is_text_encoding:  # "hex", "base64", "zlib": codecs of bytes, which say nothing of text
+            return False
+        codec.incrementaldecoder().decode(head, final=False)
         return True
-    except (AttributeError, LookupError, UnicodeDecodeError):  # none declared, an unknown codec, not in it
+    except Exception:  # noqa: BLE001 - none declared, an unknown codec, bytes not in it: no text, one file skipped
         return False
 
 
