@@ -54,6 +54,8 @@ WORKSPACES = ROOT / ".gradfuse" / "bench" / "latency"  # one workspace per code,
 BASELINE = "360c39f"  # main before issue 70's evidence step and issue 71's imports
 GRADFUSE = Path(sys.executable).with_name("gradfuse")
 WARM_UP = "What does the json module do?"
+# Issue 71's targets for a cold command on two cores (wall seconds, p50).
+COLD_TARGETS = {"gradfuse --help": 0.15, "gradfuse search (select)": 0.4, "gradfuse ask (select)": 0.6}
 QUESTIONS = [  # questions the demo's sources answer, none asked twice (each embeds and ranks from scratch)
     "How do I turn a Python dictionary into a JSON string?",
     'What happens when the body of a "with" statement raises an exception?',
@@ -112,6 +114,8 @@ def cold_cli(env: dict, repeats: int) -> dict:
         "gradfuse ask (select)": ["ask", QUESTIONS[0], *ws],
     }
     rows = {}
+    bare = [timed_command([sys.executable, "-c", "pass"], env) for _ in range(repeats)]
+    rows["python -c pass"] = {"wall": percentiles([w for w, _ in bare]), "cpu": percentiles([c for _, c in bare])}
     for name, args in commands.items():
         runs = [timed_command([str(GRADFUSE), *args], env) for _ in range(repeats)]
         rows[name] = {"wall": percentiles([w for w, _ in runs]), "cpu": percentiles([c for _, c in runs])}
@@ -342,13 +346,23 @@ def section(results: dict, kernels: str) -> list[str]:
         "|---|---|---|",
     ]
     for name in after["cold"]:
-        lines.append(f"| cold `{name.removeprefix('gradfuse ')}` | {cell(before['cold'][name])} | "
-                     f"{cell(after['cold'][name])} |")
+        if name in before["cold"]:
+            lines.append(f"| cold `{name.removeprefix('gradfuse ')}` | {cell(before['cold'][name])} | "
+                         f"{cell(after['cold'][name])} |")
     lines.append(f"| server start (no --preload-lm) | {cell(before['server_start'])} | {cell(after['server_start'])} |")
     for name in after["warm"]:
         if name in before["warm"]:
             lines.append(f"| warm {name} | {cell(before['warm'][name])} | {cell(after['warm'][name])} |")
     repeated, kept_alive = (after["warm"][f"/ask repeated question{how}"] for how in ("", ", kept-alive"))
+    if "python -c pass" in after["cold"]:
+        bare = after["cold"]["python -c pass"]["wall"]["p50"]
+        lines += ["", f"Cold commands (after) against a bare `python -c pass` in the same run ({bare:.3f} s) and "
+                      "issue 71's targets: " + "; ".join(
+                          f"`{name.removeprefix('gradfuse ')}` {after['cold'][name]['wall']['p50']:.2f} s = "
+                          f"{after['cold'][name]['wall']['p50'] / bare:.0f}× (target {target:g} s: "
+                          + ("met" if after["cold"][name]["wall"]["p50"] <= target else
+                             f"missed by {after['cold'][name]['wall']['p50'] - target:.2f} s") + ")"
+                          for name, target in COLD_TARGETS.items()) + "."]
     lines += [
         "",
         f"A repeated question (after), p50: {repeated['wall']['p50'] * 1000:.1f} ms on a new connection per request, "

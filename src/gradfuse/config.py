@@ -132,7 +132,7 @@ from gradfuse.selection.routing import RoutingSettings
 from gradfuse.server.settings import ServerSettings
 from gradfuse.checked import check_source_name
 from gradfuse.sources.base import SourceSpec
-from gradfuse.sources.engines import ENGINE_KINDS
+from gradfuse.sources.engines import ENGINE_KINDS, engine_types
 from gradfuse.federation.guard import GuardSettings
 from gradfuse.sources.stores import relative_to
 from gradfuse.sources.postgres import PostgresSettings, default_table
@@ -314,7 +314,7 @@ def engine_settings(table: dict[str, Any], base: Path, where: str):
     kind = table.pop("kind", None)
     if kind not in ENGINE_KINDS:
         raise ConfigError(f"{where}: kind {kind!r} is not one of {', '.join(ENGINE_KINDS)}")
-    settings_type, _ = ENGINE_KINDS[kind]
+    settings_type, _ = engine_types(kind)
     return _checked(settings_type, relative_to(table, base), where)
 
 

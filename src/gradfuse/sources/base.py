@@ -69,6 +69,9 @@ class SourceSpec:
         if unknown:
             raise ValueError(f"source {self.name!r}: {', '.join(map(repr, unknown))} is no option of kind "
                              f"{self.kind!r} (its options: {', '.join(BUILD_OPTIONS[self.kind])})")
+        for flag in ("links_outside", "hidden", "gitignore", "skip_malformed"):  # "false" would read as true
+            if flag in self.options and not isinstance(self.options[flag], bool):
+                raise ValueError(f"source {self.name!r}: {flag} is true or false, not {self.options[flag]!r}")
         if self.kind == "files" and "readers" in self.options:  # refused when the config is read, not at build
             try:
                 reader_rules(self.options["readers"])
