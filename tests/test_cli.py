@@ -135,3 +135,28 @@ def test_index_refuses_a_source_the_config_declares_otherwise(tmp_path):
     assert same.exit_code == 0  # as declared, the command's own chunking beside: nothing of the config is lost
     engine = runner.invoke(app, ["index", "files", str(tmp_path / "notes"), "-s", "lake", "-c", str(config)])
     assert engine.exit_code == 2 and "as a source an engine serves" in " ".join(engine.output.split())
+
+
+def test_help_and_a_usage_error_import_none_of_the_pipeline():
+    """`gradfuse --help` (and every command's usage) is read before anything is loaded: no numpy, no model runtime,
+    no engine client, no workspace (issue 71: every command paid for all of them)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys\nfrom typer.main import get_command\nimport gradfuse.cli\nget_command(gradfuse.cli.app)\n"
+             "print(' '.join(sorted(m for m in ('numpy', 'torch', 'onnxruntime', 'httpx', 'gradfuse.config', "
+             "'gradfuse.workspace', 'gradfuse.methods') if m in sys.modules)))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert loaded == []
+
+
+def test_methods_lists_every_method_and_signal(tmp_path):
+    from gradfuse.fusion import FUSION_METHODS
+    from gradfuse.methods import METHOD_SPECS
+    from gradfuse.rerank.base import SIGNALS
+
+    shown = CliRunner().invoke(app, ["methods", "--workspace", str(tmp_path / "ws")], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    for name in (*FUSION_METHODS, *METHOD_SPECS, *SIGNALS):
+        assert name in shown.output
+    assert "default method: select" in shown.output

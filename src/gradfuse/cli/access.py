@@ -9,14 +9,16 @@ import secrets
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
-import tomlkit
 import typer
 
 from gradfuse.access import InvalidReader, check_reader
 from gradfuse.access.keys import AccessError, key_hash, read_key_file
 from gradfuse.cli.common import ConfigOpt, _fail, _workspace, app, console, escape
+
+if TYPE_CHECKING:
+    import tomlkit
 
 key_app = typer.Typer(help="Keys of the server's principals (who may read which sources and documents).",
                       no_args_is_help=True)
@@ -49,6 +51,8 @@ def add_key(
         console.print(f"[yellow]warning:[/] no source {', '.join(map(repr, unknown))} in this workspace yet")
     file = _key_file(file, ws)
     key = secrets.token_urlsafe(32)
+    import tomlkit
+
     entry = tomlkit.table()
     entry.update({"key_sha256": key_hash(key), "sources": readable, "groups": _listed(groups),
                   **({"every_document": True} if every_document else {})})
@@ -96,6 +100,8 @@ def _key_file(given: Path | None, ws) -> Path:
 def _changing(file: Path):
     """The key file's document, to change in place, written back whole; one change at a time (a lock beside it):
     two at once would lose one, and a lost removal is a revoked key that works again."""
+    import tomlkit
+
     with open(file.with_name(f".{file.name}.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         document = tomlkit.parse(file.read_text()) if file.exists() else tomlkit.document()
@@ -106,6 +112,8 @@ def _changing(file: Path):
 def _write(file: Path, document: tomlkit.TOMLDocument) -> None:
     """A file of its own (0600 from the start, never a name another run or a link holds), on disk before it
     replaces the key file at once: a server never reads half a file. An existing file keeps its mode (its reader)."""
+    import tomlkit
+
     descriptor, temporary = tempfile.mkstemp(dir=file.parent, prefix=f".{file.name}.")
     written = Path(temporary)
     try:

@@ -63,6 +63,25 @@ def search(
     console.print(_timing_line(result.timings))
 
 
+@app.command()
+def methods(config: ConfigOpt = None, workspace: WorkspaceOpt = None):
+    """Every method --method takes (fusion of every asked source's list, or the pipeline: stage 1 chooses the
+    sources, a stage-2 scorer re-ranks) and every signal --scorer gives gro, with the defaults this workspace uses."""
+    from gradfuse.fusion import FUSION_METHODS
+    from gradfuse.methods import CONFIGURED, METHOD_SPECS
+    from gradfuse.rerank.base import SIGNALS
+
+    ws = _workspace(config, workspace)
+    table = Table("method", "stage 1 (chooses sources)", "stage 2 (re-ranks by)")
+    for name in FUSION_METHODS:
+        table.add_row(name, "no: every source asked, lists fused", "-")
+    for name, spec in METHOD_SPECS.items():
+        scorer = f"[rerank] scorer ({ws.config.rerank.scorer})" if spec.scorer == CONFIGURED else spec.scorer or "-"
+        table.add_row(name, "yes" if spec.stage1 else "no", scorer)
+    console.print(table)
+    console.print(f"default method: {escape(ws.config.method)} · gro's signals (--scorer): {', '.join(SIGNALS)}")
+
+
 def _main_score(candidate, method: str) -> str:
     for name in ("rerank:final", f"fusion:{method}", "fusion:rrf", "prior"):
         if name in candidate.scores:

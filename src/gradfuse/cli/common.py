@@ -10,9 +10,6 @@ import typer
 from rich.console import Console
 from rich.markup import escape as escape_markup
 
-from gradfuse.methods import METHOD_CHOICES
-from gradfuse.rerank.base import SIGNALS
-
 if TYPE_CHECKING:
     from gradfuse.workspace import Workspace
 
@@ -98,7 +95,9 @@ def _run_guarded(action):
         _fail(str(error))
 
 
-Method = Annotated[Optional[str], typer.Option("--method", "-m", "--fusion", help=METHOD_CHOICES)]
+Method = Annotated[Optional[str], typer.Option("--method", "-m", "--fusion", help=(
+    "How the sources' lists become one ranking: select (the default), rrf, gro, ... (`gradfuse methods` lists "
+    "every one)"))]
 Sources = Annotated[Optional[list[str]], typer.Option("--source", "-s", help="Query only these sources",
                                                      callback=_source_name)]
 Retrieval = Annotated[Optional[str], typer.Option(help="bm25 | dense | hybrid (within each source)")]
@@ -106,8 +105,8 @@ Timeout = Annotated[Optional[float], typer.Option("--timeout", help="Seconds eac
 Target = Annotated[Optional[str], typer.Option(help="Stage-2 target: draft | gold | query")]
 Estimator = Annotated[Optional[str], typer.Option(help="Stage-2 estimator: gate | reader_gate | grad_x_input")]
 Signal = Annotated[Optional[str], typer.Option("--scorer", help=(
-    f"gro's stage-2 signal: {' | '.join(SIGNALS)}. Default upr: of the signals measured on all three benchmarks it "
-    "ranks the held-out queries best (results/stage2/defaults.md); gradient is the paper's"))]
+    "gro's stage-2 signal (`gradfuse methods` lists them). Default upr: of the signals measured on all three "
+    "benchmarks it ranks the held-out queries best (results/stage2/defaults.md); gradient is the paper's"))]
 Pool = Annotated[Optional[int], typer.Option("--n", help="Candidates entering the stage-2 LM pass")]
 PoolOrder = Annotated[Optional[str], typer.Option("--pool", help="Stage-2 pool and prior: cosine | rrf | combsum-z")]
 Gold = Annotated[Optional[str], typer.Option(help="Reference answer (needed by --target gold)")]
