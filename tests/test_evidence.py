@@ -335,3 +335,16 @@ def test_not_found_is_decided_on_the_best_sentences_where_the_rest_cannot_change
         assert (early >= threshold) == (whole >= threshold) == answered
         assert early <= whole + 1e-6
         assert encoded_early == (support.FIRST_ENCODED if answered else len(evidence))
+    # An answer says where its support is a lower bound: in the library, the JSON and the CLI.
+    ws.index(SourceSpec("planets", "jsonl", str(write_jsonl(tmp_path / "planets.jsonl", [
+        {"id": f"p{i}", "text": p.text} for i, p in enumerate(passages)]))))
+    answer = ws.ask("What are the names of the moons of Mars?")
+    assert not answer.abstained and answer.support_at_least and answer.support >= threshold
+    from gradfuse.schemas import answer_record
+
+    assert answer_record(answer).support_at_least
+    shown = CliRunner().invoke(app, ["ask", "What are the names of the moons of Mars?", "--workspace",
+                                     str(tmp_path / "ws")], env={"COLUMNS": "200"})
+    assert f"support ≥ {answer.support:.2f}" in shown.output
+    declined = ws.ask("At what temperature does tungsten melt?")
+    assert declined.abstained and not declined.support_at_least

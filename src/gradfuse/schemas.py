@@ -177,6 +177,8 @@ class AnswerRecord(BaseModel):
     evidence: list[EvidenceRecord] = Field(default_factory=list, description="the passages' sentences the answer "
                                            "quotes, best first ([evidence] scorer)")
     support: float | None = Field(None, description="the chance that the passages hold the answer (0-1)")
+    support_at_least: bool = Field(False, description="support is a lower bound: the best sentences cleared the "
+                                   "threshold of \"not found\" alone, and the rest were not read for it")
     abstained: bool = Field(False, description="the evidence was too weak ([evidence] abstain_below): the answer "
                                                "says it was not found, and quotes what came closest")
     unsupported: bool = Field(False, description="a written answer none of whose sentences the passages support")
@@ -264,6 +266,7 @@ def answer_record(answer: Answer) -> AnswerRecord:
         method=answer.search.method, selection=_selection(answer.search), routing=_routing(answer.search),
         rerank=_rerank(answer.search),
         timings=answer.timings, evidence=[evidence_record(e) for e in answer.evidence], support=answer.support,
+        support_at_least=answer.support_at_least,
         abstained=answer.abstained, unsupported=answer.unsupported, written=answer.written,
         statements=[StatementRecord(text=s.text, cited=list(s.cited), supported=s.supported,
                                     support=[evidence_record(e) for e in s.support]) for s in answer.statements],
@@ -294,7 +297,8 @@ def answer_outcome(record: AnswerRecord) -> dict:
     cited that match no passage, and the sources that failed."""
     return {"question": record.question, "method": record.method, "abstained": record.abstained,
             "unsupported": record.unsupported, "answer": record.answer,
-            "statements": [s.model_dump(mode="json") for s in record.statements], "support": record.support, "generator_note": record.generator_note,
+            "statements": [s.model_dump(mode="json") for s in record.statements], "support": record.support,
+            "support_at_least": record.support_at_least, "generator_note": record.generator_note,
             "invalid_citations": record.invalid_citations,
             "failures": [f.model_dump(mode="json") for f in record.failures]}
 

@@ -196,7 +196,9 @@ def print_answer(answer: Answer) -> None:
     console.print(f"\n[bold]Answer[/]: {escape(answer.text)}\n")
     if answer.support is not None:
         verdict = "[yellow]too weak to answer from[/]" if answer.abstained else "enough to answer from"
-        console.print(f"  support {answer.support:.2f} (the chance that these passages hold the answer): {verdict}")
+        at_least = "≥ " if answer.support_at_least else ""
+        console.print(f"  support {at_least}{answer.support:.2f} (the chance that these passages hold the answer): "
+                      f"{verdict}")
     if answer.evidence:
         console.print("  [bold]Evidence[/] (the passages' sentences most needed, best first):")
     for e in answer.evidence:

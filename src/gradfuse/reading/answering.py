@@ -43,6 +43,7 @@ class _Prepared:
     support: float | None  # the chance that the passages hold the answer (`Workspace.support`)
     abstained: bool  # below `[evidence] abstain_below`: the answer says "not found" and nothing is generated
     within: float | None = None  # a second quoted sentence's value is this close to the first's (support only)
+    support_at_least: bool = False  # `support` is a lower bound: the best sentences decided (support.chance)
 
     def extract(self) -> str:
         quote = not_found if self.abstained else extractive_answer
@@ -62,6 +63,7 @@ class Answer:
     evidence: list[Evidence] = field(default_factory=list)  # the passages' sentences it quotes, best first
     support: float | None = None  # the chance that the passages hold the answer (`Workspace.support`)
     abstained: bool = False  # the evidence was too weak: "not found in these sources", with what came closest
+    support_at_least: bool = False  # `support` is a lower bound: the best sentences cleared the threshold alone
     # A written answer's sentences, each with the passages' sentences that support it (reading/attribution.py).
     statements: list[Statement] = field(default_factory=list)
     unsupported: bool = False  # written, and none of its sentences found support in the passages
@@ -153,7 +155,7 @@ class Answerer:
                        for e, value, reading in zip(scored, values, readings, strict=True)), key=lambda e: -e.score)
 
     def support(self, question: str, evidence: list[Evidence], decide_at: float | None = None) -> float | None:
-        return support.chance(question, evidence, self.query.encoder(), decide_at)
+        return support.chance(question, evidence, self.query.encoder(), decide_at)[0]
 
     def _prepare(self, question, generator, context_k, max_new_tokens, search_options) -> _Prepared:
         result = self.query.search(question, k=context_k or self.config.context_k, **search_options)
@@ -172,7 +174,7 @@ class Answerer:
         # On whole passages, generator or not: "not found" and the quotes do not depend on what a generator reads.
         evidence = self.evidence(question, shown, gold=search_options.get("gold"))
         threshold = self.config.evidence.abstain_below
-        chance = self.support(question, evidence, decide_at=threshold)
+        chance, at_least = support.chance(question, evidence, self.query.encoder(), threshold)
         result.timings["evidence"] = time.perf_counter() - started
         abstained = support.declines(question, evidence, chance, threshold)
         if abstained:  # nothing to answer from: no generator writes one
@@ -184,7 +186,7 @@ class Answerer:
                 shown = result.candidates[: len(result.candidates) - len(dropped)]
         options = {"max_new_tokens": max_new_tokens, "passages": len(shown) if self.config.cite_first else 0}
         within = support.model().second_within if self.config.evidence.scorer == "support" else None
-        return _Prepared(result, model, messages, dropped, evidence, options, chance, abstained, within)
+        return _Prepared(result, model, messages, dropped, evidence, options, chance, abstained, within, at_least)
 
     def _windowed(self, question: str, evidence: list[Evidence], shown: list[Candidate], model,
                   max_new_tokens: int) -> list[dict[str, str]]:
@@ -209,7 +211,8 @@ class Answerer:
         result = prepared.result
         answer = Answer(question, text, [], [], prepared.model.name if prepared.model else EXTRACTIVE, result,
                         {**result.timings, "generation": seconds}, prepared.dropped,
-                        prepared.evidence[: self.config.evidence.top], prepared.support, prepared.abstained)
+                        prepared.evidence[: self.config.evidence.top], prepared.support, prepared.abstained,
+                        prepared.support_at_least)
         if prepared.model is not None:
             started = time.perf_counter()
             self._attribute(answer, prepared)

@@ -212,22 +212,22 @@ def quoted_signals(question: str, evidence, encoder, encoded: int | None = None)
 FIRST_ENCODED = 2  # sentences whose cosine may decide an answer alone (`chance`)
 
 
-def chance(question: str, evidence, encoder, decide_at: float | None = None) -> float | None:
-    """The chance that `evidence` (every sentence of an answer's passages, best first) holds the answer (`answered`);
-    None without sentences. With `decide_at` (`[evidence] abstain_below`), no more sentences are encoded than the
-    decision needs: where the model's chance only rises with the best cosine (a positive weight, and no sentence
-    value that reads cosines), the best FIRST_ENCODED sentences that already clear `decide_at` keep it cleared
-    whatever the others' cosines, and those are not encoded. The chance is then a lower bound of the whole one,
-    and the decision the whole one's; below it, every sentence is encoded (encoding ~50 sentences was most of an
-    answer's time)."""
+def chance(question: str, evidence, encoder, decide_at: float | None = None) -> tuple[float | None, bool]:
+    """(the chance that `evidence` (every sentence of an answer's passages, best first) holds the answer
+    (`answered`), whether it is a lower bound); None without sentences. With `decide_at` (`[evidence]
+    abstain_below`), no more sentences are encoded than the decision needs: where the model's chance only rises
+    with the best cosine (a positive weight, and no sentence value that reads cosines), the best FIRST_ENCODED
+    sentences that already clear `decide_at` keep it cleared whatever the others' cosines, and those are not
+    encoded. The chance is then a lower bound of the whole one, and the decision the whole one's; below it, every
+    sentence is encoded (encoding ~50 sentences was most of an answer's time)."""
     if not evidence:
-        return None
+        return None, False
     fitted = model()
     if decide_at is not None and decides_early(fitted):
         early = answered(quoted_signals(question, evidence, encoder, encoded=FIRST_ENCODED), fitted)
         if early >= decide_at:
-            return early
-    return answered(quoted_signals(question, evidence, encoder), fitted)
+            return early, len(evidence) > FIRST_ENCODED
+    return answered(quoted_signals(question, evidence, encoder), fitted), False
 
 
 def decides_early(fitted: SupportModel) -> bool:

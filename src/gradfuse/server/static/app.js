@@ -171,7 +171,7 @@ function showAnswer(answer) {
   const notes = [];
   if (answer.support !== null && answer.support !== undefined) {
     notes.push(answer.abstained ? `The evidence is too weak to answer from (support ${fmt(answer.support, 2)}): the sentences above came closest.`
-                                : `Support ${fmt(answer.support, 2)}: the chance that these passages hold the answer.`);
+                                : `Support ${answer.support_at_least ? "≥ " : ""}${fmt(answer.support, 2)}: the chance that these passages hold the answer.`);
   }
   if (!answer.citations.length && !answer.abstained) notes.push("The answer cites no passage.");
   const unbacked = answer.statements.filter((s) => !s.supported).length;
