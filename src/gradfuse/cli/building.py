@@ -60,7 +60,7 @@ def _print_build(report: BuildReport) -> None:
             shown[reason] = shown.get(reason, 0) + 1
             if shown[reason] <= SKIPPED_SHOWN:
                 console.print(f"    {escape(name)}: {reason} ({escape(detail)})")
-        for reason, count in shown.items():
+        for reason, count in report.skipped_by_reason.items():
             if count > SKIPPED_SHOWN:
                 console.print(f"    … and {count - SKIPPED_SHOWN} more: {reason}")
     if report.cut:

@@ -391,15 +391,21 @@ def _gitignore_rules(entry: os.DirEntry, listed: str, report: IngestReport) -> l
         report.skipped_unreadable.append((where, "too large", f"over {_GITIGNORE_BYTES // 1024} KiB: its patterns "
                                                               "are not applied"))
         return []
-    lines = []
-    for line in raw.decode("utf-8-sig", errors="replace").splitlines():
-        try:
-            pathspec.GitIgnoreSpec.from_lines([line])
-            lines.append(line)
-        except Exception:  # noqa: BLE001 - pathspec refuses what git ignores ("!", "[z-a]")
-            continue
-    return [_Rules(listed, pathspec.GitIgnoreSpec.from_lines(lines), pathspec.PathSpec.from_lines("gitignore",
-                                                                                                  lines))]
+    lines = raw.decode("utf-8-sig", errors="replace").splitlines()
+    try:
+        files = pathspec.GitIgnoreSpec.from_lines(lines)
+    except Exception:  # noqa: BLE001 - pathspec refuses lines git ignores ("!", "[z-a]"): each checked alone
+        lines = [line for line in lines if _a_pattern(pathspec, line)]
+        files = pathspec.GitIgnoreSpec.from_lines(lines)
+    return [_Rules(listed, files, pathspec.PathSpec.from_lines("gitignore", lines))]
+
+
+def _a_pattern(pathspec, line: str) -> bool:
+    try:
+        pathspec.GitIgnoreSpec.from_lines([line])
+        return True
+    except Exception:  # noqa: BLE001 - see _gitignore_rules
+        return False
 
 
 def _ignored(rules: tuple[_Rules, ...], relative: str, is_folder: bool) -> bool:
@@ -431,7 +437,7 @@ def _opened(path: Path, root: Path, links_outside: bool):
 # Files read by their content (no known suffix) that hold keys or credentials, by name: SSH and TLS keys,
 # keystores, password databases, Terraform state and variables, "secrets", "credentials", "passwords", env files;
 # and by content: a PEM private key.
-_SECRET_NAME = re.compile(r"^id_(rsa|dsa|ecdsa|ed25519)$|\.(pem|key|p12|pfx|jks|keystore|kdbx|tfstate|tfvars|env)$"
+_SECRET_NAME = re.compile(r"^id_(rsa|dsa|ecdsa|ed25519)$|\.(pem|key|p12|pfx|jks|keystore|kdbx|tfstate|tfvars)$"
                           r"|(^|[._-])(secrets?|credentials?|passwords?|env)([._-]|$)", re.IGNORECASE)
 _PRIVATE_KEY = re.compile(rb"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
 

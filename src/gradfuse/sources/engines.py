@@ -27,8 +27,9 @@ def engine_types(kind: str) -> tuple[type, type]:
 
 def engine_kind(settings) -> str:
     """The kind (a key of ENGINE_KINDS) whose settings type `settings` is."""
+    named = (type(settings).__module__, type(settings).__name__)
     return next(kind for kind, (module, settings_type, _) in ENGINE_KINDS.items()
-                if type(settings).__module__ == f"gradfuse.sources.{module}" and type(settings).__name__ == settings_type)
+                if named == (f"gradfuse.sources.{module}", settings_type))
 
 
 def open_engine(name: str, settings, timeout_s: float, mode: str) -> Source:
