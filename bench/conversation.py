@@ -19,13 +19,14 @@ from gradfuse import Workspace
 from gradfuse.config import Config
 from gradfuse.conversation import question_of
 from gradfuse.eval.benchmark import load_benchmark
-from gradfuse.eval.record import commit_id, machine_description
+from gradfuse.eval.record import ResultsFile
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ROOT / "bench" / "conversation_cases.json"
 OUT = ROOT / "results" / "conversation"
 K = 5
 MAX_CHARS = 8000  # the server's max_query_chars
+LABELS = ("last turn alone", "joined turns")
 
 
 def main() -> None:
@@ -36,40 +37,37 @@ def main() -> None:
         query_id, doc_id, grade = line.split("\t")
         if int(grade) > 0:
             relevant.setdefault(query_id, set()).add(f"hotpotqa/{doc_id}")
-    rows = []
+    results = ResultsFile.start(OUT, "make bench-conversation", k=K)
     for case in json.loads(CASES.read_text()):
         asked = {"last turn alone": case["turns"][-1],
                  "joined turns": question_of([("user", t) for t in case["turns"]], MAX_CHARS)}
-        row = {"query_id": case["query_id"], "turns": case["turns"]}
+        row = {"turns": case["turns"]}
         for label, question in asked.items():
             keys = [c.key for c in ws.search(question, sources=list(bench.sources), k=K).candidates]
             rank = next((i for i, key in enumerate(keys, 1) if key in relevant[case["query_id"]]), None)
             row[label] = {"first_relevant_rank": rank, "top": keys[0] if keys else None}
-        rows.append(row)
+        results.add(case["query_id"], row)
         print(json.dumps(row), flush=True)
-    write(rows)
-
-
-def write(rows) -> None:
-    labels = ("last turn alone", "joined turns")
-    hits = {label: float(np.mean([r[label]["first_relevant_rank"] is not None for r in rows])) for label in labels}
+    rows = list(results.rows.values())
+    hits = {label: float(np.mean([r[label]["first_relevant_rank"] is not None for r in rows])) for label in LABELS}
     mrr = {label: float(np.mean([1 / r[label]["first_relevant_rank"] if r[label]["first_relevant_rank"] else 0.0
-                                 for r in rows])) for label in labels}
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "results.json").write_text(json.dumps({"commit": commit_id(), "machine": machine_description(), "k": K,
-                                                  "hit": hits, "mrr": mrr, "cases": rows}, indent=2) + "\n")
+                                 for r in rows])) for label in LABELS}
+    results.finish(markdown(results, hits, mrr), hit=hits, mrr=mrr)
+
+
+def markdown(results: ResultsFile, hits: dict, mrr: dict) -> str:
+    rows = list(results.rows.values())
     lines = ["# A follow-up question: the last turn alone or the conversation\n",
-             f"Command: `make bench-conversation` (`python bench/conversation.py`), commit {commit_id()}, "
-             f"{machine_description()}. {len(rows)} two-turn cases written from HotpotQA questions "
+             f"{results.provenance} {len(rows)} two-turn cases written from HotpotQA questions "
              "(bench/conversation_cases.json), searched over the federated benchmark's nine sources with the "
              "defaults (select, hybrid); a hit is a relevant document of the case's HotpotQA question in the top "
              f"{K}.\n",
              f"| question searched | hit@{K} | MRR@{K} |", "|---|---|---|"]
-    lines += [f"| {label} | {hits[label]:.2f} | {mrr[label]:.2f} |" for label in labels]
+    lines += [f"| {label} | {hits[label]:.2f} | {mrr[label]:.2f} |" for label in LABELS]
     lines += ["", "| follow-up | last turn alone: first relevant rank | joined: first relevant rank |", "|---|---|---|"]
     lines += [f"| {r['turns'][-1]} | {r['last turn alone']['first_relevant_rank'] or '-'} | "
               f"{r['joined turns']['first_relevant_rank'] or '-'} |" for r in rows]
-    (OUT / "results.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

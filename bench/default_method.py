@@ -7,7 +7,7 @@ their test questions: federated nDCG@10, QA answer@5, DL19 nDCG@10 and the answe
 (hit@1 breaks a tie). Methods over the budget are listed beside, with what they would add.
 
 Reads results/fusion/{federated,qa}/results.json (the uniform and stage-1 methods after the RRF fix, over all test
-queries), results/dl19/results.json and results/answers/results.json; writes results/defaults/method.md.
+queries), results/dl19/results.json and results/answers/results.json; writes results/defaults/method.{md,json}.
 
     python bench/default_method.py
 """
@@ -18,6 +18,8 @@ import json
 from pathlib import Path
 
 import numpy as np
+
+from gradfuse.eval.record import ResultsFile
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results"
@@ -63,30 +65,40 @@ def main() -> None:
             ranks[m].append(1 + sum(values[o] > values[m] for o in order))
     within = [m for m in methods if latency[m] <= LATENCY_BUDGET]
     chosen = min(within, key=lambda m: (np.mean(ranks[m]), -hit[m]))
-    over = [m for m in answers["methods"] if latency[m] > LATENCY_BUDGET]
-    lines = ["# The default method", "", "Made by `python bench/default_method.py` (`make bench-default`) from the committed "
-             "results. The rule: among the methods whose answer takes at most "
+    results = ResultsFile.start(OUT.parent, "make bench-default", name=OUT.stem, latency_budget_s=LATENCY_BUDGET,
+                                benchmarks=list(scores))
+    for m in sorted(methods, key=lambda m: np.mean(ranks[m])):
+        results.add(m, {**{name: s[m] for name, s in scores.items()}, "answers hit@1": hit[m],
+                        "mean rank": float(np.mean(ranks[m])), "seconds p50": latency[m]})
+    over = {m: {"seconds p50": latency[m], "quoted": answers["methods"][m]["quoted"], "hit@1": hit[m]}
+            for m in answers["methods"] if latency[m] > LATENCY_BUDGET}
+    results.finish(markdown(results, chosen, over), chosen=chosen, over_budget=over,
+                   lm_subsamples={name: {"upr": upr, "select": select} for name, (upr, select) in lm_subsamples().items()})
+    print((OUT.parent / f"{OUT.stem}.md").read_text())
+
+
+def markdown(results: ResultsFile, chosen: str, over: dict) -> str:
+    names = results.header["benchmarks"]
+    lines = ["# The default method", "", f"{results.provenance} From the committed results. The rule: among the methods "
+             "whose answer takes at most "
              f"{LATENCY_BUDGET:g} s (p50, warm, two cores, in the answer benchmark), the one with the best mean rank "
              "over the benchmarks' headline metrics on their test questions; hit@1 on the answer benchmark breaks a "
              "tie. The federated and QA rows are the uniform and stage-1 methods rerun after the RRF fix "
              "(results/fusion/), over every test query.", "",
-             "| method | " + " | ".join(scores) + " | answers hit@1 | mean rank | s / answer |",
-             "|---|" + "---:|" * (len(scores) + 3)]
-    for m in sorted(methods, key=lambda m: np.mean(ranks[m])):
+             "| method | " + " | ".join(names) + " | answers hit@1 | mean rank | s / answer |",
+             "|---|" + "---:|" * (len(names) + 3)]
+    for m, row in results.rows.items():
         name = f"**`{m}`** (the default)" if m == chosen else f"`{m}`"
-        lines.append(f"| {name} | " + " | ".join(f"{s[m]:.3f}" for s in scores.values())
-                     + f" | {hit[m]:.2f} | {np.mean(ranks[m]):.2f} | {latency[m]:.2f} |")
+        lines.append(f"| {name} | " + " | ".join(f"{row[n]:.3f}" for n in names)
+                     + f" | {row['answers hit@1']:.2f} | {row['mean rank']:.2f} | {row['seconds p50']:.2f} |")
     lines += ["", "Over the latency budget: " + "; ".join(
-        f"`{m}` {latency[m]:.1f} s an answer (answer benchmark: quoted {answers['methods'][m]['quoted']:.2f}, hit@1 "
-        f"{hit[m]:.2f})" for m in over) + ". On the ranking benchmarks' scoring-LM subsamples, stage 1 with UPR "
-        "(`upr`, what `gro` runs with its default signal) against `select` on the same queries: "
+        f"`{m}` {r['seconds p50']:.1f} s an answer (answer benchmark: quoted {r['quoted']:.2f}, hit@1 "
+        f"{r['hit@1']:.2f})" for m, r in over.items()) + ". On the ranking benchmarks' scoring-LM subsamples, stage 1 "
+        "with UPR (`upr`, what `gro` runs with its default signal) against `select` on the same queries: "
         + "; ".join(f"{name} {upr:.3f} against {select:.3f}" for name, (upr, select) in lm_subsamples().items()) + ".",
-        "",
-              f"**The default is `{chosen}`** (`[defaults] method`, the CLI, the HTTP API, the page and the framework "
-              "retrievers)."]
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        "", f"**The default is `{chosen}`** (`[defaults] method`, the CLI, the HTTP API, the page and the framework "
+        "retrievers)."]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

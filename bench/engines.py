@@ -29,7 +29,7 @@ from gradfuse.eval.benchmark import is_lm_method, load_benchmark  # noqa: E402
 from gradfuse.eval.report import write_results  # noqa: E402
 from gradfuse.eval.record import commit_id, machine_description  # noqa: E402
 from gradfuse.eval.runner import benchmark_workspace, run_benchmark  # noqa: E402
-from gradfuse.eval.stats import paired_p_value, per_query  # noqa: E402
+from gradfuse.eval.stats import paired_difference, per_query  # noqa: E402
 from gradfuse.ingest.documents import IngestReport, read_beir_corpus  # noqa: E402
 from gradfuse.embedding.encoder import DEFAULT_ENCODER, EmbeddingCache, embedding_text, load_encoder  # noqa: E402
 from gradfuse.sources.engines import engine_kind  # noqa: E402
@@ -197,8 +197,7 @@ def compare(in_engines, embedded) -> list[dict]:
         b = per_query(in_engines.qrels, in_engines.outcomes[method], ids, ["ndcg@10"])["ndcg@10"]
         a, b = np.array([a[q] for q in ids]), np.array([b[q] for q in ids])
         rows.append({"method": method, "queries": len(ids), "all_embedded": round(float(a.mean()), 4),
-                     "in_engines": round(float(b.mean()), 4), "delta": round(float(b.mean() - a.mean()), 4),
-                     "p": round(paired_p_value(b, a), 4)})
+                     "in_engines": round(float(b.mean()), 4), **paired_difference(b, a)})
     return rows
 
 

@@ -56,7 +56,8 @@ from gradfuse.candidate import Candidate  # noqa: E402
 from gradfuse.config import load_config  # noqa: E402
 from gradfuse.embedding.encoder import EmbeddingCache, embedding_text, load_encoder  # noqa: E402
 from gradfuse.eval.qa import answer_in_context  # noqa: E402
-from gradfuse.eval.record import ResultsFile, estimate, paired_p_value  # noqa: E402
+from gradfuse.eval.record import ResultsFile  # noqa: E402
+from gradfuse.eval.stats import mean_interval, paired_difference  # noqa: E402
 from gradfuse.reading.evidence import extractive_answer  # noqa: E402
 from gradfuse.selection import SelectionSettings  # noqa: E402
 from gradfuse.selection.routing import RoutingSettings  # noqa: E402
@@ -451,8 +452,7 @@ def summarise(values: dict, baseline: np.ndarray) -> dict:
             out[f"{metric} (two-passage)"] = _estimate([v for _, v in pairs])
         out[metric] = _estimate([m[metric] for _, m in measured])
     mine = np.array([m["complete@5"] for _, m in measured])
-    out["vs relevance-only"] = {"delta": round(float(mine.mean() - baseline.mean()), 4),
-                                "p": round(paired_p_value(mine, baseline), 4)}
+    out["vs relevance-only"] = paired_difference(mine, baseline)
     answered = [a for a in values["answer"] if a is not None]
     out["answer recall"] = _estimate(answered) if answered else None
     out["sources asked"] = round(float(np.mean(values["asked"])), 2)
@@ -461,8 +461,7 @@ def summarise(values: dict, baseline: np.ndarray) -> dict:
 
 
 def _estimate(values: list[float]) -> dict:
-    e = estimate(np.array(values, dtype=float))
-    return {"mean": round(e.mean, 4), "ci95": [round(e.low, 4), round(e.high, 4)], "n": len(values)}
+    return {**mean_interval(values), "n": len(values)}
 
 
 def markdown(results: ResultsFile, tuned: dict) -> str:

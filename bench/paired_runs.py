@@ -19,7 +19,7 @@ import numpy as np
 from gradfuse.eval import load_benchmark
 from gradfuse.eval.outcome import Outcome
 from gradfuse.eval.runner import queries_and_qrels
-from gradfuse.eval.stats import paired_p_value, per_query
+from gradfuse.eval.stats import paired_difference, per_query
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,7 +66,7 @@ def paired(benchmark: Path, metric: str, baseline: str, methods: list[str], quer
         shared = [q for q in own if q in base]
         a, b = np.array([own[q] for q in shared]), np.array([base[q] for q in shared])
         rows.append({"method": method, "queries": len(shared), "mean": a.mean(), "baseline": b.mean(),
-                     "delta": a.mean() - b.mean(), "p": paired_p_value(a, b)})
+                     **paired_difference(a, b)})
     return rows
 
 

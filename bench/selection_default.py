@@ -22,7 +22,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 from gradfuse.eval import load_benchmark  # noqa: E402
-from gradfuse.eval.record import ResultsFile, estimate, paired_p_value  # noqa: E402
+from gradfuse.eval.record import ResultsFile  # noqa: E402
+from gradfuse.eval.stats import mean_interval, paired_difference  # noqa: E402
 from gradfuse.eval.runner import benchmark_workspace, outcome_of, queries_and_qrels  # noqa: E402
 from gradfuse.eval.stats import per_query  # noqa: E402
 from gradfuse.selection import SelectionSettings  # noqa: E402
@@ -86,12 +87,8 @@ def compare_answers(ways: dict[str, SelectionSettings]) -> dict:
 def paired(metric: str, values: dict[str, list[float]]) -> dict:
     """Each way's mean with its interval, and the second way against the first on the same queries."""
     default, copies = (np.array(v, dtype=float) for v in values.values())
-    intervals = {way: estimate(np.array(v, dtype=float)) for way, v in values.items()}
-    return {"metric": metric, "queries": len(default),
-            **{way: {"mean": round(e.mean, 4), "ci95": [round(e.low, 4), round(e.high, 4)]}
-               for way, e in intervals.items()},
-            "delta": round(float(copies.mean() - default.mean()), 4), "p": round(paired_p_value(copies, default), 4),
-            "queries changed": int(np.sum(~np.isclose(copies, default)))}
+    return {"metric": metric, "queries": len(default), **{way: mean_interval(v) for way, v in values.items()},
+            **paired_difference(copies, default), "queries changed": int(np.sum(~np.isclose(copies, default)))}
 
 
 def markdown(results: ResultsFile, weight: float) -> str:

@@ -29,9 +29,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 from gradfuse.eval import load_benchmark  # noqa: E402
-from gradfuse.eval.record import ResultsFile, estimate, paired_p_value  # noqa: E402
+from gradfuse.eval.record import ResultsFile  # noqa: E402
 from gradfuse.eval.runner import benchmark_workspace, outcome_of, queries_and_qrels  # noqa: E402
-from gradfuse.eval.stats import per_query  # noqa: E402
+from gradfuse.eval.stats import mean_interval, paired_difference, per_query  # noqa: E402
 from gradfuse.selection import SelectionSettings  # noqa: E402
 
 SETS = ("federated", "qa", "dl19", "arguana+scifact")
@@ -92,17 +92,12 @@ def baselines() -> dict[str, tuple[str, SelectionSettings | None]]:
 
 
 def compare(runs: dict, way: str, against: str) -> dict:
-    ours, theirs = np.array(runs[way]["values"]), np.array(runs[against]["values"])
-    return {"delta": round(float(ours.mean() - theirs.mean()), 4), "p": round(paired_p_value(ours, theirs), 4)}
+    return paired_difference(runs[way]["values"], runs[against]["values"])
 
 
 def summary(runs: dict) -> dict:
-    row = {}
-    for way, run in runs.items():
-        e = estimate(np.array(run["values"], dtype=float))
-        row[way] = {"mean": round(e.mean, 4), "ci95": [round(e.low, 4), round(e.high, 4)],
-                    "sources": round(float(np.mean(run["sources"])), 2)}
-    return row
+    return {way: {**mean_interval(run["values"]), "sources": round(float(np.mean(run["sources"])), 2)}
+            for way, run in runs.items()}
 
 
 def markdown(results: ResultsFile) -> str:

@@ -13,7 +13,7 @@ from gradfuse.eval.record import write_json
 from gradfuse.eval.runner import Evaluation
 from gradfuse.methods import CONFIGURED, METHOD_SPECS
 from gradfuse.rerank.base import RerankSettings
-from gradfuse.eval.stats import estimate, paired_p_value, per_query
+from gradfuse.eval.stats import mean_interval, paired_difference, per_query
 from gradfuse.sources.engines import engine_kind
 from gradfuse.sources.run import trec_id
 
@@ -121,16 +121,12 @@ def _rows(evaluation: Evaluation, methods: list[str], query_ids: list[str], *, l
         if signal := stage2_signal(bench, method):
             row["scorer"] = signal
         for metric, by_query in values[method].items():
-            e = estimate(np.array(list(by_query.values())))
-            row[metric] = {"mean": round(e.mean, 4), "ci95": [round(e.low, 4), round(e.high, 4)],
-                           "queries": len(by_query)}
+            row[metric] = {**mean_interval(list(by_query.values())), "queries": len(by_query)}
         for baseline in BASELINES:
             if baseline in values and baseline != method and headline in values[method]:
                 shared = [q for q in values[method][headline] if q in values[baseline].get(headline, {})]
-                a = np.array([values[method][headline][q] for q in shared])
-                b = np.array([values[baseline][headline][q] for q in shared])
-                row[f"vs {baseline}"] = {"delta": round(float(a.mean() - b.mean()), 4),
-                                         "p": round(paired_p_value(a, b), 4)}
+                row[f"vs {baseline}"] = paired_difference([values[method][headline][q] for q in shared],
+                                                          [values[baseline][headline][q] for q in shared])
         precision, recall = _selection_quality(evaluation, outcomes, query_ids)
         row["source_precision"], row["source_recall"] = round(precision, 3), round(recall, 3)
         seconds = [outcomes[q].seconds for q in query_ids if q in outcomes and outcomes[q].seconds is not None]

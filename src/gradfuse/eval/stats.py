@@ -63,6 +63,18 @@ def estimate(values: np.ndarray) -> Estimate:
     return Estimate(float(values.mean()), float(interval.low), float(interval.high))
 
 
+def mean_interval(values) -> dict:
+    """A mean with its 95% interval, as every results file records it."""
+    e = estimate(values)
+    return {"mean": round(e.mean, 4), "ci95": [round(e.low, 4), round(e.high, 4)]}
+
+
+def paired_difference(a, b) -> dict:
+    """mean(a) − mean(b) over the same queries, with the paired randomisation test's p, as results files record it."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    return {"delta": round(float(a.mean() - b.mean()), 4), "p": round(paired_p_value(a, b), 4)}
+
+
 def paired_p_value(a: np.ndarray, b: np.ndarray) -> float:
     """Two-sided paired randomisation test of mean(a - b) = 0 (swapping each query's pair of values)."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
