@@ -170,6 +170,12 @@ def test_quick_benchmark_reproduces_its_expected_scores(name, tmp_path):
     assert lm_rows and all(row["scorer"] == signal for row in lm_rows)  # which stage-2 signal gro's row ran
     every_method = summary["tables"][-1]["rows"]  # the last table holds every method, scoring-LM ones included
     assert len(list((tmp_path / "runs").glob("*.trec"))) == len(every_method)
+    # select's stage 1 tuned both ways on dev: hard (`select`) and soft (`select:soft`), each a row of its own
+    methods = {row["method"] for row in every_method}
+    assert {"select", "select:soft"} <= methods
+    soft = summary["tuned"]["soft selection"]
+    for tuned in [soft] if "settings" in soft else soft.values():  # one per fold where the file cross-fits
+        assert tuned["settings"]["choice"] == "soft" and len(tuned["dev_grid"]) > 1
 
 
 def test_the_prior_mix_reorders_only_the_scored_head():
@@ -306,3 +312,24 @@ def test_a_run_stopped_half_way_leaves_what_it_measured(tmp_path):
     partial = json.loads((tmp_path / "results.json").read_text())
     assert partial["finished"] is False and partial["commit"] and partial["machine"]
     assert [row["method"] for row in partial["tables"][0]["rows"]] == ["rrf"]
+
+
+def test_soft_selection_is_tuned_on_dev_over_stage_1s_settings_and_ties_keep_the_smaller_weight():
+    from gradfuse.eval.outcome import Outcome
+    from gradfuse.eval.tuning import soft_selection_settings
+    from gradfuse.selection import SelectionSettings
+
+    qrels = {"q1": {"right": 1}, "q2": {"right": 1}}
+    seen = []
+
+    def rank_soft(query_id, settings):
+        seen.append(settings)
+        first = "right" if settings.soft_weight >= 0.25 and settings.soft_margin == 0.2 else "wrong"
+        return Outcome([(first, 2.0), ("other", 1.0)], [], None)
+
+    base = SelectionSettings(redundancy="similarity", fusion="rrf")
+    chosen, grid = soft_selection_settings(qrels, ["q1", "q2"], rank_soft, base, "ndcg@10")
+    assert (chosen.choice, chosen.soft_weight, chosen.soft_margin) == ("soft", 0.25, 0.2)  # 0.5 and 1.0 tie it
+    assert chosen.redundancy == "similarity" and chosen.fusion == "rrf"  # stage 1's tuned settings kept
+    assert all(s.choice == "soft" for s in seen) and len(grid) == len({(p["soft_weight"], p["soft_margin"]) for p in grid})
+    assert max(p["ndcg@10"] for p in grid) == 1.0 and min(p["ndcg@10"] for p in grid) == 0.0

@@ -38,6 +38,7 @@ def test_tune_writes_dev_choices_that_search_then_uses_and_reproduces(tmp_path):
                                      "--write-lm-settings", "--config", str(config)], terminal_width=300)
     assert shown.exit_code == 0, shown.output
     assert "[selection] max_sources = " in shown.output and "[defaults] method = " in shown.output  # as printed
+    assert re.search(r"\[selection\] soft_weight = .*soft selection, dev ndcg@10 \d\.\d{4} against hard's", shown.output)
     text = config.read_text()
     assert text.startswith("# my own workspace") and "max_new_tokens = 64  # keep me" in text  # the file's own lines
     today = datetime.date.today().isoformat()

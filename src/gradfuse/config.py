@@ -35,8 +35,8 @@ Example (every key optional)::
     max_sources = 3
     fusion = "dense"                 # how select ranks the chosen sources: rrf | combsum-z | concat | dense
     choice = "hard"                  # hard: keep the chosen sources | soft: weigh every source by its gain
-    soft_weight = 1.0                # soft: a passage's cosine minus this times its source's gain below the best
-    soft_margin = 2.0                # soft: drop a source whose gain is more than this below the best (2: none)
+    soft_weight = 0.25               # soft: a passage's cosine minus this times its source's gain below the best
+    soft_margin = 0.2                # soft: drop a source whose gain is more than this below the best (2: none)
     [rerank]                         # stage 2 (gradfuse.rerank.RerankSettings)
     model = "smollm2"                # white-box scoring LM (local only: gradients are needed)
     scorer = "upr"                   # gro's stage-2 signal: upr (best on the benchmarks) | gradient | attention | ...

@@ -272,6 +272,16 @@ def _run_evaluation_methods(evaluation, ws, retrieved, profiles, groups, methods
             for query_id in apply_to:
                 result = _rank(ws, bench, by_id[query_id], retrieved[query_id], "select", selection=settings)
                 _record(evaluation, "select", by_id[query_id], result)
+            # Soft selection beside hard, tuned on the same dev queries: the row `select:soft`.
+            def rank_soft(query_id: str, soft: SelectionSettings) -> Outcome:
+                return outcome_of(bench, _rank(ws, bench, by_id[query_id], retrieved[query_id], "select",
+                                               selection=soft))
+
+            soft, grid = tuning.soft_selection_settings(evaluation.qrels, dev, rank_soft, settings,
+                                                        bench.tuning_metric)
+            _tuned(evaluation, "soft selection", group, {"settings": asdict(soft), "dev_grid": grid})
+            for query_id in apply_to:
+                _record(evaluation, "select:soft", by_id[query_id], rank_soft(query_id, soft))
     return selections
 
 

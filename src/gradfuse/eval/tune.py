@@ -82,6 +82,14 @@ def tuned_values(evaluation: Evaluation) -> list[TunedValue]:
         score = max(point[metric] for point in evaluation.tuned["selection"]["dev_grid"])
         for key in ("redundancy_weight", "threshold", "max_sources", "fusion"):
             values.append(TunedValue("selection", key, settings[key], f"stage 1, dev {metric} {score:.4f} ({source})"))
+    if "soft selection" in evaluation.tuned and "select" in evaluation.outcomes:
+        soft = evaluation.tuned["soft selection"]["settings"]
+        hard_score = mean_score(evaluation.qrels, evaluation.outcomes["select"], dev, metric)
+        soft_score = mean_score(evaluation.qrels, evaluation.outcomes["select:soft"], dev, metric)
+        # Written for `choice = "soft"`, not chosen: the method's written score is hard selection's, and a search
+        # with the written defaults must reproduce it.
+        why = f"soft selection, dev {metric} {soft_score:.4f} against hard's {hard_score:.4f} ({source})"
+        values += [TunedValue("selection", key, soft[key], why) for key in ("soft_weight", "soft_margin")]
     scores = {method: mean_score(evaluation.qrels, outcomes, lm_dev if is_lm_method(method) else dev, metric)
               for method, outcomes in evaluation.outcomes.items() if _runnable(method, evaluation)}
     cheap = {m: s for m, s in scores.items() if not is_lm_method(m)}

@@ -28,7 +28,9 @@ REDUNDANCY_WEIGHTS = (0.0, 0.25, 0.5, 1.0)
 THRESHOLDS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
 MAX_SOURCES = (1, 2, 3, 99)  # 99: no limit (complementary sources, such as several runs of one collection)
 PRIOR_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
-WITHIN_M = (1, 2, 3, 5)  # mix "within": how many of the prior's first candidates the score may reorder
+WITHIN_M = (1, 2, 3, 5)
+SOFT_WEIGHTS = (0.0, 0.1, 0.25, 0.5, 1.0)  # bench/soft_selection.py's grid, less the weights that lost everywhere
+SOFT_MARGINS = (0.1, 0.2, 2.0)  # 2.0: no source dropped  # mix "within": how many of the prior's first candidates the score may reorder
 
 
 @lru_cache(maxsize=None)
@@ -115,6 +117,21 @@ def selection_settings(
         grid.append({"fusion": fusion, "redundancy_weight": redundancy_weight, "threshold": threshold,
                      "max_sources": max_sources, metric: round(score, 4)})
         if score > best_score + 1e-12:  # ties keep the earlier, simpler point (smaller lambda, lower threshold)
+            best, best_score = settings, score
+    return best, grid
+
+
+def soft_selection_settings(qrels, dev: list[str], rank_soft: Callable, base: SelectionSettings, metric: str
+                            ) -> tuple[SelectionSettings, list[dict]]:
+    """Grid search of soft selection's weight and margin on the dev queries, over stage 1's tuned `base` (its
+    redundancy and fusion); `rank_soft(query_id, settings)` ranks with soft selection."""
+    need_dev(dev, "soft selection")
+    grid, best, best_score = [], None, -1.0
+    for weight, margin in product(SOFT_WEIGHTS, SOFT_MARGINS):
+        settings = replace(base, choice="soft", soft_weight=weight, soft_margin=margin)
+        score = mean_score(qrels, {query_id: rank_soft(query_id, settings) for query_id in dev}, dev, metric)
+        grid.append({"soft_weight": weight, "soft_margin": margin, metric: round(score, 4)})
+        if score > best_score + 1e-12:  # ties keep the earlier point: the smaller weight, then margin
             best, best_score = settings, score
     return best, grid
 
