@@ -31,7 +31,7 @@ from gradfuse.rerank.base import chosen_then_rest
 from gradfuse.rerank.conditional import ConditionalGateScorer
 from gradfuse.rerank.upr import UPRScorer
 from gradfuse.embedding.encoder import load_encoder
-from gradfuse.eval.record import commit_id, machine_description
+from gradfuse.eval.record import ResultsFile
 
 ROOT = Path(__file__).resolve().parents[1]
 HOTPOT = ROOT.parent / "shared" / "data" / "hotpotqa_train100_hipporag"
@@ -97,7 +97,8 @@ def main() -> None:
     lm = load_scorer("smollm2", args.doc_tokens, "float32")
     chosen_ids = sorted(q for q in qrels if q in queries)
     random.Random(args.seed).shuffle(chosen_ids)
-    records = []
+    results = ResultsFile.start(OUT, "python bench/conditional_hotpotqa.py " + " ".join(sys.argv[1:]),
+                                name="hotpotqa", n=args.n, rounds=args.rounds, doc_tokens=args.doc_tokens)
     for query_id in chosen_ids[: args.queries]:
         question = queries[query_id]
         top = np.argsort(-(vectors @ encoder.encode_query(question)), kind="stable")[: args.n]
@@ -106,24 +107,18 @@ def main() -> None:
         record = one_question(lm, question, docs, args.rounds)
         record["complete@2"] = {name: complete_at(order, pool_ids, qrels[query_id])
                                 for name, order in record["orders"].items()}
-        record["query_id"] = query_id
-        records.append(record)
-        print(f"{len(records)}/{args.queries}", {k: v for k, v in record["complete@2"].items()}, file=sys.stderr)
-    payload = {"command": "python bench/conditional_hotpotqa.py " + " ".join(sys.argv[1:]), "n": args.n,
-               "rounds": args.rounds, "doc_tokens": args.doc_tokens, "queries": len(records),
-               "commit": commit_id(), "machine": machine_description(),
-               "wall_minutes": round((time.perf_counter() - started) / 60, 1), "records": records}
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "hotpotqa.json").write_text(json.dumps(payload, indent=1))
-    (OUT / "hotpotqa.md").write_text(render(payload))
+        results.add(query_id, record)
+        print(f"{len(results.rows)}/{args.queries}", {k: v for k, v in record["complete@2"].items()}, file=sys.stderr)
+    results.header.update(queries=len(results.rows), wall_minutes=round((time.perf_counter() - started) / 60, 1))
+    results.finish(render(results))
 
 
-def render(payload: dict) -> str:
-    records = payload["records"]
+def render(results: ResultsFile) -> str:
+    payload, records = results.header, list(results.rows.values())
     lines = ["# Conditional selection: the one-pass estimate against the exact reference (HotpotQA)", "",
-             f"Command: `{payload['command']}` · {payload['queries']} questions, pool n = {payload['n']} (encoder "
+             f"{results.provenance} {payload['queries']} questions, pool n = {payload['n']} (encoder "
              f"cosine over HotpotQA's paragraphs), {payload['rounds']} rounds, {payload['doc_tokens']} tokens a "
-             f"document · scoring LM: bundled SmolLM2-135M-Instruct (fp32, CPU) · {payload['machine']} · wall time "
+             f"document · scoring LM: bundled SmolLM2-135M-Instruct (fp32, CPU) · wall time "
              f"{payload['wall_minutes']} min", "",
              "Along the exact reference's path (set-level UPR: round r takes the candidate c with the highest "
              "log P(question | chosen + c)), each estimate's values over the remaining candidates against the exact "

@@ -20,6 +20,7 @@ import json
 import random
 import re
 import string
+import sys
 import time
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from scipy.stats import spearmanr
 from gradfuse import SourceSpec, Workspace
 from gradfuse.config import Config
 from gradfuse.rerank import load_scorer, passage_text
-from gradfuse.eval.record import commit_id, machine_description
+from gradfuse.eval.record import ResultsFile
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
@@ -165,6 +166,8 @@ def main() -> None:
 
     scorer = load_scorer("smollm2", args.doc_tokens, "float32")
     records, pools = [], []
+    results = ResultsFile.start(OUT, "python bench/estimators_hotpotqa.py " + " ".join(sys.argv[1:]), name="hotpotqa",
+                                args=vars(args))
     for number, q in enumerate(questions):
         result = ws.search(q["text"], method="dense", retrieval="dense", k=args.timing_n, depth=args.timing_n)
         pool = result.candidates
@@ -172,32 +175,32 @@ def main() -> None:
                  "docs": [passage_text(c) for c in pool[: args.n]], "ids": [c.doc_id for c in pool[: args.n]],
                  "sources": [c.source for c in pool[: args.n]], "support": support.get(q["id"], set())}
         pools.append(entry)
-        records.append(score_query(scorer, q["text"], entry["gold"], entry["docs"], with_oracles=True))
+        mine = [score_query(scorer, q["text"], entry["gold"], entry["docs"], with_oracles=True)]
         if number < args.timing_queries:
             big = [passage_text(c) for c in pool[: args.timing_n]]
-            records.append(score_query(scorer, q["text"], entry["gold"], big, with_oracles=False))
+            mine.append(score_query(scorer, q["text"], entry["gold"], big, with_oracles=False))
+        records += mine
+        results.add(q["id"], {"query": {k: (sorted(v) if isinstance(v, set) else v) for k, v in entry.items()},
+                              "records": mine})
         print(f"{number + 1}/{len(questions)} {q['text'][:60]!r}", flush=True)
 
-    summaries = [summarise(records, pools, scorer, args.n), summarise(records, pools, scorer, args.timing_n)]
-    OUT.mkdir(parents=True, exist_ok=True)
-    payload = {"args": vars(args), "commit": commit_id(), "machine": machine_description(), "wall_seconds": round(time.perf_counter() - wall),
-               "summaries": summaries,
-               "queries": [{k: (sorted(v) if isinstance(v, set) else v) for k, v in p.items()} for p in pools],
-               "records": records}
-    (OUT / "hotpotqa.json").write_text(json.dumps(payload, indent=1))
-    (OUT / "hotpotqa.md").write_text(render(payload))
-    print(render(payload))
+    results.header.update(summaries=[summarise(records, pools, scorer, args.n),
+                                     summarise(records, pools, scorer, args.timing_n)],
+                          wall_seconds=round(time.perf_counter() - wall))
+    results.finish(render(results))
+    print(render(results))
 
 
-def render(payload: dict) -> str:
+def render(results: ResultsFile) -> str:
+    payload = results.header
     args, (main_summary, timing) = payload["args"], payload["summaries"]
     lines = [
         "# Gradient estimators against exact leave-one-out: hotpotqa_train100_hipporag",
         "",
         f"Command: `python bench/estimators_hotpotqa.py --queries {args['queries']} --n {args['n']} "
         f"--timing-queries {args['timing_queries']} --timing-n {args['timing_n']} --doc-tokens {args['doc_tokens']}`",
-        f"(seed {args['seed']}) · scoring LM: bundled SmolLM2-135M-Instruct (fp32 on CPU) · machine: {payload['machine']}"
-        f" · wall time {payload['wall_seconds'] / 60:.1f} min",
+        f"(seed {args['seed']}) · scoring LM: bundled SmolLM2-135M-Instruct (fp32 on CPU) · {results.provenance}"
+        f" Wall time {payload['wall_seconds'] / 60:.1f} min",
         "",
         "Sources: hotpot paragraphs split in two sources (hotpot-a, hotpot-b) + beir_dbpedia_entity_sample as a",
         "same-domain distractor source; the pool is the dense top-n over all three (the prior).",

@@ -20,7 +20,7 @@ from ranx import Qrels, Run, evaluate
 from gradfuse import SourceSpec, Workspace
 from gradfuse.config import Config
 from gradfuse.embedding.encoder import load_encoder
-from gradfuse.eval.record import commit_id, machine_description
+from gradfuse.eval.record import ResultsFile
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 OUT = Path(__file__).resolve().parents[1] / "results" / "skeleton"
@@ -41,21 +41,21 @@ def read_qrels(path: Path, source: str) -> Qrels:
     return Qrels(judged)
 
 
-def main(workspace_dir: Path) -> dict:
+def main(workspace_dir: Path) -> None:
+    started = time.perf_counter()
+    results = ResultsFile.start(OUT, "make bench-skeleton", name="scifact", builds={})
     ws = Workspace(Config(workspace=workspace_dir, depth=100, k=100))
-    builds = {}
     for name, folder in SOURCES.items():
         report = ws.index(SourceSpec(name, "beir", str(DATA / folder)), progress=True)
-        builds[name] = {"documents": report.documents, "seconds": round(report.seconds, 2),
-                        "docs_per_s": round(report.docs_per_second, 1), "status": report.status,
-                        "embedded_now": report.embedded_now}
-        print(name, builds[name], flush=True)
+        results.header["builds"][name] = {"documents": report.documents, "seconds": round(report.seconds, 2),
+                                          "docs_per_s": round(report.docs_per_second, 1), "status": report.status,
+                                          "embedded_now": report.embedded_now}
+        print(name, results.header["builds"][name], flush=True)
     queries = [json.loads(line) for line in open(DATA / "beir_scifact" / "queries.jsonl")]
     qrels = read_qrels(DATA / "beir_scifact" / "qrels.tsv", "scifact")
     ws.search(queries[0]["text"], method="rrf")  # warm-up: loads the encoder, compiles ranx's numba kernels
     for method in METHODS:
         ws.search(queries[0]["text"], method=method)
-    rows = []
     for retrieval in ("bm25", "dense", "hybrid"):
         for query in queries[-20:]:  # warm each mode's code paths and the memory-mapped vectors before timing
             ws.search(query["text"], method="concat", retrieval=retrieval)
@@ -63,38 +63,36 @@ def main(workspace_dir: Path) -> dict:
             latencies, run = [], {}
             load_encoder().clear_query_cache()  # every method meets the queries cold, as a user's first search
             for query in queries:
-                started = time.perf_counter()
+                began = time.perf_counter()
                 result = ws.search(query["text"], method=method, retrieval=retrieval)
-                latencies.append((time.perf_counter() - started) * 1000)
+                latencies.append((time.perf_counter() - began) * 1000)
                 assert not result.failures, result.failures
                 # Keys are namespaced, so a distractor source's document holds its rank as a miss.
                 run[query["id"]] = {c.key: float(len(result.candidates) - i) for i, c in enumerate(result.candidates)}
             with warnings.catch_warnings():  # numba's integer-cast warning, once per metric
                 warnings.simplefilter("ignore")
                 scores = evaluate(qrels, Run(run), ["ndcg@10", "recall@100"])
-            rows.append({"retrieval": retrieval, "method": method, "queries": len(queries),
-                         "p50_ms": round(percentile(latencies, 50), 2), "p95_ms": round(percentile(latencies, 95), 2),
-                         "ndcg@10": round(float(scores["ndcg@10"]), 4),
-                         "recall@100": round(float(scores["recall@100"]), 4)})
-            print(rows[-1], flush=True)
-    return {"builds": builds, "rows": rows}
+            row = {"retrieval": retrieval, "method": method, "queries": len(queries),
+                   "p50_ms": round(percentile(latencies, 50), 2), "p95_ms": round(percentile(latencies, 95), 2),
+                   "ndcg@10": round(float(scores["ndcg@10"]), 4), "recall@100": round(float(scores["recall@100"]), 4)}
+            results.add(f"{retrieval} · {method}", row)
+            print(row, flush=True)
+    seconds = time.perf_counter() - started
+    results.finish(markdown(results, seconds), wall_seconds=round(seconds))
 
 
-def write(results: dict, seconds: float) -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
-    machine = machine_description()
-    results["commit"], results["machine"], results["wall_seconds"] = commit_id(), machine, round(seconds)
-    (OUT / "scifact.json").write_text(json.dumps(results, indent=2))
+def markdown(results: ResultsFile, seconds: float) -> str:
     lines = [
         "# Skeleton on real data: beir_scifact (+ cranfield and hotpotqa as distractor sources)",
         "",
-        f"Command: `make bench-skeleton` · commit {results['commit']} · machine: {machine} · wall time {seconds / 60:.1f} min",
+        f"{results.provenance} Wall time {seconds / 60:.1f} min.",
         "",
         "## Indexing (cold: no embedding cache)",
         "",
         "| source | documents | seconds | docs/s |",
         "|---|---:|---:|---:|",
-        *[f"| {n} | {b['documents']} | {b['seconds']} | {b['docs_per_s']} |" for n, b in results["builds"].items()],
+        *[f"| {n} | {b['documents']} | {b['seconds']} | {b['docs_per_s']} |"
+          for n, b in results.header["builds"].items()],
         "",
         "Indexing time is dominated by MiniLM embedding (bf16); BM25 indexing in tantivy is a small part of it.",
         "",
@@ -106,13 +104,11 @@ def write(results: dict, seconds: float) -> None:
         "| retrieval | fusion | p50 ms | p95 ms | nDCG@10 | Recall@100 |",
         "|---|---|---:|---:|---:|---:|",
         *[f"| {r['retrieval']} | {r['method']} | {r['p50_ms']} | {r['p95_ms']} | {r['ndcg@10']} | {r['recall@100']} |"
-          for r in results["rows"]],
+          for r in results.rows.values()],
     ]
-    (OUT / "scifact.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        outcome = main(Path(tmp) / "ws")
-    write(outcome, time.perf_counter() - started)
+        main(Path(tmp) / "ws")
