@@ -139,12 +139,12 @@ def test_index_refuses_a_source_the_config_declares_otherwise(tmp_path):
 
 def test_help_and_a_usage_error_import_none_of_the_pipeline():
     """`gradfuse --help` (and every command's usage) is read before anything is loaded: no numpy, no model runtime,
-    no engine client, no workspace (issue 71: every command paid for all of them)."""
+    no engine client, no workspace, no pydantic (issue 71: every command paid for all of them)."""
     import subprocess
     import sys
 
     probe = ("import sys\nfrom typer.main import get_command\nimport gradfuse.cli\nget_command(gradfuse.cli.app)\n"
-             "print(' '.join(sorted(m for m in ('numpy', 'torch', 'onnxruntime', 'httpx', 'gradfuse.config', "
+             "print(' '.join(sorted(m for m in ('numpy', 'torch', 'onnxruntime', 'httpx', 'pydantic', 'gradfuse.config', "
              "'gradfuse.workspace', 'gradfuse.methods') if m in sys.modules)))")
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     assert loaded == []

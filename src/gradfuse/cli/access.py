@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from gradfuse.access import InvalidReader, check_reader
-from gradfuse.access.keys import AccessError, key_hash, read_key_file
 from gradfuse.cli.common import ConfigOpt, _fail, _workspace, app, console, escape
 
 if TYPE_CHECKING:
@@ -52,6 +51,8 @@ def add_key(
     file = _key_file(file, ws)
     key = secrets.token_urlsafe(32)
     import tomlkit
+
+    from gradfuse.access.keys import key_hash
 
     entry = tomlkit.table()
     entry.update({"key_sha256": key_hash(key), "sources": readable, "groups": _listed(groups),
@@ -113,6 +114,8 @@ def _write(file: Path, document: tomlkit.TOMLDocument) -> None:
     """A file of its own (0600 from the start, never a name another run or a link holds), on disk before it
     replaces the key file at once: a server never reads half a file. An existing file keeps its mode (its reader)."""
     import tomlkit
+
+    from gradfuse.access.keys import AccessError, read_key_file
 
     descriptor, temporary = tempfile.mkstemp(dir=file.parent, prefix=f".{file.name}.")
     written = Path(temporary)

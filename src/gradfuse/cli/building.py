@@ -13,7 +13,7 @@ from gradfuse.cli.common import (
     ConfigOpt, Into, Language, RayBuild, SkipMalformed, SourceName, TableName, Wait, WorkspaceOpt, _fail,
     _run_guarded, _workspace, app, console, escape, index_app,
 )
-from gradfuse.ingest.readers import LIMIT_OPTIONS, ReaderLimits
+from gradfuse.ingest.limits import LIMITS
 
 if TYPE_CHECKING:
     from gradfuse.indexing import BuildReport
@@ -210,29 +210,29 @@ def index_files(
     hidden: Annotated[bool, typer.Option(help="Also index hidden files and folders (.git, .venv, .env) and "
                                               "node_modules (skipped and reported by default)")] = False,
     gitignore: Annotated[bool, typer.Option(help="Skip what the folder's .gitignore files exclude")] = True,
-    max_file_mb: Annotated[int, typer.Option(help="Skip a larger file")] = ReaderLimits.max_file_mb,
-    max_pages: Annotated[int, typer.Option(help="Skip a PDF or deck with more pages or slides")] = ReaderLimits.max_pages,
-    max_rows: Annotated[int, typer.Option(help="Skip a spreadsheet with more rows")] = ReaderLimits.max_rows,
+    max_file_mb: Annotated[int, typer.Option(help="Skip a larger file")] = LIMITS["max_file_mb"],
+    max_pages: Annotated[int, typer.Option(help="Skip a PDF or deck with more pages or slides")] = LIMITS["max_pages"],
+    max_rows: Annotated[int, typer.Option(help="Skip a spreadsheet with more rows")] = LIMITS["max_rows"],
     max_unzipped_mb: Annotated[int, typer.Option(
-        help="Skip an Office file whose parts unzip to more (a zip bomb)")] = ReaderLimits.max_unzipped_mb,
+        help="Skip an Office file whose parts unzip to more (a zip bomb)")] = LIMITS["max_unzipped_mb"],
     max_zip_entries: Annotated[int, typer.Option(
-        help="Skip an Office file with more parts in its zip")] = ReaderLimits.max_zip_entries,
-    deadline_s: Annotated[float, typer.Option(help="Skip a file not parsed within this time")] = ReaderLimits.deadline_s,
+        help="Skip an Office file with more parts in its zip")] = LIMITS["max_zip_entries"],
+    deadline_s: Annotated[float, typer.Option(help="Skip a file not parsed within this time")] = LIMITS["deadline_s"],
     max_text_mb: Annotated[int, typer.Option(
-        help="Skip a file that produces more text (all its chunks)")] = ReaderLimits.max_text_mb,
-    max_chunks: Annotated[int, typer.Option(help="Skip a file that makes more chunks")] = ReaderLimits.max_chunks,
+        help="Skip a file that produces more text (all its chunks)")] = LIMITS["max_text_mb"],
+    max_chunks: Annotated[int, typer.Option(help="Skip a file that makes more chunks")] = LIMITS["max_chunks"],
     max_worker_mb: Annotated[int, typer.Option(
-        help="Memory of the process that parses; a file that needs more is skipped")] = ReaderLimits.max_worker_mb,
+        help="Memory of the process that parses; a file that needs more is skipped")] = LIMITS["max_worker_mb"],
     max_page_chars: Annotated[int, typer.Option(
-        help="Cut a PDF page's text at this many characters")] = ReaderLimits.max_page_chars,
+        help="Cut a PDF page's text at this many characters")] = LIMITS["max_page_chars"],
     max_cell_chars: Annotated[int, typer.Option(
-        help="Cut a table cell's text at this many characters")] = ReaderLimits.max_cell_chars,
-    max_columns: Annotated[int, typer.Option(help="Leave out a table row's cells after this many")] = ReaderLimits.max_columns,
+        help="Cut a table cell's text at this many characters")] = LIMITS["max_cell_chars"],
+    max_columns: Annotated[int, typer.Option(help="Leave out a table row's cells after this many")] = LIMITS["max_columns"],
     max_header_chars: Annotated[int, typer.Option(
         help="Cut what every chunk repeats (a table's header row, headings, a title) at this many characters"
-    )] = ReaderLimits.max_header_chars,
+    )] = LIMITS["max_header_chars"],
     max_ocr_megapixels: Annotated[int, typer.Option(
-        help="Render a page for OCR at most this large (larger pages below 300 dpi)")] = ReaderLimits.max_ocr_megapixels,
+        help="Render a page for OCR at most this large (larger pages below 300 dpi)")] = LIMITS["max_ocr_megapixels"],
     ocr: Annotated[bool, typer.Option(help="Read PDF pages without a text layer with Tesseract "
                                            "(apt-get install tesseract-ocr; pip install 'gradfuse[ocr]')")] = False,
     into: Into = None,
@@ -246,9 +246,9 @@ def index_files(
     """A folder of files: .txt, .md, .html, .pdf, .docx, .pptx, .xlsx, .csv (by content where the extension lies),
     cut into overlapping chunks inside each page, section, slide or sheet, which keep where they stand."""
     given = locals()
-    limits = {name: given[name] for name in LIMIT_OPTIONS}
+    limits = {name: given[name] for name in LIMITS}
     options = {"chunk_words": chunk_words, "chunk_overlap": chunk_overlap,
-               **{k: v for k, v in limits.items() if v != getattr(ReaderLimits, k)},
+               **{k: v for k, v in limits.items() if v != LIMITS[k]},
                **({"links_outside": True} if links_outside else {}), **({"hidden": True} if hidden else {}),
                **({} if gitignore else {"gitignore": False})}
     _index(config, workspace, _spec(source, "files", str(folder), options), into, table, language, wait, ray)

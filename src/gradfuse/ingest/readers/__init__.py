@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import io
 import zipfile
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 from gradfuse.candidate import Location
 from gradfuse.checked import FILE_SETTINGS, Count, Flag, Seconds
+from gradfuse.ingest.limits import LIMITS
 
 
 @dataclass(frozen=True)
@@ -66,25 +67,24 @@ class ReaderLimits:
     """What a file may cost before it is skipped (`index files` options; a spec's options hold them)."""
 
     __pydantic_config__ = FILE_SETTINGS
-    max_file_mb: Count = 200  # any file
-    max_pages: Count = 2000  # of a PDF, or slides of a deck
-    max_rows: Count = 1_000_000  # of one spreadsheet, all sheets together
-    max_unzipped_mb: Count = 1000  # an Office file's parts, uncompressed (a zip bomb says less than it holds)
-    max_zip_entries: Count = 10_000  # an Office file's parts (Python's zip reader keeps an object per entry)
-    deadline_s: Seconds = 60.0  # to parse one file
-    max_text_mb: Count = 50  # text one file may produce, all its units together (tables repeat their header)
-    max_chunks: Count = 100_000  # chunks one file may make (each is embedded): a 1,000,000-row sheet makes ~70,000
-    max_worker_mb: Count = 2048  # memory (address space) of the worker process that parses
-    max_page_chars: Count = 200_000  # text of one PDF page (a dense page holds about 5,000); more is cut
-    max_cell_chars: Count = 2000  # text of one table cell; more is cut
-    max_columns: Count = 1000  # cells of one table row; more are left out
-    # What every chunk repeats: a table's header row (a chunk is 150 words), a section's headings, a file's title
-    max_header_chars: Count = 500
-    max_ocr_megapixels: Count = 40  # a page rendered for OCR (A4 at 300 dpi is 8.7); larger pages are scaled down
-    ocr: Flag = False  # read PDF pages without a text layer with Tesseract (else they are counted and reported)
+    max_file_mb: Count = LIMITS["max_file_mb"]
+    max_pages: Count = LIMITS["max_pages"]
+    max_rows: Count = LIMITS["max_rows"]
+    max_unzipped_mb: Count = LIMITS["max_unzipped_mb"]
+    max_zip_entries: Count = LIMITS["max_zip_entries"]
+    deadline_s: Seconds = LIMITS["deadline_s"]
+    max_text_mb: Count = LIMITS["max_text_mb"]
+    max_chunks: Count = LIMITS["max_chunks"]
+    max_worker_mb: Count = LIMITS["max_worker_mb"]
+    max_page_chars: Count = LIMITS["max_page_chars"]
+    max_cell_chars: Count = LIMITS["max_cell_chars"]
+    max_columns: Count = LIMITS["max_columns"]
+    max_header_chars: Count = LIMITS["max_header_chars"]
+    max_ocr_megapixels: Count = LIMITS["max_ocr_megapixels"]
+    ocr: Flag = LIMITS["ocr"]
 
 
-LIMIT_OPTIONS = tuple(limit.name for limit in fields(ReaderLimits))  # a files source's options that are limits
+LIMIT_OPTIONS = tuple(LIMITS)  # a files source's options that are limits
 
 
 class Reading:
