@@ -59,9 +59,15 @@ bench: bench-skeleton $(addprefix bench-,$(BENCHMARKS)) bench-defaults bench-sta
 bench-access: install
 	$(BIN)/python bench/access.py
 
-# The reader (src/gradfuse/reading/reader.onnx, its card READER.md): trained from the shipped MiniLM on SQuAD 2.0 and
-# training/reader_questions.json, tested per domain, on WikiQA (evaluation only) and with each domain left out in
-# turn (results/reader/; about 60 min on two cores, most of it the four leave-one-out trainings).
+# The reader (src/gradfuse/reading/reader.onnx, its card READER.md): trained from the shipped MiniLM on SQuAD 2.0,
+# training/reader_questions.json and the doc2query pairs, tested per domain, on WikiQA (evaluation only) and with
+# each domain left out in turn (results/reader/; about 90 min on two cores, most of it the leave-one-out trainings).
+# doc2query: the pairs (training/doc2query.jsonl, DOC2QUERY.md) that Qwen2.5-Coder-0.5B writes for man pages'
+# sentences behind llama.cpp's server (bench/llm_server.py joins the GGUF and checks its sha256); 50 min, resumable.
+.PHONY: doc2query
+doc2query: install
+	$(BIN)/python training/doc2query.py --minutes 50
+
 .PHONY: train-reader
 train-reader: install
 	$(BIN)/python training/reader.py

@@ -13,7 +13,9 @@ for a terminal of 80 columns), built in one workspace; every question is asked o
 - then each sentence scorer on the same five passages, quoted by the same rules (the best two sentences): the shipped
   one (`support`), and beside it the plainest signals: plain overlap (the share of the question's content words a
   sentence holds, nothing weighed), rarity-weighted overlap (`support`'s signal before issue 70), the encoder's
-  cosine, BM25 over the passages' sentences.
+  cosine, BM25 over the passages' sentences; and, where `make train-reader` has made it, the reader trained here
+  alone (reading/READER.md: `scorer = "reader"`), which ships only where it beats plain overlap on every family
+  (issue 70 item 5).
 - what an LLM reads of the five passages (`[generator] context`, by an endpoint's count of tokens): the fact inside
   the windows around the evidence (the default), and inside each passage's first 600 characters (the prompt before
   issue 70), measured with no LLM;
@@ -58,6 +60,7 @@ from gradfuse.generate.openai_http import CHARS_PER_TOKEN
 from gradfuse.reading import support
 from gradfuse.reading.context import windows
 from gradfuse.reading.evidence import extractive_answer
+from gradfuse.reading.reader import READER_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTIONS = ROOT / "benchmarks" / "reading" / "questions.jsonl"
@@ -71,7 +74,9 @@ SQLITE = Path("/usr/share/doc/sqlite3")
 SQLITE_PAGES = ("lang_*.html", "pragma.html", "limits.html", "datatype3.html", "foreignkeys.html", "json1.html")
 FAMILIES = {"sqlite": "sqlite3-doc", "lua": "lua5.2-doc", "gnuplot": "gnuplot-doc", "jq": "jq", "tmux": "tmux",
             "curl": "curl"}
-SCORERS = ("support", "plain overlap", "rarity overlap", "cosine", "bm25")
+# The reader trained here where `make train-reader` has made one: it is not shipped until it wins (READER.md).
+SCORERS = ("support", "plain overlap", "rarity overlap", "cosine", "bm25") + (
+    ("reader",) if READER_FILE.is_file() else ())
 BEFORE_CHARS = 600  # what the prompt showed of each passage before issue 70
 LLM_ROWS = ("written holds", "declined", "declined wrongly", "cites as written", "cites", "cited holds",
             "unsupported")
@@ -157,6 +162,9 @@ def scorer_answers(ws: Workspace, question: str, passages) -> dict[str, str]:
     answers = {"support": extractive_answer(shipped, within=support.model().second_within, question=question)}
     cosine = ws.evidence(question, passages, settings=replace(ws.config.evidence, scorer="cosine"))
     answers["cosine"] = extractive_answer(cosine, question=question)
+    if "reader" in SCORERS:
+        reader = ws.evidence(question, passages, settings=replace(ws.config.evidence, scorer="reader"))
+        answers["reader"] = extractive_answer(reader, question=question)
     texts = [e.quoted() for e in shipped]
     overlaps = support.signals(question, texts, np.zeros(len(texts)), [e.passage for e in shipped],
                                only=("plain", "overlap"))

@@ -50,7 +50,9 @@ TECHNICAL_REPEATS = 2  # the written questions are few and the domain the reader
 SQUAD_TEST = 1000  # of its test articles' questions (inference time)
 # TAT-QA is never trained on: its dev questions fit how the reader is combined with the other signals
 # (bench/fit_support.py), so the reader must not have seen them, and its test questions are the answer benchmark's.
-TRAINED_ON = ("squad", "man", "nodejs", "pydoc")
+# The written questions over pages of packages kept for evaluation, and over Python's docstrings, are test questions
+# (reader_data.kept_for_evaluation).
+TRAINED_ON = ("squad", "man", "nodejs", "doc2query")
 CURVE_EVERY = 100
 # `support` as shipped before the reader (2026-12-04): what the reader is measured against.
 SUPPORT_BEFORE = support.SupportModel({"overlap": 7.4157}, {"overlap": 3.0598, "cosine": 6.0701, "bias": -5.8021},
@@ -60,7 +62,8 @@ SUPPORT_BEFORE = support.SupportModel({"overlap": 7.4157}, {"overlap": 3.0598, "
 def groups() -> list[Group]:
     """Every domain's questions, built once per version of the data and the written questions."""
     stamp = "-".join(reader_data.checksum(p)[:12] for p in (reader_data.DATA / "squad_v2" / "dev.jsonl",
-                                                              reader_data.QUESTIONS) if p.exists())
+                                                              reader_data.QUESTIONS, reader_data.DOC2QUERY)
+                     if p.exists())
     cache = WORK / f"groups-{stamp}.pkl"
     if cache.exists():
         return pickle.loads(cache.read_bytes())
@@ -307,7 +310,8 @@ def main() -> None:
     summary["data"] = {name: reader_data.checksum(path) for name, path in (
         ("squad_v2/dev.jsonl sha256", reader_data.DATA / "squad_v2" / "dev.jsonl"),
         ("tatqa_hybrid/queries.jsonl sha256", reader_data.DATA / "tatqa_hybrid" / "queries.jsonl"),
-        ("training/reader_questions.json sha256", reader_data.QUESTIONS))}
+        ("training/reader_questions.json sha256", reader_data.QUESTIONS),
+        ("training/doc2query.jsonl sha256", reader_data.DOC2QUERY)) if path.exists()}
     summary["questions"] = {d: {s: sum(g.domain == d and g.split == s for g in pool) for s in ("train", "test")}
                             for d in DOMAINS}
     summary["written questions dropped"] = len(json.loads(reader_data.QUESTIONS.read_text())) - sum(

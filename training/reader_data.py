@@ -9,11 +9,16 @@ Domains (each split so that no article, report or file is on both sides):
 - man, nodejs, pydoc: questions written here (training/reader_questions.json) over man pages, Node.js' API docs
   and pydoc's pages of standard-library modules none of which the answer benchmark or the demo reads, split by
   file; the passages are the indexed chunks, negatives the chunk's other sentences and the file's chunks that share
-  most of the question's words; a written question with no answer has those as negatives alone.
+  most of the question's words; a written question with no answer has those as negatives alone. Those over pages
+  of the packages kept for evaluation (`kept_for_evaluation`) are tested on, never trained on;
+- doc2query: questions a teacher LM wrote for sentences of other man pages (training/doc2query.py,
+  training/DOC2QUERY.md), split by page; the passages as for the written ones.
 """
 
 from __future__ import annotations
 
+import functools
+import gzip
 import hashlib
 import json
 import os
@@ -38,12 +43,28 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("GRADFUSE_DATA", ROOT.parent / "shared" / "data"))
 QUESTIONS = Path(__file__).with_name("reader_questions.json")
 RENDERED = ROOT / ".gradfuse" / "train" / "rendered"
-DOMAINS = ("squad", "tatqa", "man", "nodejs", "pydoc")
+DOMAINS = ("squad", "tatqa", "man", "nodejs", "pydoc", "doc2query")
 TECHNICAL = ("man", "nodejs", "pydoc")
 SQUAD_TEST_ARTICLES = 10  # of 35
 WRITTEN_TEST_SHARE = 0.3  # of each written domain's files
 MAX_SENTENCES = 40  # a test question's sentences read (the first, by word overlap with the question)
 NODEJS_DOCS = Path("/usr/share/doc/nodejs/api")
+DOC2QUERY = Path(__file__).with_name("doc2query.jsonl")
+DOC2QUERY_TEST_SHARE = 0.15  # of its pages
+MAN_SECTIONS = ("man1", "man5", "man8")
+# Never trained on (issue 70 item 5): the packages kept for evaluation elsewhere, the reading benchmark's families
+# (benchmarks/reading/SOURCE.md) and the packages of the answer benchmark's man pages (bench/answers.py), with
+# Python 3.11's standard library (whose docstrings are the pydoc domain: tested on only).
+EVALUATION_PACKAGES = {
+    "valgrind", "coreutils", "git", "xz-utils", "gzip", "tar", "openssh-client", "dpkg", "apt", "make", "findutils",
+    "grep", "sed", "procps", "libtasn1-doc", "shared-mime-info", "zlib1g-dev",
+    "sqlite3-doc", "sqlite3", "lua5.2-doc", "lua5.2", "gnuplot-doc", "gnuplot", "gnuplot-nox", "gnuplot-data", "jq",
+    "tmux", "curl",
+    "bzip2", "zstd", "zip", "unzip", "wget", "postgresql-client-15", "postgresql-client-common", "less", "diffutils",
+    "patch", "make-guile", "dpkg-dev", "apt-utils",
+}
+# python3 and its -minimal/-dev packages link their pages to Python 3.11's
+EVALUATION_PREFIXES = ("python3.11", "libpython3.11", "python3", "libpython3", "git-", "openssh-", "postgresql-")
 
 
 @dataclass
@@ -223,13 +244,151 @@ def written() -> list[Group]:
                 continue
             passages.append((chunk.text, spans, labels))
         group = _group(q["domain"], f"{q['domain']}/{q['file']}", q["question"], q["kind"] == "answerable", passages)
-        group.split = "test" if (q["domain"], q["file"]) in test else "train"
+        # Pages of packages kept for evaluation, and Python's docstrings, are tested on, never trained on.
+        group.split = "test" if (q["domain"], q["file"]) in test or kept_for_evaluation(group) else "train"
+        groups.append(group)
+    return groups
+
+
+def evaluation_only(package: str) -> bool:
+    return package in EVALUATION_PACKAGES or package.startswith(EVALUATION_PREFIXES)
+
+
+def page_name(path: Path) -> str:
+    """`ls.1.gz` → `ls`."""
+    return re.sub(r"\.\w+$", "", path.name.removesuffix(".gz"))
+
+
+def page_packages() -> dict[Path, str]:
+    """Every installed man page of MAN_SECTIONS and the package that installed it (dpkg's file lists)."""
+    owners = {}
+    for listing in Path("/var/lib/dpkg/info").glob("*.list"):
+        package = listing.stem.split(":")[0]
+        for line in listing.read_text(encoding="utf-8", errors="replace").splitlines():
+            path = Path(line)
+            if path.parent.name in MAN_SECTIONS and path.parent.parent == Path("/usr/share/man") and path.is_file():
+                owners[path] = package
+    return owners
+
+
+_SO = re.compile(r"^\.so\s+(\S+)", re.MULTILINE)
+
+
+def page_files(path: Path) -> list[Path]:
+    """The files a man page shows: its link's target, and the pages it includes with `.so` (rbash.1 includes
+    bash.1's section on restricted shells; a page of one name may be another's text)."""
+    real = path.resolve()
+    try:
+        text = (gzip.open(real, "rt", errors="replace") if real.suffix == ".gz" else open(real, errors="replace")).read()
+    except OSError:
+        return [real]
+    included = []
+    for name in _SO.findall(text):
+        target = Path("/usr/share/man") / name
+        for candidate in (target.with_name(target.name + ".gz"), target):
+            if candidate.exists():
+                included.append(candidate.resolve())
+                break
+    return [real, *included]
+
+
+def page_identity(path: Path) -> str:
+    """One name for every page that shows the same text (a link, or a page that includes another): what pages are
+    told apart and split by."""
+    return str(page_files(path)[-1])
+
+
+def excluded_page(path: Path, owners: dict[Path, str], written: set[str]) -> bool:
+    """Whether any file `path` shows is a written question's page or belongs to a package kept for evaluation."""
+    files = [path, *page_files(path)]
+    return any(page_name(f) in written or evaluation_only(owners.get(f, owners.get(path, ""))) for f in files)
+
+
+def written_man_pages() -> set[str]:
+    return {q["file"] for q in json.loads(QUESTIONS.read_text(encoding="utf-8")) if q["domain"] == "man"}
+
+
+def kept_for_evaluation(group: Group) -> bool:
+    """A written question over Python's docstrings or over a page of a package kept for evaluation (the page as
+    `man` finds it by name, as render() renders it)."""
+    if group.domain == "pydoc":
+        return True
+    if group.domain != "man":
+        return False
+    return _kept_page(group.key.split("/", 1)[1])
+
+
+@functools.cache
+def _kept_page(name: str) -> bool:
+    found = subprocess.run(["man", "-w", name], capture_output=True, text=True).stdout.split()
+    return not found or excluded_page(Path(found[0]), _owners(), set())
+
+
+@functools.cache
+def _owners() -> dict[Path, str]:
+    return page_packages()
+
+
+def render_page(path: Path) -> Path | None:
+    """A man page file as `man` prints it for 80 columns, in a folder of its own (read_files reads folders); None
+    where it renders to next to nothing."""
+    target = RENDERED / "doc2query" / f"{path.parent.name}-{page_name(path)}" / f"{page_name(path)}.txt"
+    if not target.exists():
+        shown = subprocess.run(["man", "--nh", "--nj", "-P", "cat", "-l", str(path)], capture_output=True, text=True,
+                               env={**os.environ, "MANWIDTH": "80"})
+        if shown.returncode != 0 or len(shown.stdout.split()) < 80:
+            return None
+        text = subprocess.run(["col", "-bx"], input=shown.stdout, capture_output=True, text=True).stdout
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+    return target.parent
+
+
+def page_chunks(folder: Path) -> list[Candidate]:
+    return [Candidate("doc2query", d.doc_id, d.text, 0.0, 1, span=d.span, location=d.location)
+            for d in read_files(folder, IngestReport(), words=FILE_CHUNK_WORDS, overlap=FILE_CHUNK_OVERLAP)]
+
+
+def sentence_texts(chunk: Candidate) -> list[str]:
+    return [" ".join(chunk.text[a:b].split()) for a, b in passage_sentences(chunk, chunk.text)]
+
+
+def doc2query() -> list[Group]:
+    """The kept teacher questions: the sentence's chunk (label 1 on the sentence) and the page's two other chunks
+    sharing most of the question's words (those not holding the sentence)."""
+    rows = [json.loads(line) for line in open(DOC2QUERY, encoding="utf-8") if line.strip()]
+    owners, written = _owners(), written_man_pages()
+    groups, chunks = [], {}
+    # Checked again here: a page that a later exclusion covers is never trained on, whenever its rows were made.
+    for r in (r for r in rows if r["kept"] and not excluded_page(Path(r["page"]), owners, written)):
+        folder = render_page(Path(r["page"]))
+        if folder is None:
+            continue
+        page = chunks.setdefault(r["page"], page_chunks(folder))
+        holding = [c for c in page if c.doc_id == r["chunk"]]
+        if not holding:
+            continue
+        asked = set(support.content_words(r["question"]))
+        near = sorted((c for c in page if r["sentence"] not in sentence_texts(c)),
+                      key=lambda c: -len(asked & set(support.content_words(c.text))))
+        passages = []
+        for chunk in [holding[0], *near[:2]]:
+            texts = sentence_texts(chunk)
+            passages.append((chunk.text, passage_sentences(chunk, chunk.text),
+                             [int(t == r["sentence"]) for t in texts]))
+        if not any(any(labels) for _, _, labels in passages):
+            continue  # the page renders otherwise than when the row was made
+        identity = page_identity(Path(r["page"]))
+        group = _group("doc2query", identity, r["question"], True, passages)
+        test = random.Random(f"doc2query/{identity}").random() < DOC2QUERY_TEST_SHARE
+        group.split = "test" if test else "train"
         groups.append(group)
     return groups
 
 
 def all_groups() -> list[Group]:
-    return squad() + tatqa() + (written() if QUESTIONS.exists() else [])
+    return (squad() + tatqa() + (written() if QUESTIONS.exists() else [])
+            + (doc2query() if DOC2QUERY.exists() else []))
 
 
 def training_rows(group: Group, rng: random.Random, negatives: int) -> list[tuple[tuple[str, str], int]]:
@@ -258,4 +417,5 @@ def trimmed(group: Group) -> Group:
                  [group.passages[i] for i in keep], group.split)
 
 
-__all__ = ["DOMAINS", "TECHNICAL", "Group", "all_groups", "checksum", "training_rows", "trimmed"]
+__all__ = ["DOMAINS", "TECHNICAL", "Group", "all_groups", "checksum", "kept_for_evaluation", "training_rows",
+           "trimmed"]

@@ -28,9 +28,9 @@ REDUNDANCY_WEIGHTS = (0.0, 0.25, 0.5, 1.0)
 THRESHOLDS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
 MAX_SOURCES = (1, 2, 3, 99)  # 99: no limit (complementary sources, such as several runs of one collection)
 PRIOR_WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0)
-WITHIN_M = (1, 2, 3, 5)
+WITHIN_M = (1, 2, 3, 5)  # mix "within": how many of the prior's first candidates the score may reorder
 SOFT_WEIGHTS = (0.0, 0.1, 0.25, 0.5, 1.0)  # bench/soft_selection.py's grid, less the weights that lost everywhere
-SOFT_MARGINS = (0.1, 0.2, 2.0)  # 2.0: no source dropped  # mix "within": how many of the prior's first candidates the score may reorder
+SOFT_MARGINS = (0.1, 0.2, 2.0)  # 2.0: no source dropped
 
 
 @lru_cache(maxsize=None)
