@@ -71,7 +71,7 @@ def evidence_by_document(workspace: Workspace, query: str, candidates: list[Cand
     count = workspace.config.context_k if evidence_k is None else evidence_k
     evidence = workspace.evidence(query, candidates[:count])
     threshold = workspace.config.evidence.abstain_below
-    chance = workspace.support(query, evidence, decide_at=threshold)
+    chance = workspace.support(query, evidence)  # exact, not a lower bound: the metadata has no field to say so
     abstained = declines(query, evidence, chance, threshold)
     verdict = {"support": chance, "abstained": abstained}
     by_document: list[dict] = [{"evidence": [], **verdict} for _ in candidates]
