@@ -169,7 +169,9 @@ def generate(minutes: float) -> Counter:
 def write_card() -> None:
     rows = [json.loads(line) for line in open(PAIRS, encoding="utf-8") if line.strip()]
     outcomes = Counter(r["outcome"] for r in rows)
-    kept = [r for r in rows if r["kept"]]
+    owners, written = reader_data.page_packages(), reader_data.written_man_pages()
+    excluded = [r for r in rows if r["kept"] and reader_data.excluded_page(Path(r["page"]), owners, written)]
+    kept = [r for r in rows if r["kept"] and r not in excluded]
     packages = sorted({(r["package"], r["version"]) for r in kept})
     examples = "\n".join(f"- {r['question']}  \n  ← {r['sentence']}" for r in random.Random(SEED).sample(kept, 5))
     CARD.write_text(f"""# doc2query pairs for the reader
@@ -178,8 +180,10 @@ Made by `make doc2query` (`python training/doc2query.py`), {date.today()}: quest
 Qwen2.5-Coder-0.5B-Instruct ({GGUFS[TEACHER][0]}; licence {LICENCE}) wrote for sentences of man pages installed on
 this machine, filtered as training/doc2query.py says. The reader trains on the kept rows (`make train-reader`).
 
-- written: {len(rows)}; kept: {len(kept)}; dropped: {", ".join(f"{n} {why}" for why, n in outcomes.most_common()
-                                                   if why != "kept")}
+- written: {len(rows)}; kept by the filter: {outcomes["kept"]}; dropped: {", ".join(
+    f"{n} {why}" for why, n in outcomes.most_common() if why != "kept")}; of the kept, {len(excluded)} are over pages
+  excluded after they were written (reader_data.excluded_page, checked again when the reader trains), which leaves
+  **{len(kept)}** to train on
 - {len({r['page'] for r in kept})} man pages of {len(packages)} Debian packages (each row names its package and
   version; each page's licence is its package's, in /usr/share/doc/PACKAGE/copyright: Debian main, free to
   redistribute). Never a source: the packages issue 70 keeps for evaluation, the reading benchmark's families, the
