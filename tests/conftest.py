@@ -70,3 +70,16 @@ def chroma_server(tmp_path_factory):
 
     with chroma_run(tmp_path_factory.mktemp("chroma")) as (url, process):
         yield url, process, urlsplit(url).port
+
+
+# `make test` runs on two pytest-xdist workers (pyproject's addopts): each module's tests stay on one worker, so a
+# module's engine, cluster or server starts once; the modules that build into the repository's shared benchmark
+# workspaces (.gradfuse/bench/...) share one worker, so no two of them write one index at once.
+SHARED_BENCH_WORKSPACES = {"test_eval.py", "test_ray.py", "test_tune.py"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items):
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("bench-workspaces" if name in SHARED_BENCH_WORKSPACES else name))

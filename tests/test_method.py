@@ -161,7 +161,8 @@ def test_soft_selection_keeps_a_weaker_source_and_weighs_its_passages_down(tmp_p
     hard = ws.search(QUESTION, method="select", retrieval="dense",
                      selection=SelectionSettings(threshold=0.9, redundancy_weight=0.0))
     assert hard.selection.sources == ["vault"] and {c.source for c in hard.candidates} == {"vault"}
-    soft = SelectionSettings(choice="soft", soft_weight=0.5, threshold=0.9, max_sources=1)
+    # margin 2: no source can fall that far below the best (the default, 0.2, drops a source far below it)
+    soft = SelectionSettings(choice="soft", soft_weight=0.5, soft_margin=2.0, threshold=0.9, max_sources=1)
     result = ws.search(QUESTION, method="select", retrieval="dense", selection=soft)
     assert result.selection.sources == ["vault", "misc"] and not result.selection.dropped  # no threshold, no limit
     gains = {step.source: step.gain for step in result.selection.chosen}
@@ -174,7 +175,8 @@ def test_soft_selection_keeps_a_weaker_source_and_weighs_its_passages_down(tmp_p
     assert result.candidates[0].doc_id == "code" and {c.source for c in result.candidates} == {"vault", "misc"}
     # weight 0 is dense over every source; a margin drops only a source far below the best
     flat = ws.search(QUESTION, method="select", retrieval="dense", selection=SelectionSettings(choice="soft",
-                                                                                                soft_weight=0.0))
+                                                                                                soft_weight=0.0,
+                                                                                                soft_margin=2.0))
     dense = ws.search(QUESTION, method="dense", retrieval="dense")
     assert [c.key for c in flat.candidates] == [c.key for c in dense.candidates]
     margin = gains["vault"] - gains["misc"]

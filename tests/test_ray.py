@@ -170,6 +170,13 @@ def test_the_service_keeps_answering_when_a_replica_dies(cluster, workspace, tmp
                       f'ray = "{cluster.address}"\nray_replicas = 2\nlm_queue = 1\n'
                       'cache_mb = 0\n')  # every request reaches a replica, not the result cache
     body = {"query": "which planet has two moons", "method": "gro", "target": "query", "n": 3, "k": 3}
+
+    def replicas() -> list[str]:
+        """This server's replicas: an earlier test's may still be stopping on the same cluster."""
+        listed = subprocess.run(["pgrep", "-f", "ray::ScorerReplica"], capture_output=True, text=True).stdout.split()
+        return [pid for pid in listed if pid not in earlier]
+
+    earlier = set(subprocess.run(["pgrep", "-f", "ray::ScorerReplica"], capture_output=True, text=True).stdout.split())
     with gradfuse_serve(workspace.root, "--config", str(config), env=ENV, log=tmp_path / "serve.log") as url:
         assert httpx.get(url + "/healthz").json()["scorer_replicas"] == 2
         # The LM line counts the replicas: lm_queue 1 with two replicas admits two at once, not one.
@@ -180,16 +187,15 @@ def test_the_service_keeps_answering_when_a_replica_dies(cluster, workspace, tmp
         assert statuses.count(200) == 2 and statuses.count(503) == 2, statuses
         first = httpx.post(url + "/search", json=body, timeout=120)
         assert first.status_code == 200, first.text
-        replicas = subprocess.run(["pgrep", "-f", "ray::ScorerReplica"], capture_output=True, text=True).stdout.split()
-        assert len(replicas) == 2
-        os.kill(int(replicas[0]), signal.SIGKILL)
+        serving = replicas()
+        assert len(serving) == 2
+        os.kill(int(serving[0]), signal.SIGKILL)
         for _ in range(4):  # every request is answered, whichever replica it meets first
             answer = httpx.post(url + "/search", json=body, timeout=120)
             assert answer.status_code == 200, answer.text
             assert answer.json()["candidates"][0]["key"] == first.json()["candidates"][0]["key"]
         deadline = time.monotonic() + 60
-        while len(subprocess.run(["pgrep", "-f", "ray::ScorerReplica"], capture_output=True,
-                                 text=True).stdout.split()) < 2:  # a replacement takes the freed CPU
+        while len(replicas()) < 2:  # a replacement takes the freed CPU
             assert time.monotonic() < deadline, "no replacement replica started"
             time.sleep(0.5)
         assert httpx.get(url + "/healthz").json()["scorer_replicas"] == 2
