@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 from pathlib import Path
 
@@ -72,14 +73,14 @@ def chroma_server(tmp_path_factory):
         yield url, process, urlsplit(url).port
 
 
-# `make test` runs on two pytest-xdist workers (pyproject's addopts): each module's tests stay on one worker, so a
-# module's engine, cluster or server starts once; the modules that build into the repository's shared benchmark
-# workspaces (.gradfuse/bench/...) share one worker, so no two of them write one index at once.
-SHARED_BENCH_WORKSPACES = {"test_eval.py", "test_ray.py", "test_tune.py"}
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(items):
-    for item in items:
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group("bench-workspaces" if name in SHARED_BENCH_WORKSPACES else name))
+# `make test` runs on two pytest-xdist workers, each test file's tests on one of them (pyproject's addopts: a module's
+# engine, cluster or server starts once). Tests that build into the repository's shared benchmark workspaces
+# (.gradfuse/bench/...: test_eval, test_ray, test_tune) take this lock, so that no two of them build one source at
+# once (the second would be refused: "being built by pid ...").
+@pytest.fixture
+def bench_workspaces():
+    lock_file = Path(__file__).resolve().parents[1] / ".gradfuse" / "bench" / ".tests.lock"
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield

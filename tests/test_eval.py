@@ -19,6 +19,8 @@ from gradfuse.eval.expected import check_expected, write_expected
 from gradfuse.eval.qa import answer_in_context, exact_match, f1
 from gradfuse.eval.runner import Evaluation, _tuning_groups
 
+pytestmark = pytest.mark.usefixtures("bench_workspaces")  # see conftest.py
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 

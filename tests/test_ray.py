@@ -27,6 +27,8 @@ pytest.importorskip("ray", reason="Ray is in the [test] extra; `make install` in
 
 from test_eval import BENCHMARKS, _shared_data, needs_data  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("bench_workspaces")  # see conftest.py
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 

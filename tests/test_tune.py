@@ -22,6 +22,8 @@ from gradfuse.eval.benchmark import is_lm_method
 from gradfuse.eval.runner import outcome_of, queries_and_qrels
 from gradfuse.eval.tuning import mean_score
 
+pytestmark = pytest.mark.usefixtures("bench_workspaces")  # see conftest.py
+
 
 @needs_data
 @pytest.mark.slow
