@@ -144,8 +144,8 @@ def test_help_and_a_usage_error_import_none_of_the_pipeline():
     import sys
 
     probe = ("import sys\nfrom typer.main import get_command\nimport gradfuse.cli\nget_command(gradfuse.cli.app)\n"
-             "print(' '.join(sorted(m for m in ('numpy', 'torch', 'onnxruntime', 'httpx', 'pydantic', 'gradfuse.config', "
-             "'gradfuse.workspace', 'gradfuse.methods') if m in sys.modules)))")
+             "print(' '.join(sorted(m for m in ('numpy', 'torch', 'onnxruntime', 'httpx', 'pydantic', "
+             "'gradfuse.config', 'gradfuse.workspace', 'gradfuse.methods') if m in sys.modules)))")
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
     assert loaded == []
 

@@ -154,6 +154,16 @@ def tatqa() -> list[Group]:
     return groups
 
 
+def man_text(*page: str, check: bool = False) -> str | None:
+    """A man page (a name, or "-l", a file) as `man` prints it for 80 columns, without hyphenation, justification
+    or overstrikes; None where `man` fails (an error where `check`)."""
+    shown = subprocess.run(["man", "--nh", "--nj", "-P", "cat", *page], capture_output=True, text=True,
+                           env={**os.environ, "MANWIDTH": "80"}, check=check)
+    if shown.returncode != 0:
+        return None
+    return subprocess.run(["col", "-bx"], input=shown.stdout, capture_output=True, text=True, check=check).stdout
+
+
 def render(domain: str, name: str) -> str:
     """A written question's file as gradfuse indexes it: a man page as `man` prints it for 80 columns, a module's
     pydoc page, a Node.js API page's Markdown."""
@@ -161,9 +171,7 @@ def render(domain: str, name: str) -> str:
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         if domain == "man":
-            shown = subprocess.run(["man", "--nh", "--nj", "-P", "cat", name], capture_output=True, text=True,
-                                   env={**os.environ, "MANWIDTH": "80"}, check=True).stdout
-            text = subprocess.run(["col", "-bx"], input=shown, capture_output=True, text=True, check=True).stdout
+            text = man_text(name, check=True)
         elif domain == "pydoc":
             text = subprocess.run(["python3.11", "-m", "pydoc", name], capture_output=True, text=True, check=True,
                                   env={**os.environ, "PAGER": "cat", "MANPAGER": "cat"}).stdout
@@ -274,6 +282,7 @@ def page_packages() -> dict[Path, str]:
 _SO = re.compile(r"^\.so\s+(\S+)", re.MULTILINE)
 
 
+@functools.cache  # chosen_pages and doc2query ask for a page's identity and its exclusion: read it once
 def page_files(path: Path) -> list[Path]:
     """The files a man page shows: its link's target, and the pages it includes with `.so` (rbash.1 includes
     bash.1's section on restricted shells; a page of one name may be another's text)."""
@@ -334,11 +343,9 @@ def render_page(path: Path) -> Path | None:
     where it renders to next to nothing."""
     target = RENDERED / "doc2query" / f"{path.parent.name}-{page_name(path)}" / f"{page_name(path)}.txt"
     if not target.exists():
-        shown = subprocess.run(["man", "--nh", "--nj", "-P", "cat", "-l", str(path)], capture_output=True, text=True,
-                               env={**os.environ, "MANWIDTH": "80"})
-        if shown.returncode != 0 or len(shown.stdout.split()) < 80:
+        text = man_text("-l", str(path))
+        if text is None or len(text.split()) < 80:
             return None
-        text = subprocess.run(["col", "-bx"], input=shown.stdout, capture_output=True, text=True).stdout
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text, encoding="utf-8")
     return target.parent
