@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,9 @@ from gradfuse.eval import load_benchmark
 from gradfuse.eval.benchmark import read_qrels, sample_queries
 from gradfuse.eval.expected import check_expected, write_expected
 from gradfuse.eval.qa import answer_in_context, exact_match, f1
-from gradfuse.eval.runner import Evaluation, _tuning_groups
+from gradfuse.eval.runner import Evaluation, _tuning_groups, queries_and_qrels
+from gradfuse.indexing.build import read_documents
+from gradfuse.ingest.documents import IngestReport
 
 pytestmark = pytest.mark.usefixtures("bench_workspaces")  # see conftest.py
 
@@ -95,6 +98,29 @@ def test_benchmark_file_errors_name_the_problem(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="no \\[quick\\] section"):
         broken.write_text(f'data = "{tmp_path}"\n')
         load_benchmark(broken, quick=True)
+
+
+@needs_data
+def test_a_collection_in_parts_is_built_and_judged_in_the_part_that_holds_each_document(tmp_path):
+    bench = load_benchmark(BENCHMARKS / "spread.toml")
+    report = IngestReport()
+    halves = [{d.doc_id for d in read_documents(bench.sources[f"scifact-{i}"], report)} for i in (1, 2)]
+    whole = {d.doc_id for d in read_documents(replace(bench.sources["scifact-1"], options={}), report)}
+    assert halves[0] and halves[1] and not halves[0] & halves[1] and halves[0] | halves[1] == whole
+    queries, qrels, origins = queries_and_qrels(bench)
+    for query in queries:
+        for key, relevance in qrels[query.query_id].items():
+            source, doc_id = key.split("/", 1)
+            assert doc_id in halves[int(source[-1]) - 1] if source.startswith("scifact") else source[-1] in "12"
+    assert any(len(origins[q.query_id]) == 2 for q in queries)  # some requests need both parts
+    text = (BENCHMARKS / "spread.toml").read_text().replace('"../../shared/data"', f'"{_shared_data()}"')
+    broken = tmp_path / "b.toml"
+    broken.write_text(text.replace('origin = ["scifact-1", "scifact-2"]', 'origin = ["scifact-1", "dbpedia"]'))
+    with pytest.raises(ConfigError, match="parts 1/2 to 2/2"):
+        load_benchmark(broken)
+    broken.write_text(text.replace('part = "2/2"', 'part = "3/2"', 1))
+    with pytest.raises(ValueError, match="between 1 and n"):
+        load_benchmark(broken)
 
 
 def test_answer_metrics_normalise_and_skip_what_a_string_match_cannot_check():

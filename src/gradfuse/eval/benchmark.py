@@ -25,7 +25,8 @@ Example (see benchmarks/*.toml for the real ones)::
     path = "beir_scifact"           # relative to data
     [queries.scifact]
     path = "beir_scifact"
-    origin = "scifact"              # the source its qrels' documents live in, or {"table/" = "tatqa-table", ...}
+    origin = "scifact"              # the source its qrels' documents live in, or {"table/" = "tatqa-table", ...},
+                                    # or ["scifact-1", "scifact-2"]: sources that hold its parts (`part = "1/2"`)
     [qa]                            # answer-level metrics for questions with answers (gradfuse.eval.qa)
     context_k = [3, 5]
     generate = ["rrf", "gro/draft"]
@@ -58,6 +59,7 @@ from typing import Any
 
 from gradfuse.config import ConfigError, engine_settings
 from gradfuse.eval.qa import QASettings
+from gradfuse.ingest.parts import parse_part, part_of
 from gradfuse.methods import LM_METHODS, TARGET_METHODS, check_method
 from gradfuse.rerank import TARGETS
 from gradfuse.sources import SourceSpec
@@ -83,16 +85,21 @@ class EvalQuery:
 class QuerySet:
     name: str
     path: Path
-    origin: dict[str, str]  # qrels doc-id prefix ("" for all) → source holding those documents
+    origin: dict[str, str | tuple[str, ...]]  # qrels doc-id prefix ("" for all) → source holding those documents,
+    # or the sources holding its parts
     qrels_file: str = "qrels.tsv"
     queries_file: str = "queries.jsonl"
     answer_filter: dict[str, Any] = field(default_factory=dict)  # keep queries whose fields equal these values
     lm_sample: int | None = None  # this set's test queries in the LM subsample (None: the benchmark's [lm] sample)
+    parts: dict[str, tuple[int, int]] = field(default_factory=dict)  # a parted origin source → (its part, of n)
 
     def source_of(self, doc_id: str) -> str | None:
         for prefix in sorted(self.origin, key=len, reverse=True):
             if doc_id.startswith(prefix):
-                return self.origin[prefix]
+                held = self.origin[prefix]
+                if isinstance(held, str):
+                    return held
+                return next(s for s in held if part_of(doc_id, self.parts[s][1]) == self.parts[s][0])
         return None
 
 
@@ -204,7 +211,9 @@ def load_benchmark(path: Path, *, quick: bool = False) -> Benchmark:
     sources = {name: _source_spec(name, dict(table), data, path) for name, table in raw.pop("sources", {}).items()}
     engines = {name: engine_settings(dict(table), base, f"{path} [engines.{name}]")
                for name, table in raw.pop("engines", {}).items() if not quick or name in sources}
-    query_sets = {name: _query_set(name, dict(table), data, {*sources, *engines}, path)
+    parts = {name: parse_part(spec.options["part"]) if "part" in spec.options else None
+             for name, spec in sources.items()} | dict.fromkeys(engines)
+    query_sets = {name: _query_set(name, dict(table), data, parts, path)
                   for name, table in raw.pop("queries", {}).items()}
     bench = Benchmark(
         name=raw.pop("name", Path(path).stem) + ("-quick" if quick else ""),
@@ -317,16 +326,26 @@ def _source_spec(name: str, table: dict, data: Path, path: Path) -> SourceSpec:
     return SourceSpec(name=name, kind=kind, path=str(data / source_path), options=table)
 
 
-def _query_set(name: str, table: dict, data: Path, sources: set[str], path: Path) -> QuerySet:
+def _query_set(name: str, table: dict, data: Path, sources: dict[str, tuple[int, int] | None], path: Path
+               ) -> QuerySet:
+    """`sources`: every source's name → its part of a shared collection, if it holds one."""
     origin = table.pop("origin", name if name in sources else {})  # none needed when sources share a collection
-    origin = {"": origin} if isinstance(origin, str) else dict(origin)
-    unknown = [s for s in origin.values() if s not in sources]
+    origin = {"": origin} if isinstance(origin, (str, list)) else dict(origin)
+    origin = {prefix: held if isinstance(held, str) else tuple(held) for prefix, held in origin.items()}
+    named = [s for held in origin.values() for s in ([held] if isinstance(held, str) else held)]
+    unknown = [s for s in named if s not in sources]
     if unknown:
         raise ConfigError(f"{path} [queries.{name}]: origin names unknown source(s) {unknown}")
+    for held in origin.values():
+        if not isinstance(held, str) and sorted(sources[s] or (0, 0) for s in held) != \
+                [(i, len(held)) for i in range(1, len(held) + 1)]:
+            raise ConfigError(f"{path} [queries.{name}]: origin {list(held)} must be the sources holding parts "
+                              f"1/{len(held)} to {len(held)}/{len(held)} of one collection (`part`)")
     query_set = QuerySet(name, data / table.pop("path", name), origin,
                          qrels_file=table.pop("qrels", "qrels.tsv"), queries_file=table.pop("file", "queries.jsonl"),
                          answer_filter=dict(table.pop("where", {})),
-                         lm_sample=int(own) if (own := table.pop("lm_sample", None)) is not None else None)
+                         lm_sample=int(own) if (own := table.pop("lm_sample", None)) is not None else None,
+                         parts={s: sources[s] for s in named if sources[s] is not None})
     if table:
         raise ConfigError(f"{path} [queries.{name}]: unknown keys {sorted(table)}")
     return query_set

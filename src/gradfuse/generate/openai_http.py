@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-
-import httpx
+from typing import TYPE_CHECKING
 
 from gradfuse.checked import LOOPBACK
 from gradfuse.redact import redact
+
+if TYPE_CHECKING:
+    import httpx
 
 
 class EndpointError(RuntimeError):
@@ -26,6 +28,8 @@ class OpenAICompatibleGenerator:
                  api_key_env: str = ""):
         """`api_key_env`: the environment variable whose value goes to this endpoint as its Bearer key ([generator]
         api_key_env); none is sent unless named, and never over plain http to another machine."""
+        import httpx  # here, not at the top: a command that never writes an answer need not load it
+
         # Accept the server root, .../v1, or the full chat path.
         base = url.rstrip("/")
         if not base.endswith("/chat/completions"):
@@ -64,6 +68,8 @@ class OpenAICompatibleGenerator:
         """The endpoint's own token stream (`"stream": true`, server-sent `data:` lines of chat deltas). An endpoint
         that does not stream answers with one JSON completion, which is then the one piece; a stream with no text
         at all is an error, not a silent empty answer."""
+        import httpx
+
         body = {**self._body(messages, max_new_tokens), "stream": True}
         streamed = False
         try:
@@ -97,6 +103,8 @@ class OpenAICompatibleGenerator:
         return {"model": self.model, "messages": messages, "max_tokens": max_new_tokens, "temperature": 0}
 
     def _post(self, body: dict) -> httpx.Response:
+        import httpx
+
         try:
             response = self._client.post(self.url, json=body)
         except httpx.HTTPError as error:

@@ -31,6 +31,7 @@ from gradfuse.ingest.documents import (
     read_jsonl,
 )
 from gradfuse.ingest.files import read_files
+from gradfuse.ingest.parts import parse_part, part_of
 from gradfuse.sources.base import FORMAT_VERSION, SourceSpec, current_version, read_manifest, write_manifest
 from gradfuse.sources.docstore import write_documents
 from gradfuse.sources.embedded import write_embedded_index
@@ -64,6 +65,9 @@ def read_documents(spec: SourceSpec, report: IngestReport, cache: Path | None = 
         return [d for d in corpus if d.doc_id in wanted]
     if "id_prefix" in options:  # one collection as several sources (e.g. TAT-QA's tables and its paragraphs)
         documents = (d for d in documents if d.doc_id.startswith(options["id_prefix"]))
+    if "part" in options:  # one collection as several sources of alike documents (ingest/parts.py)
+        index, count = parse_part(options["part"])
+        documents = (d for d in documents if part_of(d.doc_id, count) == index)
     # Records are chunked only when asked, since they usually are passages.
     words = options.get("chunk_words")
     if words:

@@ -13,12 +13,13 @@ from gradfuse.access import InvalidReader, Readers, reader_rules
 from gradfuse.candidate import Candidate
 from gradfuse.checked import check_source_name
 from gradfuse.embedding.encoder_names import recorded_encoder
+from gradfuse.ingest.parts import parse_part
 from gradfuse.ingest.readers import LIMIT_OPTIONS
 
 SourceKind = Literal["beir", "jsonl", "files", "run"]
 SOURCE_KINDS: tuple[str, ...] = ("beir", "jsonl", "files", "run")
 _CHUNKING = ("chunk_words", "chunk_overlap")
-_RECORDS = ("skip_malformed", "readers_field", "id_prefix", *_CHUNKING)
+_RECORDS = ("skip_malformed", "readers_field", "id_prefix", "part", *_CHUNKING)
 # What a source of each kind reads of its spec's options (indexing/build.py): any other is a typo, refused rather
 # than ignored (a misspelt `readers` would leave every file open to every reader).
 BUILD_OPTIONS: dict[str, tuple[str, ...]] = {
@@ -72,6 +73,11 @@ class SourceSpec:
         for flag in ("links_outside", "hidden", "gitignore", "skip_malformed"):  # "false" would read as true
             if flag in self.options and not isinstance(self.options[flag], bool):
                 raise ValueError(f"source {self.name!r}: {flag} is true or false, not {self.options[flag]!r}")
+        if "part" in self.options:
+            try:
+                parse_part(self.options["part"])
+            except ValueError as error:
+                raise ValueError(f"source {self.name!r}: {error}") from None
         if self.kind == "files" and "readers" in self.options:  # refused when the config is read, not at build
             try:
                 reader_rules(self.options["readers"])
