@@ -48,9 +48,8 @@ from gradfuse.access import EVERYTHING, Principal  # noqa: E402
 from gradfuse.access.keys import AccessSettings, PrincipalSettings, key_hash  # noqa: E402
 from gradfuse.config import Config  # noqa: E402
 from gradfuse.eval.benchmark import load_benchmark  # noqa: E402
-from gradfuse.eval.record import commit_id  # noqa: E402
+from gradfuse.eval.record import ResultsFile  # noqa: E402
 from gradfuse.eval.runner import queries_and_qrels  # noqa: E402
-from gradfuse.hardware import cpu_description  # noqa: E402
 from gradfuse.server.app import create_app  # noqa: E402
 from gradfuse.sources.base import SourceSpec  # noqa: E402
 
@@ -113,27 +112,26 @@ def percentiles(values: list[float]) -> dict:
     return {"p50": float(np.percentile(values, 50)), "p90": float(np.percentile(values, 90)), "n": len(values)}
 
 
-def library_rows(ws: Workspace, questions: list[str], warm: int, names: dict[str, list[str]]) -> dict:
+def library_row(ws: Workspace, questions: list[str], warm: int, names: dict[str, list[str]], retrieval: str) -> dict:
+    """`Workspace.search` (rrf) with `retrieval` in every source, without permissions and by each principal."""
     ways = {"off": (names["open"], EVERYTHING)} | {w: (names["restricted"], p) for w, p in PRINCIPALS.items()}
-    rows = {}
-    for retrieval in ("bm25", "hybrid"):
-        seconds = {way: [] for way in ways}
-        for position, question in enumerate(questions):
-            for way, (sources, principal) in rotated(ways, position):
-                started = time.perf_counter()
-                result = ws.search(question, method="rrf", k=10, sources=sources, retrieval=retrieval,
-                                   principal=principal)
-                elapsed = time.perf_counter() - started
-                if result.failures:
-                    raise RuntimeError(f"{way}: {[f.detail for f in result.failures]}")
-                if position >= warm:
-                    seconds[way].append(elapsed * 1000)
-        rows[retrieval] = compared(seconds)
-        print(retrieval, {w: round(r["p50"], 1) for w, r in rows[retrieval].items()}, flush=True)
-    return rows
+    seconds = {way: [] for way in ways}
+    for position, question in enumerate(questions):
+        for way, (sources, principal) in rotated(ways, position):
+            started = time.perf_counter()
+            result = ws.search(question, method="rrf", k=10, sources=sources, retrieval=retrieval,
+                               principal=principal)
+            elapsed = time.perf_counter() - started
+            if result.failures:
+                raise RuntimeError(f"{way}: {[f.detail for f in result.failures]}")
+            if position >= warm:
+                seconds[way].append(elapsed * 1000)
+    row = compared(seconds)
+    print(retrieval, {w: round(r["p50"], 1) for w, r in row.items()}, flush=True)
+    return row
 
 
-def server_rows(config: Config, questions: list[str], warm: int, names: dict[str, list[str]]) -> dict:
+def server_row(config: Config, questions: list[str], warm: int, names: dict[str, list[str]]) -> dict:
     """/search (rrf, BM25) over HTTP: a server without keys against one with a key file's team-a key."""
     keyed = replace(config, access=AccessSettings(principals={"alice": PrincipalSettings(
         sources=("*",), groups=("team-a",), key_sha256=key_hash(KEY.encode()))}))
@@ -155,9 +153,9 @@ def server_rows(config: Config, questions: list[str], warm: int, names: dict[str
                             raise RuntimeError("a question was answered from the cache")
                         if position >= warm:
                             seconds[way].append(elapsed * 1000)
-    rows = compared(seconds)
-    print("server", {w: round(r["p50"], 1) for w, r in rows.items()}, flush=True)
-    return rows
+    row = compared(seconds)
+    print("server", {w: round(r["p50"], 1) for w, r in row.items()}, flush=True)
+    return row
 
 
 def compared(milliseconds: dict[str, list[float]]) -> dict:
@@ -176,26 +174,26 @@ def compared(milliseconds: dict[str, list[float]]) -> dict:
     return rows
 
 
-def markdown(result: dict) -> str:
+def markdown(results: ResultsFile) -> str:
+    header = results.header
     lines = [
         "# What permissions cost a question (issue 43)", "",
-        f"Command: `python bench/access.py --queries {result['queries']} --warm {result['warm']}` (make "
-        f"bench-access) · code {result['commit']} · {result['measured']} test questions of the federated benchmark "
+        f"{results.provenance} {header['measured']} test questions of the federated benchmark "
         "(seeded, mixed from its eight query sets), each asked once in every way, in turn, each way first as often as "
-        f"the others; the first {result['warm']} warm each way up and are not counted.", "",
-        f"CPU: {result['cpu']}.", "",
+        f"the others; the first {header['warm']} warm each way up and are not counted.", "",
         "The nine sources of benchmarks/federated.toml, built twice from the same documents: open, and with 60% of "
         "each corpus restricted (50% to group team-b, 10% to team-a; 40% left open), filtered inside each source "
         "before ranking. rrf over every source's list, k = 10, 100 candidates from each source.", "",
         "| path | retrieval | way | p50 ms | p90 ms | p50 against off | 95% interval | median of each question's |",
         "|---|---|---|---:|---:|---:|---:|---:|",
     ]
-    for (path, retrieval), rows in result["rows"].items():
+    for name, rows in results.rows.items():
+        path, retrieval = name.split("|")
         for way, row in rows.items():
             against = (f"{row['change']:+.1%} | {row['interval'][0]:+.1%} to {row['interval'][1]:+.1%} | "
                        f"{row['paired']:+.1%}") if "change" in row else " | | "
             lines.append(f"| {path} | {retrieval} | {way} | {row['p50']:.1f} | {row['p90']:.1f} | {against} |")
-    worst = max(row["change"] for rows in result["rows"].values() for row in rows.values() if "change" in row)
+    worst = max(row["change"] for rows in results.rows.values() for row in rows.values() if "change" in row)
     lines += ["", f"Largest p50 change against off: {worst:+.1%} (criterion: at most +10%: "
               f"{'met' if worst <= 0.10 else 'not met'}). The interval is the p50 change's over questions drawn "
               "again (2,000 draws); \"each question's\" is the median of every question's own change, which the "
@@ -220,14 +218,13 @@ def main() -> None:
         queries, _, _ = queries_and_qrels(bench)
         test = sorted((q for q in queries if q.split == "test"), key=lambda q: q.query_id)
         questions = [q.text for q in random.Random(0).sample(test, min(args.queries, len(test)))]
-        rows = {f"library|{mode}": values for mode, values in library_rows(ws, questions, args.warm, names).items()}
-    rows["HTTP /search|bm25"] = server_rows(config, questions, args.warm, names)
-    result = {"commit": commit_id(), "cpu": cpu_description(), "queries": args.queries, "warm": args.warm,
-              "measured": len(questions) - args.warm, "builds": builds,
-              "rows": {tuple(key.split("|")): value for key, value in rows.items()}}
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "results.md").write_text(markdown(result))
-    (OUT / "results.json").write_text(json.dumps({**result, "rows": rows}, indent=2) + "\n")
+        results = ResultsFile.start(OUT, f"python bench/access.py --queries {args.queries} --warm {args.warm}",
+                                    queries=args.queries, warm=args.warm, measured=len(questions) - args.warm,
+                                    builds=builds)
+        for retrieval in ("bm25", "hybrid"):  # a row is a path and retrieval: "path|retrieval"
+            results.add(f"library|{retrieval}", library_row(ws, questions, args.warm, names, retrieval))
+    results.add("HTTP /search|bm25", server_row(config, questions, args.warm, names))
+    results.finish(markdown(results))
     print((OUT / "results.md").read_text())
 
 

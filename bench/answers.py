@@ -53,7 +53,7 @@ PASSAGE_CHARS = 600  # what the prompt showed of each passage before issue 70 (t
 from gradfuse.indexing.build import FILE_CHUNK_OVERLAP, FILE_CHUNK_WORDS
 from gradfuse.ingest.documents import IngestReport
 from gradfuse.ingest.files import read_files
-from gradfuse.eval.record import commit_id, machine_description
+from gradfuse.eval.record import ResultsFile
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -329,35 +329,41 @@ def main() -> None:
     ws, questions, built = build()
     test = [q for q in questions if q.split == "test"]
     default = ws.config.method
+    results = ResultsFile.start(OUT, "make bench-answers", default=default,
+                                abstain_below=ws.config.evidence.abstain_below,
+                                questions={"test": len(test), "dev": len(questions) - len(test),
+                                           "no answer": sum(not q.answerable for q in questions),
+                                           "by kind (test)": count_kinds(test)}, **built)
     for q in test[:3]:  # warm: the encoder, the scoring LM and ranx's compiled code are loaded before timing
         for method in METHODS:
             ws.ask(q.text, method=method, context_k=K)
-    rows = {}
     for method in METHODS:
-        rows[method] = [ask(ws, q, method, before=method == default) for q in test]
+        asked = [ask(ws, q, method, before=method == default) for q in test]
+        results.add(method, method_row(asked, default=method == default))
         print(f"{method}: {len(test)} questions", file=sys.stderr, flush=True)
-    scorers = [scorer_rows(ws, q, default) for q in test if q.answerable]
-    summary = {"methods": {m: summarise(r) for m, r in rows.items()},
-               "kinds": {m: {kind: summarise([x for x in r if x["kind"] == kind]) for kind in
-                             sorted({x["kind"] for x in r})} for m, r in rows.items()},
-               "scorers": {s: {"quoted": mean([r[s] for r in scorers]),
-                               "seconds": mean([r[f"{s} seconds"] for r in scorers])} for s in (*SCORERS, BEFORE)},
-               "evidence CPU seconds": {"p50": float(np.median([r["evidence CPU seconds"] for r in scorers])),
-                                        "p90": float(np.percentile([r["evidence CPU seconds"] for r in scorers], 90))},
-               "curve": curve(rows[default]), "default": default, "curve before": curve(rows[default], "support before"),
-               "before": before_summary(rows[default]),
-               "kind curves": {kind: curve([r for r in rows[default] if r["kind"] == kind])
-                               for kind in sorted({r["kind"] for r in rows[default]})},
-               "abstain_below": ws.config.evidence.abstain_below, "rows": rows,
-               "questions": {"test": len(test), "dev": len(questions) - len(test),
-                             "no answer": sum(not q.answerable for q in questions),
-                             "by kind (test)": count_kinds(test)},
-               **built, "commit": commit_id(), "machine": machine_description(), "minutes": (time.perf_counter() - started) / 60}
-    summary["qa_extractive"] = qa_extractive(ws)
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "results.json").write_text(json.dumps(summary, indent=1))
-    (OUT / "results.md").write_text(report(summary))
-    print(report(summary))
+    results.header.update(scorer_summary([scorer_rows(ws, q, default) for q in test if q.answerable]),
+                          minutes=(time.perf_counter() - started) / 60)
+    results.header["qa_extractive"] = qa_extractive(ws)
+    results.finish(report(results))
+    print(report(results))
+
+
+def method_row(asked: list[dict], default: bool) -> dict:
+    """A method's summary over the test questions, by kind, and its answers; the default method's also with the
+    "not found" curves (overall, by kind, and as "not found" read before)."""
+    kinds = sorted({r["kind"] for r in asked})
+    row = {**summarise(asked), "kinds": {kind: summarise([r for r in asked if r["kind"] == kind]) for kind in kinds}}
+    if default:
+        row |= {"curve": curve(asked), "curve before": curve(asked, "support before"), "before": before_summary(asked),
+                "kind curves": {kind: curve([r for r in asked if r["kind"] == kind]) for kind in kinds}}
+    return {**row, "per question": asked}
+
+
+def scorer_summary(scorers: list[dict]) -> dict:
+    cpu = [r["evidence CPU seconds"] for r in scorers]
+    return {"scorers": {s: {"quoted": mean([r[s] for r in scorers]),
+                            "seconds": mean([r[f"{s} seconds"] for r in scorers])} for s in (*SCORERS, BEFORE)},
+            "evidence CPU seconds": {"p50": float(np.median(cpu)), "p90": float(np.percentile(cpu, 90))}}
 
 
 def mean(values) -> float:
@@ -446,25 +452,51 @@ def qa_extractive(ws: Workspace) -> dict:
 
 
 
-def report(summary: dict) -> str:
-    qs = summary["questions"]
-    lines = ["# Answers from real documents, and saying \"not found\"", "",
-             "Made by `make bench-answers` (`bench/fit_support.py` on the dev questions, then `bench/answers.py` on "
-             f"the test questions). {qs['test']} test questions ({qs['dev']} more are dev), {qs['no answer']} of all "
-             "with no answer in any source; nine sources: two PDF manuals, Debian's and Ubuntu's release tables (CSV, "
-             "workbook), Python statements (Word), stdlib modules (slides), 25 man pages, Valgrind's HTML manual, "
-             "HotpotQA's paragraphs (less those of the questions held out) and TAT-QA's. Every answer reads "
-             f"{K} passages; quoted: the gold answer in the sentences the extractive answer quotes, not declined. "
-             f"Seconds: `Workspace.ask`, warm, on {summary['machine']} ({summary['minutes']:.0f} min in all).", "",
-             "| method | hit@1 | hit@5 | quoted answer correct | no-answer questions declined | answerable declined "
+def report(results: ResultsFile) -> str:
+    """The page, from what the results file holds so far: a run stopped half-way shows the methods it finished."""
+    header = results.header
+    methods = {m: results.rows[m] for m in METHODS if m in results.rows}
+    default = methods.get(header["default"])
+    lines = opening(results) + methods_table(header, methods)
+    if default:
+        lines += default_tables(header, default)
+    if "scorers" in header:
+        lines += scorer_tables(header)
+    if default:
+        lines += curve_tables(header, default)
+    if header["dropped"]:
+        lines += ["", f"Dropped before measuring (answer not found at its place): {len(header['dropped'])}: "
+                  + "; ".join(header["dropped"])]
+    return "\n".join(lines) + "\n"
+
+
+def opening(results: ResultsFile) -> list[str]:
+    qs, minutes = results.header["questions"], results.header.get("minutes")
+    return ["# Answers from real documents, and saying \"not found\"", "",
+            f"{results.provenance} It runs `bench/fit_support.py` on the dev questions, then `bench/answers.py` on "
+            f"the test questions. {qs['test']} test questions ({qs['dev']} more are dev), {qs['no answer']} of all "
+            "with no answer in any source; nine sources: two PDF manuals, Debian's and Ubuntu's release tables (CSV, "
+            "workbook), Python statements (Word), stdlib modules (slides), 25 man pages, Valgrind's HTML manual, "
+            "HotpotQA's paragraphs (less those of the questions held out) and TAT-QA's. Every answer reads "
+            f"{K} passages; quoted: the gold answer in the sentences the extractive answer quotes, not declined. "
+            "Seconds: `Workspace.ask`, warm, on that machine"
+            + (f" ({minutes:.0f} min in all)." if minutes is not None else "."), ""]
+
+
+def methods_table(header: dict, methods: dict) -> list[str]:
+    lines = ["| method | hit@1 | hit@5 | quoted answer correct | no-answer questions declined | answerable declined "
              "wrongly | s / answer (p50) |", "|---|---:|---:|---:|---:|---:|---:|"]
-    for method, row in summary["methods"].items():
-        name = f"`{method}`" + (" (the default)" if method == summary["default"] else "")
+    for method, row in methods.items():
+        name = f"`{method}`" + (" (the default)" if method == header["default"] else "")
         lines.append(f"| {name} | {row['hit@1']:.2f} | {row['hit@5']:.2f} | {row['quoted']:.2f} | {row['declined']:.2f} "
                      f"| {row['declined wrongly']:.2f} | {row['seconds p50']:.2f} |")
-    best = summary["methods"][summary["default"]]
-    lines += ["", f"`{summary['default']}` with 95% intervals (Wilson):", "", "| measure | value | 95% interval | questions |",
-              "|---|---:|---:|---:|"]
+    return lines
+
+
+def default_tables(header: dict, best: dict) -> list[str]:
+    """The default method's measures with their intervals, and by kind of question."""
+    lines = ["", f"`{header['default']}` with 95% intervals (Wilson):", "",
+             "| measure | value | 95% interval | questions |", "|---|---:|---:|---:|"]
     for measure, count in (("quoted", "answerable"), ("declined", "no answer"), ("declined wrongly", "answerable"),
                            ("declined though a passage held it", "held"), ("near misses declined", "near misses")):
         low, high = best["ci"][measure] or (float("nan"), float("nan"))
@@ -473,57 +505,65 @@ def report(summary: dict) -> str:
                  "declined though a passage held it": "answerable declined though one of its passages answers it",
                  "near misses declined": "near misses declined (written, the sources come close)"}[measure]
         lines.append(f"| {label} | {best[measure]:.2f} | {low:.2f}–{high:.2f} | {best[count]} |")
-    lines += ["", f"By kind of test question (`{summary['default']}`; hit@1 · quoted · declined; hotpotqa's no-answer "
+    lines += ["", f"By kind of test question (`{header['default']}`; hit@1 · quoted · declined; hotpotqa's no-answer "
               "questions are those whose paragraphs were held out):", "",
               "| kind | answerable | no answer | hit@1 | quoted | declined (no answer) | declined wrongly |",
               "|---|---:|---:|---:|---:|---:|---:|"]
-    for kind, row in summary["kinds"][summary["default"]].items():
-        counts = summary["questions"]["by kind (test)"][kind]
+    for kind, row in best["kinds"].items():
+        counts = header["questions"]["by kind (test)"][kind]
         cells = [row[k] for k in ("hit@1", "quoted", "declined", "declined wrongly")]
         lines.append(f"| {kind} | {counts['answerable']} | {counts['no answer']} | "
                      + " | ".join("–" if np.isnan(c) else f"{c:.2f}" for c in cells) + " |")
-    lines += ["", f"Evidence scorers on `{summary['default']}`'s passages, read whole as a quoted answer reads them, and the "
-              "gate over their first 600 characters as answers were quoted before (answerable test questions; quoted: "
-              "the two best sentences hold the gold answer):", "", "| scorer | quoted answer correct | s / answer |",
-              "|---|---:|---:|"]
-    for scorer, row in summary["scorers"].items():
+    return lines
+
+
+def scorer_tables(header: dict) -> list[str]:
+    """The evidence scorers on the default method's passages, and on the QA benchmark's test questions."""
+    lines = ["", f"Evidence scorers on `{header['default']}`'s passages, read whole as a quoted answer reads them, and "
+             "the gate over their first 600 characters as answers were quoted before (answerable test questions; "
+             "quoted: the two best sentences hold the gold answer):", "",
+             "| scorer | quoted answer correct | s / answer |", "|---|---:|---:|"]
+    for scorer, row in header["scorers"].items():
         lines.append(f"| {scorer} | {row['quoted']:.2f} | {row['seconds']:.3f} |")
-    cpu = summary["evidence CPU seconds"]
+    cpu = header["evidence CPU seconds"]
     lines += ["", f"The evidence step of an answer (its sentences scored by `support`, then \"not found\" or not), CPU "
-              f"seconds of this process on {summary['machine']}: p50 {cpu['p50']:.3f}, p90 {cpu['p90']:.3f}."]
+              f"seconds of this process on {header['machine']}: p50 {cpu['p50']:.3f}, p90 {cpu['p90']:.3f}."]
     lines += ["", "Extractive answers on the QA benchmark's test questions (the dense prior's top 5 passages, as in "
               "results/evidence/budget.md, whose gate answers held the gold answer for 0.446 of HotpotQA's and 0.583 of "
               "TAT-QA's):", "", "| set | scorer | contains gold | questions | s / answer |", "|---|---|---:|---:|---:|"]
-    for name, scorers in summary["qa_extractive"].items():
+    for name, scorers in header["qa_extractive"].items():
         for scorer, row in scorers.items():
             lines.append(f"| {name} | {scorer} | {row['contains gold']:.3f} | {row['questions']} | {row['seconds']:.3f} |")
-    old = summary["before"]
-    lines += ["", f"\"Not found\" on the test questions as the threshold moves (`{summary['default']}`; the library's "
-              f"`[evidence] abstain_below` is {summary['abstain_below']:.2f}, chosen on the fitting sets), and as it read "
-              f"before on the same passages (its model of 2026-12-02, fitted on that day's dev third, some of whose "
-              f"questions are test now; at its {NOT_FOUND_BEFORE['abstain_below']:.2f}: {old['declined']:.2f} declined "
-              f"(95% {old['ci']['declined'][0]:.2f}–{old['ci']['declined'][1]:.2f}), {old['declined wrongly']:.2f} "
-              f"wrongly ({old['ci']['declined wrongly'][0]:.2f}–{old['ci']['declined wrongly'][1]:.2f}; "
-              f"{old['declined though a passage held it']:.2f} where a passage held the answer), near misses "
-              f"{old['near misses declined']:.2f}):", "",
-              "| threshold | no-answer declined | answerable declined wrongly | before: no-answer declined | before: "
-              "wrongly |", "|---:|---:|---:|---:|---:|"]
-    for point, was in zip(summary["curve"], summary["curve before"]):
+    return lines
+
+
+def curve_tables(header: dict, best: dict) -> list[str]:
+    """"Not found" on the default method's answers as the threshold moves: now and as it read before, and by kind."""
+    old = best["before"]
+    lines = ["", f"\"Not found\" on the test questions as the threshold moves (`{header['default']}`; the library's "
+             f"`[evidence] abstain_below` is {header['abstain_below']:.2f}, chosen on the fitting sets), and as it "
+             "read before on the same passages (its model of 2026-12-02, fitted on that day's dev third, some of "
+             f"whose questions are test now; at its {NOT_FOUND_BEFORE['abstain_below']:.2f}: {old['declined']:.2f} "
+             f"declined (95% {old['ci']['declined'][0]:.2f}–{old['ci']['declined'][1]:.2f}), "
+             f"{old['declined wrongly']:.2f} "
+             f"wrongly ({old['ci']['declined wrongly'][0]:.2f}–{old['ci']['declined wrongly'][1]:.2f}; "
+             f"{old['declined though a passage held it']:.2f} where a passage held the answer), near misses "
+             f"{old['near misses declined']:.2f}):", "",
+             "| threshold | no-answer declined | answerable declined wrongly | before: no-answer declined | before: "
+             "wrongly |", "|---:|---:|---:|---:|---:|"]
+    for point, was in zip(best["curve"], best["curve before"]):
         lines.append(f"| {point['threshold']:.2f} | {point['declined']:.2f} | {point['declined wrongly']:.2f} | "
                      f"{was['declined']:.2f} | {was['declined wrongly']:.2f} |")
-    columns = [(kind, measure) for kind, points in summary["kind curves"].items()
+    columns = [(kind, measure) for kind, points in best["kind curves"].items()
                for measure in ("declined", "declined wrongly") if not np.isnan(points[-1][measure])]
     lines += ["", "The same curve by kind of test question: its no-answer questions declined, or its answerable ones "
               "declined wrongly:", "", "| threshold | " + " | ".join(f"{k} ({'wrongly' if m != 'declined' else 'no answer'})"
                                                                for k, m in columns) + " |",
               "|---:|" + "---:|" * len(columns)]
-    for i, point in enumerate(summary["curve"]):
+    for i, point in enumerate(best["curve"]):
         lines.append(f"| {point['threshold']:.2f} | "
-                     + " | ".join(f"{summary['kind curves'][k][i][m]:.2f}" for k, m in columns) + " |")
-    if summary["dropped"]:
-        lines += ["", f"Dropped before measuring (answer not found at its place): {len(summary['dropped'])}: "
-                  + "; ".join(summary["dropped"])]
-    return "\n".join(lines) + "\n"
+                     + " | ".join(f"{best['kind curves'][k][i][m]:.2f}" for k, m in columns) + " |")
+    return lines
 
 
 if __name__ == "__main__":

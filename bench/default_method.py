@@ -54,10 +54,10 @@ def lm_subsamples() -> dict[str, tuple[float, float]]:
 def main() -> None:
     answers = json.loads((RESULTS / "answers" / "results.json").read_text())
     scores = benchmark_scores()
-    scores["answers: quoted answer correct"] = {m: r["quoted"] for m, r in answers["methods"].items()}
-    hit = {m: r["hit@1"] for m, r in answers["methods"].items()}
-    latency = {m: r["seconds p50"] for m, r in answers["methods"].items()}
-    methods = [m for m in answers["methods"] if all(m in s for s in scores.values())]
+    scores["answers: quoted answer correct"] = {m: r["quoted"] for m, r in answers["rows"].items()}
+    hit = {m: r["hit@1"] for m, r in answers["rows"].items()}
+    latency = {m: r["seconds p50"] for m, r in answers["rows"].items()}
+    methods = [m for m in answers["rows"] if all(m in s for s in scores.values())]
     ranks = {m: [] for m in methods}
     for values in scores.values():
         order = sorted(methods, key=lambda m: -values[m])
@@ -70,8 +70,8 @@ def main() -> None:
     for m in sorted(methods, key=lambda m: np.mean(ranks[m])):
         results.add(m, {**{name: s[m] for name, s in scores.items()}, "answers hit@1": hit[m],
                         "mean rank": float(np.mean(ranks[m])), "seconds p50": latency[m]})
-    over = {m: {"seconds p50": latency[m], "quoted": answers["methods"][m]["quoted"], "hit@1": hit[m]}
-            for m in answers["methods"] if latency[m] > LATENCY_BUDGET}
+    over = {m: {"seconds p50": latency[m], "quoted": answers["rows"][m]["quoted"], "hit@1": hit[m]}
+            for m in answers["rows"] if latency[m] > LATENCY_BUDGET}
     results.finish(markdown(results, chosen, over), chosen=chosen, over_budget=over,
                    lm_subsamples={name: {"upr": upr, "select": select} for name, (upr, select) in lm_subsamples().items()})
     print((OUT.parent / f"{OUT.stem}.md").read_text())

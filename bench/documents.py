@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import csv
 import inspect
-import json
 import shutil
 import tempfile
 import time
@@ -39,7 +38,7 @@ from gradfuse.reading.evidence import extractive_answer
 from gradfuse.indexing.build import FILE_CHUNK_OVERLAP, FILE_CHUNK_WORDS
 from gradfuse.ingest.documents import IngestReport
 from gradfuse.ingest.files import read_files
-from gradfuse.eval.record import commit_id, machine_description
+from gradfuse.eval.record import ResultsFile
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "documents"
 PDFS = [Path("/usr/share/doc/libtasn1-doc/libtasn1.pdf"), Path("/usr/share/doc/shared-mime-info/shared-mime-info-spec.pdf")]
@@ -190,13 +189,12 @@ def main() -> None:
                 usable.append(question)
             else:
                 dropped.append(text)
-        rows = [measure(ws, question) for question in usable]
-    summary = {"builds": builds, "dropped_questions": dropped, "per_format": summarise(rows),
-               "questions": len(usable), "commit": commit_id(), "machine": machine_description()}
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "results.json").write_text(json.dumps(summary, indent=2))
-    (OUT / "results.md").write_text(report(summary))
-    print(report(summary))
+        results = ResultsFile.start(OUT, "make bench-documents", questions=len(usable), dropped_questions=dropped)
+        for kind in made:  # every source is built before any is asked: the set is federated
+            rows = [measure(ws, question) for question in usable if question[0] == kind]
+            results.add(kind, {"build": builds[kind], "questions": len(rows), **means(rows)})
+    results.finish(report(results))
+    print(report(results))
 
 
 def _units(chunks, kind: str) -> int:
@@ -213,7 +211,7 @@ def _units(chunks, kind: str) -> int:
 
 def measure(ws, question) -> dict:
     kind, file, where, text, answer = question
-    row = {"format": kind}
+    row = {}
     own = {f"{retrieval} own": {"method": f"single:{kind}", "retrieval": retrieval} for retrieval in ("bm25", "dense")}
     for name, options in {**METHODS, **own}.items():
         ranked = ws.search(text, k=5, **options).candidates
@@ -227,30 +225,36 @@ def measure(ws, question) -> dict:
     return row
 
 
-def summarise(rows: list[dict]) -> dict:
-    by_format: dict[str, list[dict]] = {}
-    for row in rows:
-        by_format.setdefault(row["format"], []).append(row)
-    by_format["all"] = rows
-    keys = [k for k in rows[0] if k != "format"] if rows else []
-    return {kind: {"questions": len(group), **{k: float(np.mean([r[k] for r in group])) for k in keys}}
-            for kind, group in by_format.items()}
+def means(rows: list[dict]) -> dict:
+    """Each value's mean over the questions' rows (none where a format has no question left)."""
+    return {k: float(np.mean([r[k] for r in rows])) for k in (rows[0] if rows else [])}
 
 
-def report(summary: dict) -> str:
-    per = summary["per_format"]
+def per_format(results: ResultsFile) -> dict:
+    """Each format with questions, then "all": every question's mean (the formats' means weighted by questions)."""
+    per = {kind: {k: v for k, v in row.items() if k != "build"} for kind, row in results.rows.items()
+           if row["questions"]}
+    total = sum(row["questions"] for row in per.values())
+    keys = [k for k in next(iter(per.values()), {}) if k != "questions"]
+    if total:
+        per["all"] = {"questions": total, **{k: sum(r[k] * r["questions"] for r in per.values()) / total for k in keys}}
+    return per
+
+
+def report(results: ResultsFile) -> str:
+    per = per_format(results)
     keys = [k for k in next(iter(per.values())) if k != "questions"] if per else []
+    dropped = results.header["dropped_questions"]
     lines = ["# Real documents: retrieval and evidence per format", "",
-             "Made by `make bench-documents` (`bench/documents.py`): two PDF manuals Debian packages ship, Debian's "
+             f"{results.provenance} Two PDF manuals Debian packages ship, Debian's "
              "release table (CSV), Ubuntu's as a workbook (openpyxl), five statements of Python's language "
              "reference as a Word file (python-docx), ten standard-library modules as slides (python-pptx); each "
              "format one source. A hit is a passage from the question's page, row, slide or section among the first k "
              "of all five sources (`bm25`, `hybrid`: RRF, which puts every source's first passage near the top; "
              "`dense`: concatenated by cosine) or of the question's own source alone (`own`: what the reader and "
              "the index do for that format). Evidence: the hybrid top 3 over all sources, the shipped "
-             f"`[evidence]` scorer. {summary['questions']} questions"
-             + (f"; dropped (their file missing or changed): {len(summary['dropped_questions'])}"
-                if summary["dropped_questions"] else "") + f". Seconds on {summary['machine']}.", "",
+             f"`[evidence]` scorer. {results.header['questions']} questions"
+             + (f"; dropped (their file missing or changed): {len(dropped)}" if dropped else "") + ".", "",
              "| format | questions | " + " | ".join(keys) + " |", "|---|---:|" + "---:|" * len(keys)]
     for kind, row in per.items():
         lines.append(f"| {kind} | {row['questions']} | " + " | ".join(f"{row[k]:.2f}" for k in keys) + " |")
@@ -260,7 +264,8 @@ def report(summary: dict) -> str:
               "| format | files | units | chunks | parse s | build s | units / s (parse) | units / s (build) | skipped |",
               "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     units = {"pdf": "pages", "pptx": "slides", "csv": "rows", "xlsx": "rows", "docx": "sections"}
-    for kind, build in summary["builds"].items():
+    for kind, row in results.rows.items():
+        build = row["build"]
         lines.append(f"| {kind} | {build['files']} | {build['units']} {units.get(kind, '')} | {build['chunks']} | "
                      f"{build['parse_seconds']:.1f} | {build['seconds']:.1f} | {build['parse_units_per_second']:.0f} | "
                      f"{build['units_per_second']:.1f} | {len(build['skipped'])} |")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -27,7 +28,7 @@ from live_server import chroma_run  # noqa: E402  (the tests' helper: one way to
 
 from gradfuse.eval.benchmark import is_lm_method, load_benchmark  # noqa: E402
 from gradfuse.eval.report import write_results  # noqa: E402
-from gradfuse.eval.record import commit_id, machine_description  # noqa: E402
+from gradfuse.eval.record import ResultsFile  # noqa: E402
 from gradfuse.eval.runner import benchmark_workspace, run_benchmark  # noqa: E402
 from gradfuse.eval.stats import paired_difference, per_query  # noqa: E402
 from gradfuse.ingest.documents import IngestReport, read_beir_corpus  # noqa: E402
@@ -159,11 +160,10 @@ def model_label(encoder: str) -> str:
     return encoder if encoder == DEFAULT_ENCODER else f"static, distilled from {DEFAULT_ENCODER} ({Path(encoder).name})"
 
 
-def latency(bench, queries) -> dict[str, dict]:
+def latency(bench, queries) -> Iterator[tuple[str, dict]]:
     """Per engine source: its client called directly and gradfuse's source around it, on the same queries, the
     query vector made beforehand for both (the store's model embeds a query once either way)."""
     ws = benchmark_workspace(bench)
-    table = {}
     for name, settings in bench.engines.items():
         source, direct = ws.source(name), DIRECT[engine_kind(settings)]
         encoder = load_encoder(settings.query_encoder)
@@ -180,52 +180,55 @@ def latency(bench, queries) -> dict[str, dict]:
             source.search(query.text, bench.depth)
             times["gradfuse"].append(time.perf_counter() - started)
         added = np.array(times["gradfuse"]) - np.array(times["direct"])
-        table[name] = {what: [round(float(np.percentile(v, p)) * 1000, 2) for p in (50, 90)]
-                       for what, v in {**times, "added": added}.items()}
-        table[name]["kind"] = engine_kind(settings)
-        print(name, json.dumps(table[name]), flush=True)
-    return table
+        row = {what: [round(float(np.percentile(v, p)) * 1000, 2) for p in (50, 90)]
+               for what, v in {**times, "added": added}.items()}
+        row["kind"] = engine_kind(settings)
+        print(name, json.dumps(row), flush=True)
+        yield name, row
 
 
-def compare(in_engines, embedded) -> list[dict]:
+def compare(in_engines, embedded) -> Iterator[tuple[str, dict]]:
     """nDCG@10 per method, both runs over the same queries (all test queries; the LM subsample for gro)."""
-    rows = []
     for method in COMPARED:
         ids = [q.query_id for q in in_engines.split("test", lm=is_lm_method(method))]
         ids = [q for q in ids if q in in_engines.outcomes[method] and q in embedded.outcomes[method]]
         a = per_query(embedded.qrels, embedded.outcomes[method], ids, ["ndcg@10"])["ndcg@10"]
         b = per_query(in_engines.qrels, in_engines.outcomes[method], ids, ["ndcg@10"])["ndcg@10"]
         a, b = np.array([a[q] for q in ids]), np.array([b[q] for q in ids])
-        rows.append({"method": method, "queries": len(ids), "all_embedded": round(float(a.mean()), 4),
-                     "in_engines": round(float(b.mean()), 4), **paired_difference(b, a)})
-    return rows
+        yield method, {"queries": len(ids), "all_embedded": round(float(a.mean()), 4),
+                       "in_engines": round(float(b.mean()), 4), **paired_difference(b, a)}
 
 
 def main() -> None:
     bench = load_benchmark(FILE)
+    results = ResultsFile.start(OUT, "make bench-engines", latency_queries=LATENCY_QUERIES)
     static_model(Path(bench.engines["arguana"].query_encoder))
     baseline = replace(bench, engines={}, name="engines-all-embedded")
     chroma = bench.workspace.parent / "engines" / "chroma"
     chroma.mkdir(parents=True, exist_ok=True)
     with chroma_run(chroma, urlsplit(bench.engines["scifact"].uri).port):
         embedded = run_benchmark(baseline)  # builds the embedded indexes (and the MiniLM vectors' cache) first
-        loads = load_engines(bench)
+        results.header["loads"] = load_engines(bench)
         in_engines = run_benchmark(bench)
+        results.header["source_failures"] = sum(len(v) for v in in_engines.failures.values())
         command = "make bench-engines (python bench/engines.py)"
         for evaluation, folder in ((in_engines, "in-engines"), (embedded, "all-embedded")):
             write_results(evaluation, OUT / folder, command, bench.workspace / "runs" / evaluation.bench.name)
-        timings = latency(bench, [q for q in in_engines.queries if q.split == "test"])
-    write(compare(in_engines, embedded), loads, timings, in_engines)
+        # Two tables in one file: a method's nDCG@10 in both runs, then an engine source's time per search.
+        for method, row in compare(in_engines, embedded):
+            results.add(method, {"table": "methods", **row})
+        for name, row in latency(bench, [q for q in in_engines.queries if q.split == "test"]):
+            results.add(name, {"table": "latency", **row})
+    results.finish(markdown(results))
 
 
-def write(rows, loads, timings, evaluation) -> None:
-    commit, machine = commit_id(), machine_description()
-    failures = sum(len(v) for v in evaluation.failures.values())
-    (OUT / "results.json").write_text(json.dumps({"commit": commit, "machine": machine, "methods": rows,
-                                                  "loads": loads, "latency_ms": timings,
-                                                  "source_failures": failures}, indent=2) + "\n")
+def markdown(results: ResultsFile) -> str:
+    """From any file holding a row: the loads and the failures are in its header before the first row."""
+    loads, failures = results.header["loads"], results.header["source_failures"]
+    methods = {name: r for name, r in results.rows.items() if r["table"] == "methods"}
+    timings = {name: r for name, r in results.rows.items() if r["table"] == "latency"}
     lines = ["# Federation in place: four sources in four engines, two embedding models\n",
-             f"Command: `make bench-engines` (`python bench/engines.py`), commit {commit}, {machine}. "
+             f"{results.provenance} "
              "benchmarks/engines.toml: the federated benchmark's nine sources, dense retrieval everywhere, "
              "100 candidates per source; full tables in [in-engines/](in-engines/results.md) and "
              "[all-embedded/](all-embedded/results.md).\n",
@@ -235,8 +238,8 @@ def write(rows, loads, timings, evaluation) -> None:
     lines += ["", "nDCG@10, the same queries in both runs (gro/query: its scoring-LM subsample); p: paired "
                   "permutation test.\n",
               "| method | queries | all embedded (MiniLM) | four in engines | Δ | p |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['method']} | {r['queries']} | {r['all_embedded']:.4f} | {r['in_engines']:.4f} | "
-              f"{r['delta']:+.4f} | {r['p']:.4f} |" for r in rows]
+    lines += [f"| {method} | {r['queries']} | {r['all_embedded']:.4f} | {r['in_engines']:.4f} | "
+              f"{r['delta']:+.4f} | {r['p']:.4f} |" for method, r in methods.items()]
     lines += ["", f"Source failures during the run: {failures}.", "",
               f"Time per search of one engine source, ms p50 / p90 over {LATENCY_QUERIES} test queries, {100} "
               "candidates: the engine's client called directly with the query vector, gradfuse's source around "
@@ -247,7 +250,7 @@ def write(rows, loads, timings, evaluation) -> None:
     lines += [f"| {name} | {t['kind']} | {t['direct'][0]:.2f} / {t['direct'][1]:.2f} | "
               f"{t['gradfuse'][0]:.2f} / {t['gradfuse'][1]:.2f} | {t['added'][0]:.2f} / {t['added'][1]:.2f} | "
               f"{t['embed'][0]:.2f} / {t['embed'][1]:.2f} |" for name, t in timings.items()]
-    (OUT / "results.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

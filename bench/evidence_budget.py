@@ -14,7 +14,7 @@ the five its data set's dense prior (MiniLM cosine over the whole corpus) puts f
   (the gold answer string inside the answer): the bundled generator (SmolLM2-135M, llama.cpp) over the whole
   passages, the same generator over the evidence at the chosen budget, and the extractive answer (`answer = "extractive"`).
 
-Writes results/evidence/budget.{md,json}.
+Writes results/evidence/budget.{md,json} (the JSON after each question).
 
     python bench/evidence_budget.py
 """
@@ -38,7 +38,7 @@ from gradfuse.generate import build_messages, make_generator
 PASSAGE_CHARS = 600  # what the prompt showed of each passage before issue 70 (these rows measure that)
 from gradfuse.rerank import load_scorer
 from gradfuse.embedding.encoder import load_encoder
-from gradfuse.eval.record import commit_id, machine_description
+from gradfuse.eval.record import ResultsFile
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
@@ -87,25 +87,26 @@ def main() -> None:
     count = lambda text: len(nll_lm.tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
     generator = make_generator("smollm2")
     sets = question_sets()
+    counts = {name: {part: len(qs) for part, qs in parts.items()} for name, parts in sets.items()}
+    results = ResultsFile.start(OUT, "python bench/evidence_budget.py", name="budget", budgets=list(BUDGETS),
+                                keep_share=KEEP_SHARE, pool=POOL, passage_chars=PASSAGE_CHARS, encoder=ENCODER,
+                                answer_tokens=ANSWER_TOKENS, questions=counts)
     with tempfile.TemporaryDirectory() as folder:
         workspace = Workspace(Config(workspace=Path(folder)))
-        dev = {name: [measure(workspace, pools[name], q, nll_lm, count) for q in parts["dev"]]
-               for name, parts in sets.items()}
-        chosen, met = choose_budget([m for rows in dev.values() for m in rows])
-        test = {}
         for name, parts in sets.items():
-            test[name] = []
+            for q in parts["dev"]:
+                results.add(f"{name}/{q['id']}", {"set": name, "part": "dev",
+                                                  **measure(workspace, pools[name], q, nll_lm, count)})
+        chosen, met = choose_budget([r for r in results.rows.values() if r["part"] == "dev"])
+        results.header.update(chosen_budget=chosen, budget_rule_met=met)
+        for name, parts in sets.items():
             for number, q in enumerate(parts["test"], start=1):
                 row = measure(workspace, pools[name], q, nll_lm, count, generator=generator, budget=chosen)
-                test[name].append(row)
+                results.add(f"{name}/{q['id']}", {"set": name, "part": "test", **row})
                 print(f"{name} {number}/{len(parts['test'])}", file=sys.stderr, flush=True)
-    summary = {"budgets": list(BUDGETS), "chosen_budget": chosen, "budget_rule_met": met, "dev": summarise(dev), "test": summarise(test),
-               "questions": {name: {part: len(qs) for part, qs in parts.items()} for name, parts in sets.items()},
-               "commit": commit_id(), "machine": machine_description()}
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "budget.json").write_text(json.dumps(summary, indent=2))
-    (OUT / "budget.md").write_text(report(summary))
-    print(report(summary))
+    page = report(results)
+    results.finish(page)
+    print(page)
 
 
 def measure(workspace, pools: Pools, query: dict, nll_lm, count, *, generator=None, budget=None) -> dict:
@@ -157,6 +158,15 @@ def mean(values) -> float:
     return float(np.mean(values)) if values else float("nan")
 
 
+def part_by_set(results: ResultsFile, part: str) -> dict[str, list[dict]]:
+    """The finished questions of one part (dev or test), by data set."""
+    out: dict[str, list[dict]] = {}
+    for row in results.rows.values():
+        if row["part"] == part:
+            out.setdefault(row["set"], []).append(row)
+    return out
+
+
 def summarise(by_set: dict[str, list[dict]]) -> dict:
     out = {}
     for name, rows in by_set.items():
@@ -172,31 +182,27 @@ def summarise(by_set: dict[str, list[dict]]) -> dict:
     return out
 
 
-def report(summary: dict) -> str:
-    chosen = summary["chosen_budget"]
+def report(results: ResultsFile) -> str:
+    header, chosen = results.header, results.header.get("chosen_budget")
+    summary = {part: summarise(part_by_set(results, part)) for part in ("dev", "test")}
     lines = ["# Evidence contexts and extractive answers (HotpotQA, TAT-QA text spans)", "",
-             "Made by `make bench-evidence` (`bench/evidence_budget.py`). Passages: the dense prior's top 5 of each "
+             f"{results.provenance} Passages: the dense prior's top 5 of each "
              "data set (MiniLM cosine over its whole corpus), the 600 characters of each the prompt shows. Evidence: "
              "`Workspace.evidence` with the shipped `[evidence]` settings (reader gate, query target). Gold NLL: the "
              "scoring LM's (SmolLM2-135M) mean token NLL of the gold answer given the context. Questions: " +
-             ", ".join(f"{n} {q['dev']} dev + {q['test']} test" for n, q in summary["questions"].items()) +
-             f". Seconds on {summary['machine']}.", "",
-             "## Dev: the evidence budget", "",
-             (f"The chosen budget is the smallest whose answer-in-context (both sets' dev questions) is at least "
-              f"{KEEP_SHARE:.0%} of the whole passages': **{chosen} tokens**." if summary["budget_rule_met"] else
-              f"No budget keeps {KEEP_SHARE:.0%} of the whole passages' answer-in-context on the dev questions (both "
-              f"sets together), so the rule keeps the largest: **{chosen} tokens**."), "",
-             "| set | context | answer in context | gold NLL | tokens |", "|---|---|---:|---:|---:|"]
-    for part in ("dev", "test"):
-        if part == "test":
-            lines += ["", f"## Test (the chosen budget: {chosen} tokens)", "",
-                      "| set | context | answer in context | gold NLL | tokens |", "|---|---|---:|---:|---:|"]
-        for name, row in summary[part].items():
-            for how in row["answer_in_context"]:
-                lines.append(f"| {name} | {how} | {row['answer_in_context'][how]:.3f} | {row['nll'][how]:.3f} | "
-                             f"{row['tokens'][how]:.0f} |")
-    lines += ["", "Answers on the test questions (the gold answer string inside the answer; "
-              f"{ANSWER_TOKENS} new tokens at most):", "",
+             ", ".join(f"{n} {q['dev']} dev + {q['test']} test" for n, q in header["questions"].items()) + ".", "",
+             "## Dev: the evidence budget", ""]
+    if chosen is not None:  # chosen once every dev question is measured
+        lines += [(f"The chosen budget is the smallest whose answer-in-context (both sets' dev questions) is at least "
+                   f"{KEEP_SHARE:.0%} of the whole passages': **{chosen} tokens**." if header["budget_rule_met"] else
+                   f"No budget keeps {KEEP_SHARE:.0%} of the whole passages' answer-in-context on the dev questions "
+                   f"(both sets together), so the rule keeps the largest: **{chosen} tokens**."), ""]
+    lines += context_table(summary["dev"])
+    if not summary["test"]:
+        return "\n".join(lines) + "\n"
+    lines += ["", f"## Test (the chosen budget: {chosen} tokens)", "", *context_table(summary["test"]), "",
+              f"Answers on the test questions (the gold answer string inside the answer; {ANSWER_TOKENS} new tokens "
+              "at most):", "",
               "| set | answer | contains gold | prompt tokens | generation s |", "|---|---|---:|---:|---:|"]
     for name, row in summary["test"].items():
         for how, value in row["answer_contains_gold"].items():
@@ -205,6 +211,16 @@ def report(summary: dict) -> str:
                                                                    else "- | 0 |"))
         lines.append(f"| {name} | (evidence scoring, every answer) | | | {row['evidence_seconds']:.2f} |")
     return "\n".join(lines) + "\n"
+
+
+def context_table(summary: dict) -> list[str]:
+    """Answer-in-context, gold NLL and tokens of each context, per data set."""
+    lines = ["| set | context | answer in context | gold NLL | tokens |", "|---|---|---:|---:|---:|"]
+    for name, row in summary.items():
+        for how in row["answer_in_context"]:
+            lines.append(f"| {name} | {how} | {row['answer_in_context'][how]:.3f} | {row['nll'][how]:.3f} | "
+                         f"{row['tokens'][how]:.0f} |")
+    return lines
 
 
 if __name__ == "__main__":

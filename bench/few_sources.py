@@ -81,7 +81,6 @@ def main() -> int:
         subprocess.run(["git", "worktree", "add", "--detach", str(base), BASE], check=True, cwd=Path(__file__).parents[1])
     checkouts = {"before routing": base / "src", "this checkout": Path(__file__).resolve().parents[1] / "src"}
     results = ResultsFile.start(OUT, "make bench-few-sources", name="few", base=BASE, rounds=ROUNDS)
-    rows = []
     for size in SIZES:
         build(documents, split(vectors, size, "topic"), "topic", size)
         ways = {label: (src, []) for label, src in checkouts.items()}
@@ -97,24 +96,29 @@ def main() -> int:
         before = np.array(runs["before routing"][0]["ndcg@10"])
         for label, measured in runs.items():
             ndcg = np.array(measured[0]["ndcg@10"])
-            rows.append({"sources": size, "code": label, "nDCG@10": float(ndcg.mean()),
-                         "p (paired, against before)": paired_p_value(ndcg, before),
-                         **{f"p50 ms, round {i + 1}": 1000 * float(np.percentile(m["seconds"], 50))
-                            for i, m in enumerate(measured)},
-                         **{f"p90 ms, round {i + 1}": 1000 * float(np.percentile(m["seconds"], 90))
-                            for i, m in enumerate(measured)}})
-        for row in rows[-len(runs):]:
-            results.add(f"{size} sources, {row['code']}", row)
+            row = {"sources": size, "code": label, "nDCG@10": float(ndcg.mean()),
+                   "p (paired, against before)": paired_p_value(ndcg, before),
+                   **{f"p50 ms, round {i + 1}": 1000 * float(np.percentile(m["seconds"], 50))
+                      for i, m in enumerate(measured)},
+                   **{f"p90 ms, round {i + 1}": 1000 * float(np.percentile(m["seconds"], 90))
+                      for i, m in enumerate(measured)}}
+            results.add(f"{size} sources, {label}", row)
             print(json.dumps(row), flush=True)
+    results.finish(markdown(results))
+    return 0
+
+
+def markdown(results) -> str:
+    """The page, from the rows the results file holds (a run stopped half-way: the sizes it finished)."""
+    rows = list(results.rows.values())
     lines = ["# Few sources: not slower or worse than before routing", "",
-             f"{results.provenance} Against {BASE}; bench/few_sources.py's docstring says how. Each checkout in its "
-             "own process, rounds alternating; 4, 8 and 32 sources are never routed (`[routing] above` is 32); the "
-             "routed row asks 24 of the 32.", "",
+             f"{results.provenance} Against {results.header['base']}; bench/few_sources.py's docstring says how. Each "
+             "checkout in its own process, rounds alternating; 4, 8 and 32 sources are never routed (`[routing] above` "
+             "is 32); the routed row asks 24 of the 32.", "",
              "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
     lines += ["| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row.values()) + " |"
               for row in rows]
-    results.finish("\n".join(lines))
-    return 0
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

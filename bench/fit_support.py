@@ -49,6 +49,7 @@ sys.path.insert(0, str(BENCH))
 import answers  # noqa: E402
 
 from gradfuse.candidate import Candidate  # noqa: E402
+from gradfuse.eval.record import ResultsFile  # noqa: E402
 from gradfuse.eval.qa import answer_in_context, checkable  # noqa: E402
 from gradfuse.reading.evidence import Evidence, passage_sentences, quoted_first  # noqa: E402
 from gradfuse.reading.reader import READER_FILE, read  # noqa: E402
@@ -304,11 +305,15 @@ def beats_plain(selected: dict[str, float], plain: dict[str, float]) -> bool:
     return all(selected[n] > plain[n] for n in SENTENCE_SETS)
 
 
-def choose_signals(pools: list[Pool]) -> tuple[tuple[str, ...], list[dict]]:
+STEP = "signals, step "  # a row of the selection: every trial of one step (the one taken marked)
+NOT_FOUND = "not found: "  # a row of the "not found" models: each set measured with a model fitted on the others
+
+
+def choose_signals(pools: list[Pool], results: ResultsFile) -> tuple[str, ...]:
     """Greedy forward selection on the leave-one-set-out mean, from nothing, while a signal adds MIN_GAIN to the mean
-    and takes no more than MIN_GAIN from any set; with every trial of every step (the one taken marked)."""
+    and takes no more than MIN_GAIN from any set; each step's trials (the one taken marked) a row of `results`."""
     chosen: tuple[str, ...] = ()
-    best, before, table = -1.0, None, []
+    best, before = -1.0, None
     for step in range(1, len(SIGNALS) + 1):
         trials = []
         for signal in SIGNALS:
@@ -317,14 +322,16 @@ def choose_signals(pools: list[Pool]) -> tuple[tuple[str, ...], list[dict]]:
                 harmless = before is None or all(scores[n] >= before[n] - MIN_GAIN for n in SENTENCE_SETS)
                 trials.append({"step": step, "signals": (*chosen, signal), **scores,
                                "mean": float(np.mean(list(scores.values()))), "harmless": harmless, "taken": False})
-        table += trials
         taken = max((t for t in trials if t["harmless"]), key=lambda t: t["mean"], default=None)
-        if taken is None or taken["mean"] < best + MIN_GAIN:
+        joins = taken is not None and taken["mean"] >= best + MIN_GAIN
+        if joins:
+            taken["taken"] = True
+        results.add(f"{STEP}{step}", {"trials": trials})
+        if not joins:
             break
-        taken["taken"] = True
         chosen, best, before = taken["signals"], taken["mean"], {n: taken[n] for n in SENTENCE_SETS}
         print(f"signals {chosen}: {best:.3f}", file=sys.stderr, flush=True)
-    return chosen, table
+    return chosen
 
 
 def answer_features(pool: Pool, weights: dict[str, float]) -> dict[str, float]:
@@ -410,28 +417,35 @@ def before(pools: list[Pool]) -> list[dict]:
     return rows
 
 
-def choose_answered(pools: list[Pool], weights: dict[str, float]) -> tuple[tuple[str, ...], list[dict]]:
-    """The feature set whose held-out sets gain most (no-answer declined less answerable declined, mean over sets)."""
-    rows, gains = [], {}
+def choose_answered(pools: list[Pool], weights: dict[str, float], results: ResultsFile) -> tuple[str, ...]:
+    """The feature set whose held-out sets gain most (no-answer declined less answerable declined, mean over sets);
+    each feature set's held-out rows, then those of the model shipped before, a row of `results`."""
+    gains = {}
     for names in (n for n in ANSWERED_SETS if READER or "reader" not in n):
         held = transfer(pools, weights, names)
         gains[names] = float(np.mean([r["declined"] - r["declined wrongly"] for r in held]))
-        rows += held
-    return max(gains, key=gains.get), rows + before(pools)
+        results.add(NOT_FOUND + " + ".join(names), {"gain": gains[names], "transfer": held})
+    results.add(NOT_FOUND + "before", {"transfer": before(pools)})
+    return max(gains, key=gains.get)
 
 
 def main() -> None:
     pools = gathered()
     for pool in pools:
         pool.features = found(pool)
-    selected, steps = choose_signals(pools)
+    counts = {name: {"pools": sum(p.set == name for p in pools),
+                     "sentence fit": sum(bool(p.set == name and p.fit_sentences and 0 < p.holds.sum() < len(p.holds))
+                                         for p in pools)} for name in ANSWER_SETS}
+    results = ResultsFile.start(OUT, "python bench/fit_support.py", name="fit", signals=list(SIGNALS),
+                                fitted_on=counts)
+    selected = choose_signals(pools, results)
     held_out = {"selected": leave_one_set_out(pools, selected), "plain overlap": leave_one_set_out(pools, ("plain",)),
                 "overlap (before)": {n: sentence_score(pools, SENTENCES_BEFORE, n) for n in SENTENCE_SETS},
                 "cosine": leave_one_set_out(pools, ("cosine",))}
     signals = selected if beats_plain(held_out["selected"], held_out["plain overlap"]) else ("plain",)
     weights = fit_weights(pools, signals)
     within, gaps = choose_gap(pools, weights)
-    names, transfers = choose_answered(pools, weights)
+    names = choose_answered(pools, weights, results)
     coefficients = fit_answered(pools, weights, names)
     model = support.SupportModel(weights, coefficients, 0.0)
     chance = chances(pools, model)
@@ -439,75 +453,102 @@ def main() -> None:
     per_set = {name: [{"threshold": float(t), **curve([p for p in pools if p.set == name],
                                                       chance[[p.set == name for p in pools]], t)}
                       for t in np.round(np.arange(0.0, 1.0001, 0.05), 2)] for name in ANSWER_SETS}
-    counts = {name: {"pools": sum(p.set == name for p in pools),
-                     "sentence fit": sum(bool(p.set == name and p.fit_sentences and 0 < p.holds.sum() < len(p.holds))
-                                         for p in pools)} for name in ANSWER_SETS}
     stored = {"weights": weights, "selected": list(selected), "answered": coefficients, "abstain_below": float(threshold), "second_within": within,
               "made_by": "python bench/fit_support.py", "date": date.today().isoformat(), "fitted_on": counts}
     support.MODEL_FILE.write_text(json.dumps(stored, indent=1) + "\n")
-    summary = {**stored, "selection": steps, "held_out": held_out, "transfer": transfers,
-               "per_set": per_set, "gaps": gaps}
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "fit.json").write_text(json.dumps(summary, indent=1))
-    (OUT / "fit.md").write_text(report(summary))
-    print(report(summary))
+    results.header.update(stored, held_out=held_out, per_set=per_set, gaps=gaps)
+    results.finish(report(results))
+    print(report(results))
 
 
-def report(s: dict) -> str:
-    counts = s["fitted_on"]
-    lines = ["# The `support` evidence scorer and \"not found\", fitted away from the test questions", "",
-             "Made by `python bench/fit_support.py` (the first half of `make bench-answers`); written to "
-             "`src/gradfuse/reading/support.json`. Pools (a question's five passages: its corpus's dense prior's, or the "
-             "default method's for the answer benchmark; the QA sets' again with the judged passages left out), per set: "
-             + ", ".join(f"{n} {c['pools']} ({c['sentence fit']} in the sentence fit)" for n, c in counts.items())
-             + ". A sentence holds the answer when the gold string stands in it.", "",
-             "Signals, by greedy forward selection on leave-one-set-out (the quotes of an answer hold the gold answer, "
+def rows_of(results: ResultsFile, kind: str, key: str) -> list[dict]:
+    """The entries under `key` of the rows whose names start with `kind` (STEP, NOT_FOUND), in the order they came."""
+    return [entry for name, row in results.rows.items() if name.startswith(kind) for entry in row[key]]
+
+
+def report(results: ResultsFile) -> str:
+    """The page, from what the results file holds so far: a run stopped half-way shows the steps it finished."""
+    header = results.header
+    lines = opening(results) + selection_table(results)
+    if "weights" in header:
+        lines += fitted(header)
+    lines += transfer_table(results)
+    if "per_set" in header:
+        lines += ["", "The shipped model's curve per set (no-answer declined / answerable declined wrongly):", "",
+                  "| threshold | " + " | ".join(ANSWER_SETS) + " |", "|---:|" + "---|" * len(ANSWER_SETS)]
+        per_set = header["per_set"]
+        for i, point in enumerate(per_set[ANSWER_SETS[0]]):
+            lines.append(f"| {point['threshold']:.2f} | " + " | ".join(
+                f"{per_set[n][i]['declined']:.2f} / {per_set[n][i]['declined wrongly']:.2f}" for n in ANSWER_SETS)
+                + " |")
+    return "\n".join(lines) + "\n"
+
+
+def opening(results: ResultsFile) -> list[str]:
+    counts = results.header["fitted_on"]
+    return ["# The `support` evidence scorer and \"not found\", fitted away from the test questions", "",
+            f"{results.provenance} It is the first half of `make bench-answers` and writes "
+            "`src/gradfuse/reading/support.json`. Pools (a question's five passages: its corpus's dense prior's, or "
+            "the default method's for the answer benchmark; the QA sets' again with the judged passages left out), "
+            "per set: "
+            + ", ".join(f"{n} {c['pools']} ({c['sentence fit']} in the sentence fit)" for n, c in counts.items())
+            + ". A sentence holds the answer when the gold string stands in it.", ""]
+
+
+def selection_table(results: ResultsFile) -> list[str]:
+    lines = ["Signals, by greedy forward selection on leave-one-set-out (the quotes of an answer hold the gold answer, "
              "on the set left out; a signal joins when it adds a point to the mean and takes no more than a point from "
              "any set; every trial of every step):", "",
              "| step | signals | " + " | ".join(SENTENCE_SETS) + " | mean |", "|---:|---|" + "---:|" * (len(SENTENCE_SETS) + 1)]
-    for trial in s["selection"]:
+    for trial in rows_of(results, STEP, "trials"):
         mark = " (taken)" if trial["taken"] else "" if trial["harmless"] else " (lowers a set)"
         lines.append(f"| {trial['step']} | {' + '.join(trial['signals'])}{mark} | "
                      + " | ".join(f"{trial[n]:.3f}" for n in SENTENCE_SETS) + f" | {trial['mean']:.3f} |")
-    shipped = " + ".join(s["weights"])
-    verdict = ("are plain overlap itself, and ship" if s["selected"] == ["plain"] else
-               "beat plain overlap on every set left out, and ship" if list(s["weights"]) == s["selected"] else
+    return lines
+
+
+def fitted(fit: dict) -> list[str]:
+    """What the run fitted (in the header once it is done): the sentence value held out, its weights, the gap to a
+    second quoted sentence and the "not found" model."""
+    shipped = " + ".join(fit["weights"])
+    verdict = ("are plain overlap itself, and ship" if fit["selected"] == ["plain"] else
+               "beat plain overlap on every set left out, and ship" if list(fit["weights"]) == fit["selected"] else
                f"do not beat plain overlap on every set left out: **{shipped}** ships")
-    lines += ["", f"Held out: the signals selected ({' + '.join(s['selected'])}) {verdict}; beside them plain overlap, "
-              "the sentence value shipped before issue 57 (overlap alone) and cosine alone:", "",
-              "| sentence value | " + " | ".join(SENTENCE_SETS) + " | mean |", "|---|" + "---:|" * (len(SENTENCE_SETS) + 1)]
-    for name, scores in s["held_out"].items():
+    lines = ["", f"Held out: the signals selected ({' + '.join(fit['selected'])}) {verdict}; beside them plain "
+             "overlap, the sentence value shipped before issue 57 (overlap alone) and cosine alone:", "",
+             "| sentence value | " + " | ".join(SENTENCE_SETS) + " | mean |",
+             "|---|" + "---:|" * (len(SENTENCE_SETS) + 1)]
+    for name, scores in fit["held_out"].items():
         lines.append(f"| {name} | " + " | ".join(f"{scores[n]:.3f}" for n in SENTENCE_SETS)
                      + f" | {np.nanmean(list(scores.values())):.3f} |")
     lines += ["", "Weights over every set (a sentence's value is the weighted sum):", "", "| signal | weight |", "|---|---:|"]
-    lines += [f"| {name} | {value:+.3f} |" for name, value in s["weights"].items()]
+    lines += [f"| {name} | {value:+.3f} |" for name, value in fit["weights"].items()]
     lines += ["", "A second sentence is quoted only when its value is within a gap of the first's; the smallest gap that "
-              f"costs at most {MAX_LOST:.0%} of the quoted answers holding the gold answer is kept: **{s['second_within']}** "
-              "(pools whose passages hold the answer):", "", "| gap | quoted answer holds the gold answer | answers "
-              "quoting one sentence |", "|---:|---:|---:|"]
+              f"costs at most {MAX_LOST:.0%} of the quoted answers holding the gold answer is kept: "
+              f"**{fit['second_within']}** (pools whose passages hold the answer):", "",
+              "| gap | quoted answer holds the gold answer | answers quoting one sentence |", "|---:|---:|---:|"]
     lines += [f"| {'none' if g['gap'] is None else g['gap']} | {g['quoted']:.3f} | {g['one sentence']:.2f} |"
-              for g in s["gaps"]]
-    a = s["answered"]
-    lines += ["", "\"Not found\": the chance that the passages hold the answer is σ(" + f"{a['bias']:+.2f} "
-              + " ".join(f"{v:+.2f} · {n}" for n, v in a.items() if n != "bias") + "), with `support.ANSWERED`'s "
-              f"features; threshold **{s['abstain_below']:.2f}** (`[evidence] abstain_below`), the highest at which "
-              f"no set's answerable pools are declined more than {MAX_WRONG_DECLINES:.0%} of the time.", "",
-              "Does a threshold fitted on some sources hold on others? Each set measured with the model and threshold "
-              "fitted on the other three, for each feature set (the one whose rows gain most is shipped: declined less "
-              "declined wrongly, mean over sets); and the model shipped before, as it was:", "",
-              "| set left out | model | threshold | no-answer pools declined | answerable declined wrongly | "
-              "near misses declined | answerable | no answer |", "|---|---|---:|---:|---:|---:|---:|---:|"]
-    for row in s["transfer"]:
+              for g in fit["gaps"]]
+    a = fit["answered"]
+    return lines + ["", "\"Not found\": the chance that the passages hold the answer is σ(" + f"{a['bias']:+.2f} "
+                    + " ".join(f"{v:+.2f} · {n}" for n, v in a.items() if n != "bias")
+                    + f"), with `support.ANSWERED`'s features; threshold **{fit['abstain_below']:.2f}** "
+                    "(`[evidence] abstain_below`), the highest at which no set's answerable pools are declined more "
+                    f"than {MAX_WRONG_DECLINES:.0%} of the time."]
+
+
+def transfer_table(results: ResultsFile) -> list[str]:
+    lines = ["", "Does a threshold fitted on some sources hold on others? Each set measured with the model and "
+             "threshold fitted on the other three, for each feature set (the one whose rows gain most is shipped: "
+             "declined less declined wrongly, mean over sets); and the model shipped before, as it was:", "",
+             "| set left out | model | threshold | no-answer pools declined | answerable declined wrongly | "
+             "near misses declined | answerable | no answer |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for row in rows_of(results, NOT_FOUND, "transfer"):
         lines.append(f"| {row['set']} | {row['model']} | {row['threshold']:.2f} | {row['declined']:.2f} | "
                      f"{row['declined wrongly']:.2f} | " + ("–" if np.isnan(row["near misses"]) else
                                                           f"{row['near misses']:.2f}")
                      + f" | {row['answerable']} | {row['no answer']} |")
-    lines += ["", "The shipped model's curve per set (no-answer declined / answerable declined wrongly):", "",
-              "| threshold | " + " | ".join(ANSWER_SETS) + " |", "|---:|" + "---|" * len(ANSWER_SETS)]
-    for i, point in enumerate(s["per_set"][ANSWER_SETS[0]]):
-        lines.append(f"| {point['threshold']:.2f} | " + " | ".join(
-            f"{s['per_set'][n][i]['declined']:.2f} / {s['per_set'][n][i]['declined wrongly']:.2f}" for n in ANSWER_SETS) + " |")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 if __name__ == "__main__":

