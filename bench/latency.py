@@ -42,7 +42,7 @@ import numpy as np
 from scipy.stats import spearmanr
 
 from gradfuse.config import Config
-from gradfuse.eval.record import commit_id, machine_description
+from gradfuse.eval.record import ResultsFile
 from gradfuse.hardware import AVX2_ONLY
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -283,8 +283,14 @@ def main() -> None:
     questions = QUESTIONS[: args.questions]
     if args.kernels == "avx2":
         os.environ.update(AVX2_ONLY)
-    commit = commit_id()
-    results = {"machine": machine_description(), "baseline": BASELINE, "commit": commit, "codes": {}}
+    kept = other_kernels(args.kernels)
+    command = " ".join(["python bench/latency.py", *sys.argv[1:]])
+    results = ResultsFile.start(OUT, command, name="results")
+    for name, row in kept.items():
+        results.add(name, row)
+    header = results.header
+    results.add(f"{args.kernels} run", {"command": command, "commit": header["commit"], "machine": header["machine"],
+                                        "baseline": BASELINE, "questions": len(questions)})
     rankings = {}
     reading.built(Config(workspace=reading.WORKSPACE))
     for label, code in (("before", BASELINE), ("after", None)):
@@ -292,27 +298,27 @@ def main() -> None:
             build_workspace(env)
             warm, rankings[label] = warm_server(env, questions)
             warm.update(real_documents(env))
-            results["codes"][label] = {"cold": cold_cli(env, args.repeats),
-                                       "server_start": server_start(env, max(3, args.repeats // 2)), "warm": warm}
-    results["questions"] = len(questions)
-    results["agreement"] = {name: agreement(rankings["before"][name], rankings["after"][name])
-                            for name in ("gro", "gro (gradient)", "select")}
-    results["query_vectors"] = query_vectors()
-    results["command"] = " ".join(["python bench/latency.py", *sys.argv[1:]])
-    OUT.mkdir(parents=True, exist_ok=True)
+            results.add(f"{args.kernels} {label} warm", warm)
+            results.add(f"{args.kernels} {label} cold", cold_cli(env, args.repeats))
+            results.add(f"{args.kernels} {label} server start", server_start(env, max(3, args.repeats // 2)))
+    results.add(f"{args.kernels} agreement", {name: agreement(rankings["before"][name], rankings["after"][name])
+                                              for name in ("gro", "gro (gradient)", "select")})
+    results.add(f"{args.kernels} query vectors", query_vectors())
+    results.finish(report(results))
+
+
+def other_kernels(kernels: str) -> dict:
+    """The stored rows of the other CPU class, kept: each class is measured by its own run."""
     stored = OUT / "results.json"
-    by_kernels = json.loads(stored.read_text()) if stored.is_file() else {}
-    by_kernels = by_kernels if "native" in by_kernels or "avx2" in by_kernels else {}  # the one-class file before
-    by_kernels[args.kernels] = results
-    stored.write_text(json.dumps(by_kernels, indent=2) + "\n")
-    (OUT / "results.md").write_text(report(by_kernels))
+    rows = json.loads(stored.read_text()).get("rows", {}) if stored.is_file() else {}
+    return {name: row for name, row in rows.items() if not name.startswith(f"{kernels} ")}
 
 
 KERNELS = {"native": "the CPU's own kernels", "avx2": "an AVX2-only machine's kernels (ATEN_CPU_CAPABILITY=avx2, "
            "ONEDNN_MAX_CPU_ISA=AVX2; ONNX Runtime has no such switch and keeps the CPU's own)"}
 
 
-def report(by_kernels: dict) -> str:
+def report(results: ResultsFile) -> str:
     lines = [
         "# Latency on two cores: before and after issues 70 and 71, on both CPU classes",
         "",
@@ -324,13 +330,17 @@ def report(by_kernels: dict) -> str:
         "",
     ]
     for kernels in ("native", "avx2"):
-        if kernels in by_kernels:
-            lines += section(by_kernels[kernels], KERNELS[kernels])
+        if f"{kernels} after cold" in results.rows:
+            lines += section({part: row for name, row in results.rows.items()
+                              if (part := name.removeprefix(f"{kernels} ")) != name}, KERNELS[kernels])
     return "\n".join(lines)
 
 
-def section(results: dict, kernels: str) -> list[str]:
-    before, after = results["codes"]["before"], results["codes"]["after"]
+def section(rows: dict, kernels: str) -> list[str]:
+    """One CPU class's page, from its rows (`run`, `before cold`, `after warm`, ...; a stopped run's are partial)."""
+    run = rows["run"]
+    before, after = ({"cold": rows.get(f"{label} cold", {}), "server_start": rows.get(f"{label} server start"),
+                      "warm": rows.get(f"{label} warm", {})} for label in ("before", "after"))
 
     def cell(row: dict) -> str:
         return f"{row['wall']['p50']:.2f} / {row['wall']['p90']:.2f} · {row['cpu']['p50']:.2f}"
@@ -338,9 +348,8 @@ def section(results: dict, kernels: str) -> list[str]:
     lines = [
         f"## {kernels[0].upper() + kernels[1:]}",
         "",
-        f"Command: `{results.get('command', 'python bench/latency.py')}` (make bench-latency) · baseline "
-        f"{results['baseline']} · code {results['commit']} · {results['machine']} · {results['questions']} warm "
-        "questions.",
+        f"Made by `{run['command']}` (make bench-latency) · baseline {run['baseline']} · commit {run['commit']} · "
+        f"{run['machine']} · {run['questions']} warm questions.",
         "",
         "| step | before | after |",
         "|---|---|---|",
@@ -349,7 +358,9 @@ def section(results: dict, kernels: str) -> list[str]:
         if name in before["cold"]:
             lines.append(f"| cold `{name.removeprefix('gradfuse ')}` | {cell(before['cold'][name])} | "
                          f"{cell(after['cold'][name])} |")
-    lines.append(f"| server start (no --preload-lm) | {cell(before['server_start'])} | {cell(after['server_start'])} |")
+    if before["server_start"] and after["server_start"]:
+        lines.append(f"| server start (no --preload-lm) | {cell(before['server_start'])} | "
+                     f"{cell(after['server_start'])} |")
     for name in after["warm"]:
         if name in before["warm"]:
             lines.append(f"| warm {name} | {cell(before['warm'][name])} | {cell(after['warm'][name])} |")
@@ -378,11 +389,11 @@ def section(results: dict, kernels: str) -> list[str]:
         "| ranking | questions | Spearman mean · min | same first |",
         "|---|---:|---|---:|",
     ]
-    for name, row in results["agreement"].items():
+    for name, row in rows.get("agreement", {}).items():
         lines.append(f"| /search {name}: after against before | {row['questions']} | {row['spearman_mean']:.3f} · "
                      f"{row['spearman_min']:.3f} | {row['same_first']:.2f} |")
-    vectors = results["query_vectors"]
-    lines += [
+    vectors = rows.get("query vectors")
+    lines += [] if vectors is None else [
         "",
         f"Query vectors of the ONNX copy: at most {vectors['max_abs_vs_float32']:.1e} from sentence-transformers' "
         f"float32 vectors, cosine at least {vectors['min_cosine_vs_bfloat16']:.5f} to its bf16 vectors. The "
