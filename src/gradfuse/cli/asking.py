@@ -47,7 +47,7 @@ def search(
     workspace: WorkspaceOpt = None,
 ):
     """Ranked list over many sources: every row shows its source, doc id, rank in source and scores."""
-    ws = _workspace(config, workspace)
+    ws = _workspace(config, workspace, preload_encoder=True)
     options = _rerank_options(target, estimator, n, pool, scorer)
     result = _run_guarded(lambda: ws.search(query, method=method, k=k, sources=source, retrieval=retrieval,
                                             timeout_s=timeout, gold=gold, **options))
@@ -170,7 +170,7 @@ def ask(
 ):
     """Answer with citations [n] mapped to source/doc id, and the evidence sentences it rests on: the evidence
     itself with the bundled generator ([generator] answer = "auto"), or the generator's answer."""
-    ws = _workspace(config, workspace)
+    ws = _workspace(config, workspace, preload_encoder=True)
     answer = _run_guarded(lambda: ws.ask(question, method=method, context_k=context_k, sources=source,
                                          retrieval=retrieval, timeout_s=timeout, generator=generator,
                                          max_new_tokens=max_new_tokens, gold=gold,

@@ -62,7 +62,10 @@ TableName = Annotated[Optional[str], typer.Option(help="Table for --into (defaul
 Language = Annotated[Optional[str], typer.Option(help="Text search configuration for --into (default english)")]
 
 
-def _workspace(config: Path | None, workspace: Path | None) -> Workspace:
+def _workspace(config: Path | None, workspace: Path | None, *, preload_encoder: bool = False) -> Workspace:
+    """`preload_encoder`: a command that will embed its question starts loading the encoder first (_preload)."""
+    if preload_encoder:
+        _preload(config)
     from gradfuse.config import ConfigError
     from gradfuse.workspace import Workspace
 
@@ -70,6 +73,30 @@ def _workspace(config: Path | None, workspace: Path | None) -> Workspace:
         return Workspace.open(config, workspace=workspace)
     except ConfigError as error:
         _fail(str(error))
+
+
+def _preload(config: Path | None) -> None:
+    """Load the configured query encoder in a thread while the command imports the rest: ONNX Runtime reads the
+    model and builds its session outside the GIL, so a cold `search` or `ask` waits for the longer of the two, not
+    their sum. A failure is left to the command's own load, which reports it."""
+    import threading
+    import tomllib
+
+    from gradfuse.embedding.encoder import DEFAULT_ENCODER, load_encoder
+
+    path = config or Path("gradfuse.toml")  # config.py's DEFAULT_CONFIG_NAME, read without importing config.py
+    try:
+        name = tomllib.loads(path.read_text()).get("encoder", {}).get("model", DEFAULT_ENCODER)
+    except (OSError, ValueError, AttributeError):
+        name = DEFAULT_ENCODER
+
+    def load() -> None:
+        try:
+            load_encoder(str(name))
+        except Exception:  # noqa: BLE001 - the command loads it again and says why
+            pass
+
+    threading.Thread(target=load, name="preload-encoder").start()
 
 
 def _fail(message: str) -> None:
