@@ -90,7 +90,8 @@ def values_of(qrels, outcomes: dict, ids: list[str]) -> dict:
 def measure(name: str, grid: bool) -> tuple[dict, dict]:
     """The set's test rows (way → values and sources), and its dev means over the soft grid (when `grid`)."""
     bench = benchmark_of(name)
-    evaluation = run_benchmark(replace(bench, methods=["dense", "select"]), progress=False)  # its tuned rows
+    # its tuned rows (no answer metrics: the QA file's [qa] section would have the bundled LM write answers)
+    evaluation = run_benchmark(replace(bench, methods=["dense", "select"], qa=None), progress=False)
     queries, qrels, _ = queries_and_qrels(bench)
     test = [q.query_id for q in queries if q.split == "test"]
     dev = [q for q in queries if q.split == "dev"]
