@@ -152,7 +152,7 @@ def markdown(results: ResultsFile) -> str:
                       f"{METRIC} on any set and above it on at least one): **{choice}**."]
     grid = header.get("dev grid")
     if grid:
-        chosen = max(grid, key=lambda way: grid[way]["mean"])
+        chosen = max((grid_way(w, m) for w, m in product(WEIGHTS, MARGINS)), key=lambda way: grid[way]["mean"])
         lines += ["", f"Dev {METRIC} of soft by weight and margin, the mean of {', '.join(DEV_SETS)}'s dev means "
                       f"(each set's in the JSON); best: {chosen} ({grid[chosen]['mean']:.4f}); the library's "
                       f"defaults: {SOFT} {grid[SOFT]['mean']:.4f}, {HARD} {grid[HARD]['mean']:.4f}, "
