@@ -12,8 +12,9 @@ sit in one or both and a part dropped as redundant with its twin loses them (the
 Each set's test queries are ranked five ways from the same candidates: dense; hard and soft with the library's
 defaults; hard and soft as `gradfuse eval` tunes them on that set's dev queries (its `select` and `select:soft`
 rows; DL19 is cross-fitted over folds). Paired randomisation tests. The library's soft defaults were chosen on the
-dev queries of federated, QA and arguana+scifact at once; the grid is replayed here (spread's dev queries are not in
-it: it is the held-out check).
+dev queries of federated, QA and arguana+scifact at once (commit 5df5ded's run of this file); `--grid` replays that
+grid of weights and margins (about an hour more on two cores). Spread's dev queries are never in it: it is the
+held-out check.
 
 Run: make bench-soft-selection (results/stage1/soft.{md,json}; about an hour on two cores once the benchmark
 sources are built).
@@ -21,6 +22,7 @@ sources are built).
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from dataclasses import replace
@@ -151,7 +153,12 @@ def markdown(results: ResultsFile) -> str:
         lines += ["", f"Issue 73's rule (soft becomes the default if it is never below hard by more than {TOLERANCE} "
                       f"{METRIC} on any set and above it on at least one): **{choice}**."]
     grid = header.get("dev grid")
-    if grid:
+    if not grid:
+        soft = header["library soft defaults"]
+        lines += ["", f"The library's soft defaults (weight {soft['weight']:g}, margin {soft['margin']:g}) were chosen "
+                      f"on the dev queries of {', '.join(DEV_SETS)} at once by commit 5df5ded's run of this file (its grid: `--grid` "
+                      "replays it)."]
+    else:
         chosen = max((grid_way(w, m) for w, m in product(WEIGHTS, MARGINS)), key=lambda way: grid[way]["mean"])
         lines += ["", f"Dev {METRIC} of soft by weight and margin, the mean of {', '.join(DEV_SETS)}'s dev means "
                       f"(each set's in the JSON); best: {chosen} ({grid[chosen]['mean']:.4f}); the library's "
@@ -166,19 +173,23 @@ def markdown(results: ResultsFile) -> str:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--grid", action="store_true", help="replay the dev grid the soft defaults were chosen on")
+    grid = parser.parse_args().grid
     defaults = SelectionSettings(choice="soft")
     results = ResultsFile.start(OUT, "make bench-soft-selection", name="soft", **{
         "library soft defaults": {"weight": defaults.soft_weight, "margin": defaults.soft_margin}})
     dev_means, tuned = {}, {}
     for name in SETS:
-        runs, extra = measure(name, grid=name in DEV_SETS)
+        runs, extra = measure(name, grid=grid and name in DEV_SETS)
         dev_means[name], tuned[name] = extra["dev means"], extra["tuned"]
         row = row_of(runs)
         results.add(name, row)
         print(name, json.dumps(row), flush=True)
-    ways = dev_means[DEV_SETS[0]]
-    results.header["dev grid"] = {way: {"mean": round(float(np.mean([dev_means[n][way] for n in DEV_SETS])), 4),
-                                        **{n: round(dev_means[n][way], 4) for n in DEV_SETS}} for way in ways}
+    if grid:
+        results.header["dev grid"] = {
+            way: {"mean": round(float(np.mean([dev_means[n][way] for n in DEV_SETS])), 4),
+                  **{n: round(dev_means[n][way], 4) for n in DEV_SETS}} for way in dev_means[DEV_SETS[0]]}
     results.header["eval's tuned settings"] = tuned
     results.header["verdict"] = verdict(results.rows)
     results.finish(markdown(results))
