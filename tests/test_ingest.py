@@ -117,6 +117,12 @@ def test_trec_run_becomes_a_source_that_answers_its_own_queries(ws, tmp_path):
         source.search("something else", 10)
     assert source.document("mars").title == "Mars" and source.document("jupiter") is None  # a cited passage again
     assert ws.index(SourceSpec("bm25run", "run", str(run), {"corpus": str(corpus)})).status == "unchanged"
+    # cut at a depth, a run keeps each query's first documents in the order a search reads them (score first)
+    report = ws.index(SourceSpec("top1", "run", str(run), {"corpus": str(corpus), "depth": 1}))
+    assert report.documents == 1 and [h.doc_id for h in open_source(ws.root, "top1").search("which planet has moons?",
+                                                                                              10)] == ["mars"]
+    with pytest.raises(ValueError, match="depth is how many"):
+        SourceSpec("r", "run", str(run), {"corpus": str(corpus), "depth": 0})
 
 
 def test_bad_trec_line_names_file_and_line(ws, tmp_path):

@@ -36,6 +36,7 @@ Example (see benchmarks/*.toml for the real ones)::
     collection = "arguana"
     [quick]                         # `--quick`: overrides for a small, fast variant (checked in CI)
     sources = ["scifact"]
+    source_options = { part = "1/3" }  # added to every source's table: a third of each corpus
     split = { sample = 5, dev = 3 }
 
 Methods are any registered method (`gradfuse.methods`), `<method>/<target>` for the scoring-LM methods
@@ -97,9 +98,8 @@ class QuerySet:
         for prefix in sorted(self.origin, key=len, reverse=True):
             if doc_id.startswith(prefix):
                 held = self.origin[prefix]
-                if isinstance(held, str):
-                    return held
-                return next(s for s in held if part_of(doc_id, self.parts[s][1]) == self.parts[s][0])
+                return next((s for s in ([held] if isinstance(held, str) else held)
+                             if s not in self.parts or part_of(doc_id, self.parts[s][1]) == self.parts[s][0]), None)
         return None
 
 
@@ -293,6 +293,8 @@ def _apply_quick(raw: dict, overrides: dict, path: Path) -> dict:
     for key, value in overrides.items():
         if key == "sources":
             raw["sources"] = {n: raw["sources"][n] for n in value}
+        elif key == "source_options":  # every source of the variant built smaller (a part, a run's depth)
+            raw["sources"] = {n: {**table, **value} for n, table in raw["sources"].items()}
         elif key == "queries":
             raw["queries"] = {n: raw["queries"][n] for n in value}
         elif isinstance(value, dict):

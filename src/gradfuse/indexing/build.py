@@ -60,7 +60,7 @@ def read_documents(spec: SourceSpec, report: IngestReport, cache: Path | None = 
         return list(with_file_readers(files, options.get("readers", {}), report, path))
     else:
         # A run source keeps only the corpus documents its run ranks: the rest could never be returned.
-        wanted = run_doc_ids(path)
+        wanted = run_doc_ids(path, options.get("depth"))
         corpus = read_jsonl(Path(options["corpus"]), report, skip_malformed=skip, readers_field=readers_field)
         return [d for d in corpus if d.doc_id in wanted]
     if "id_prefix" in options:  # one collection as several sources (e.g. TAT-QA's tables and its paragraphs)
@@ -149,7 +149,7 @@ def _build(workspace: Path, spec: SourceSpec, encoder: str, progress: bool, ray_
         manifest = manifest_for(spec, documents=count, restricted=sum(1 for d in documents if d.readers),
                                 fingerprint=fingerprint, stamp=stamp, report=report)
         if spec.kind == "run":
-            manifest.update(write_run_tables(building, Path(spec.path), queries, report))
+            manifest.update(write_run_tables(building, Path(spec.path), queries, report, spec.options.get("depth")))
             manifest["corpus"] = str(corpus.resolve())
         else:
             notes += encoder_change_notes(previous, encoder)

@@ -25,7 +25,7 @@ _RECORDS = ("skip_malformed", "readers_field", "id_prefix", "part", *_CHUNKING)
 BUILD_OPTIONS: dict[str, tuple[str, ...]] = {
     "beir": _RECORDS, "jsonl": (*_RECORDS, "id_field", "text_field", "title_field"),
     "files": (*_CHUNKING, "links_outside", "hidden", "gitignore", "readers", *LIMIT_OPTIONS),
-    "run": ("corpus", "queries", "skip_malformed", "readers_field"),
+    "run": ("corpus", "queries", "depth", "skip_malformed", "readers_field"),
 }
 FORMAT_VERSION = 3  # bump when the on-disk layout changes, so old builds are rebuilt rather than misread
 
@@ -73,6 +73,10 @@ class SourceSpec:
         for flag in ("links_outside", "hidden", "gitignore", "skip_malformed"):  # "false" would read as true
             if flag in self.options and not isinstance(self.options[flag], bool):
                 raise ValueError(f"source {self.name!r}: {flag} is true or false, not {self.options[flag]!r}")
+        depth = self.options.get("depth")
+        if depth is not None and (not isinstance(depth, int) or isinstance(depth, bool) or depth < 1):
+            raise ValueError(f"source {self.name!r}: depth is how many of each query's ranked documents the run "
+                             f"keeps, a whole number from 1, not {depth!r}")
         if "part" in self.options:
             try:
                 parse_part(self.options["part"])

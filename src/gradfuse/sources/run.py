@@ -65,10 +65,24 @@ def _decoded(field: str) -> str:
         return field
 
 
-def write_run_tables(version: Path, run_path: Path, queries_path: Path, report: IngestReport) -> dict[str, int]:
-    """Store the run and its query texts beside the documents (written by the caller into docs.sqlite)."""
-    queries = {q.doc_id: q.text for q in read_jsonl(queries_path, report)}
+def run_rows(run_path: Path, depth: int | None = None) -> list[tuple[str, str, int, float]]:
+    """The run's rows; with `depth`, each query's first `depth` in the order a search reads them (score, then the
+    file's rank, then doc id): a run cut at the depth a benchmark asks for, which ranks as the whole run there."""
     rows = list(read_trec_run(run_path))
+    if depth is None:
+        return rows
+    by_query: dict[str, list] = {}
+    for row in rows:
+        by_query.setdefault(row[0], []).append(row)
+    return [row for ranked in by_query.values() for row in sorted(ranked, key=lambda r: (-r[3], r[2], r[1]))[:depth]]
+
+
+def write_run_tables(version: Path, run_path: Path, queries_path: Path, report: IngestReport,
+                     depth: int | None = None) -> dict[str, int]:
+    """Store the run (cut at `depth`, if given) and its query texts beside the documents (written by the caller
+    into docs.sqlite)."""
+    queries = {q.doc_id: q.text for q in read_jsonl(queries_path, report)}
+    rows = run_rows(run_path, depth)
     db = sqlite3.connect(version / "docs.sqlite")
     try:
         db.execute("CREATE TABLE run (qid TEXT, doc_id TEXT, score REAL, rank INTEGER, PRIMARY KEY (qid, doc_id))")
@@ -85,8 +99,8 @@ def write_run_tables(version: Path, run_path: Path, queries_path: Path, report: 
     return {"run_rows": len(rows), "run_queries": len({q for q, *_ in rows}), "query_texts": len(queries)}
 
 
-def run_doc_ids(run_path: Path) -> set[str]:
-    return {doc_id for _, doc_id, _, _ in read_trec_run(run_path)}
+def run_doc_ids(run_path: Path, depth: int | None = None) -> set[str]:
+    return {doc_id for _, doc_id, _, _ in run_rows(run_path, depth)}
 
 
 class RunSource:
