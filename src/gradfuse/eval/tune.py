@@ -71,12 +71,6 @@ def tuned_values(evaluation: Evaluation) -> list[TunedValue]:
     values = [TunedValue("encoder", "model", bench.encoder, f"the sources' encoder ({source})"),
               TunedValue("defaults", "retrieval", bench.retrieval, f"as the dev queries were ranked ({source})"),
               TunedValue("defaults", "depth", bench.depth, f"as the dev queries were ranked ({source})")]
-    fused = evaluation.tuned.get("learned-fusion")
-    if fused:
-        score = mean_score(evaluation.qrels, evaluation.outcomes["learned-fusion"], dev, metric)
-        for name, weight in fused["weights"].items():
-            values.append(TunedValue(f"sources.{name}", "weight", weight,
-                                     f"learned fusion, dev {metric} {score:.4f} ({source})"))
     if "selection" in evaluation.tuned:
         settings = evaluation.tuned["selection"]["settings"]
         score = max(point[metric] for point in evaluation.tuned["selection"]["dev_grid"])
@@ -107,6 +101,10 @@ def tuned_values(evaluation: Evaluation) -> list[TunedValue]:
             best = best_lm
         else:
             why += f"; the best stage-2 method, {best_lm}, {lm[best_lm]:.4f} against {cheap_there:.4f} on its queries"
+    if best == "learned-fusion":  # its weights are the method; every other method was measured without them
+        score = mean_score(evaluation.qrels, evaluation.outcomes[best], dev, metric)
+        values += [TunedValue(f"sources.{name}", "weight", weight, f"learned fusion, dev {metric} {score:.4f} ({source})")
+                   for name, weight in evaluation.tuned[best]["weights"].items()]
     if best is not None:
         values.append(TunedValue("defaults", "method", _search_method(best, evaluation), why))
     return values
