@@ -85,8 +85,8 @@ def rank_ways(bench, queries, ways: dict[str, tuple[str, SelectionSettings | Non
 
 
 def values_of(qrels, outcomes: dict, ids: list[str]) -> dict:
-    return {"values": [per_query(qrels, outcomes, ids, [METRIC])[METRIC][q] for q in ids],
-            "sources": [len(outcomes[q].chosen) for q in ids]}
+    by_query = per_query(qrels, outcomes, ids, [METRIC])[METRIC]
+    return {"values": [by_query[q] for q in ids], "sources": [len(outcomes[q].chosen) for q in ids]}
 
 
 def measure(name: str, grid: bool) -> tuple[dict, dict]:
