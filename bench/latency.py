@@ -4,7 +4,8 @@ command imports), on this machine.
 Each step runs twice: with the code of BASELINE (main before that work) and with the code checked out now, each
 over a workspace of the demo's four sources that it built itself.
 `--kernels avx2` runs every process with an AVX2-only machine's kernels (gradfuse.hardware.AVX2_ONLY); each class
-keeps its own section of the results. Measured:
+keeps its own section of the results; `--cold-only` measures the cold commands and the server start again beside the
+stored warm rows. Measured:
 
 - a cold CLI: `gradfuse --help`, `sources`, `search` and `ask` with the default method, each in a new process;
 - `gradfuse serve` (without --preload-lm) until /healthz answers;
@@ -279,39 +280,48 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=len(QUESTIONS), help="warm questions (fewer: a smoke test)")
     parser.add_argument("--kernels", choices=("native", "avx2"), default="native",
                         help="avx2: an AVX2-only machine's kernels (gradfuse.hardware.AVX2_ONLY) in every process")
+    parser.add_argument("--cold-only", action="store_true",
+                        help="measure the cold commands and the server start again, keep the stored warm rows")
     args = parser.parse_args()
     questions = QUESTIONS[: args.questions]
     if args.kernels == "avx2":
         os.environ.update(AVX2_ONLY)
-    kept = other_kernels(args.kernels)
+    kept = stored_rows(args.kernels, args.cold_only)
     command = " ".join(["python bench/latency.py", *sys.argv[1:]])
     results = ResultsFile.start(OUT, command, name="results")
     for name, row in kept.items():
         results.add(name, row)
     header = results.header
-    results.add(f"{args.kernels} run", {"command": command, "commit": header["commit"], "machine": header["machine"],
-                                        "baseline": BASELINE, "questions": len(questions)})
+    results.add(f"{args.kernels} {'cold run' if args.cold_only else 'run'}", {
+        "command": command, "commit": header["commit"], "machine": header["machine"], "baseline": BASELINE,
+        "questions": len(questions)})
     rankings = {}
-    reading.built(Config(workspace=reading.WORKSPACE))
+    if not args.cold_only:
+        reading.built(Config(workspace=reading.WORKSPACE))
     for label, code in (("before", BASELINE), ("after", None)):
         with code_of(code) as env:
             build_workspace(env)
-            warm, rankings[label] = warm_server(env, questions)
-            warm.update(real_documents(env))
-            results.add(f"{args.kernels} {label} warm", warm)
+            if not args.cold_only:
+                warm, rankings[label] = warm_server(env, questions)
+                warm.update(real_documents(env))
+                results.add(f"{args.kernels} {label} warm", warm)
             results.add(f"{args.kernels} {label} cold", cold_cli(env, args.repeats))
             results.add(f"{args.kernels} {label} server start", server_start(env, max(3, args.repeats // 2)))
-    results.add(f"{args.kernels} agreement", {name: agreement(rankings["before"][name], rankings["after"][name])
-                                              for name in ("gro", "gro (gradient)", "select")})
-    results.add(f"{args.kernels} query vectors", query_vectors())
+    if not args.cold_only:
+        results.add(f"{args.kernels} agreement", {name: agreement(rankings["before"][name], rankings["after"][name])
+                                                  for name in ("gro", "gro (gradient)", "select")})
+        results.add(f"{args.kernels} query vectors", query_vectors())
     results.finish(report(results))
 
 
-def other_kernels(kernels: str) -> dict:
-    """The stored rows of the other CPU class, kept: each class is measured by its own run."""
+def stored_rows(kernels: str, cold_only: bool) -> dict:
+    """The stored rows kept: the other CPU class's (each class is measured by its own run), and with `cold_only`
+    this class's warm ones, beside which the cold rows are measured again."""
     stored = OUT / "results.json"
     rows = json.loads(stored.read_text()).get("rows", {}) if stored.is_file() else {}
-    return {name: row for name, row in rows.items() if not name.startswith(f"{kernels} ")}
+    remeasured = ("cold", "server start", "cold run") if cold_only else ("",)
+    return {name: row for name, row in rows.items()
+            if not (name.startswith(f"{kernels} ") and name.endswith(remeasured))}
 
 
 KERNELS = {"native": "the CPU's own kernels", "avx2": "an AVX2-only machine's kernels (ATEN_CPU_CAPABILITY=avx2, "
@@ -349,7 +359,9 @@ def section(rows: dict, kernels: str) -> list[str]:
         f"## {kernels[0].upper() + kernels[1:]}",
         "",
         f"Made by `{run['command']}` (make bench-latency) · baseline {run['baseline']} · commit {run['commit']} · "
-        f"{run['machine']} · {run['questions']} warm questions.",
+        f"{run['machine']} · {run['questions']} warm questions." + ("" if "cold run" not in rows else
+        f" The cold rows and the server start were measured again by `{rows['cold run']['command']}` · commit "
+        f"{rows['cold run']['commit']} · {rows['cold run']['machine']}; the warm rows are the first run's."),
         "",
         "| step | before | after |",
         "|---|---|---|",
