@@ -34,7 +34,7 @@ Example (every key optional)::
     threshold = 0.3
     max_sources = 3
     fusion = "dense"                 # how select ranks the chosen sources: rrf | combsum-z | concat | dense
-    choice = "hard"                  # hard: keep the chosen sources (measured best) | soft: weigh each by its gain
+    choice = "hard"                  # hard: keep the chosen sources (issue 73's rule) | soft: weigh each by its gain
     soft_weight = 0.25               # soft: a passage's cosine minus this times its source's gain below the best
     soft_margin = 0.2                # soft: drop a source whose gain is more than this below the best (2: none)
     [rerank]                         # stage 2 (gradfuse.rerank.RerankSettings)
